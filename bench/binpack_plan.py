@@ -1,0 +1,180 @@
+"""Benchmark: binpack deletion costs at scale, and GPU nodes freed with vs without them.
+
+    .venv/bin/python bench/binpack_plan.py [--nodes 1000] [--pods 10000] [--repeat 3] [--churn 200]
+
+Part 1, on a simulated cluster over HTTP (`simcluster.generate`, 1,000 nodes / 10,000
+pods): snapshot through the gateway, plan (target < 1 s), apply; then apply again
+(writes must be 0), then delete `--churn` pods and apply once more: writes must equal
+the pods whose cost actually changed, counted independently from two snapshots.
+
+Part 2, the binpack demo scenario: 32 H100 nodes (8 GPUs), 12 Kthena ModelServings of
+1- or 2-GPU single-pod groups placed the way the default scheduler spreads them (least
+allocated node first), then every ModelServing scaled down by half, overnight style.
+The same scenario runs twice on disjoint node sets of one cluster: once with the
+costs written by the binpack service's code, once opted out (Kthena's default order,
+highest index first). Prints whole GPU nodes freed by each. Prints figures; not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "capacity")]
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django  # noqa: E402
+import kubernetes  # noqa: E402
+
+django.setup()
+
+from capacity.binpack import planning  # noqa: E402
+from capacity.binpack.services import _apply_one, opted_out_owners  # noqa: E402
+from clusters import kube  # noqa: E402
+from clusters.snapshot import snapshot_take  # noqa: E402
+from simcluster.control import SimControl  # noqa: E402
+from simcluster.generate import generate  # noqa: E402
+from simcluster.testing import running_cluster  # noqa: E402
+
+
+def costs_on_cluster(gateway) -> dict[tuple[str, str], str | None]:
+    return {(p["metadata"]["namespace"], p["metadata"]["name"]):
+            (p["metadata"].get("annotations") or {}).get(planning.DELETION_COST) for p in gateway.list(kube.PODS)}
+
+
+def apply_all(gateway, *, repeat: int = 1) -> tuple[planning.BinpackPlan, float, float, int]:
+    """(plan, best planning seconds, apply seconds, pods patched)."""
+    snapshot = snapshot_take(gateway, now=datetime.now(timezone.utc))
+    options = planning.BinpackOptions(opted_out_owners=opted_out_owners(gateway))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = planning.binpack_plan(snapshot, options=options)
+        times.append(time.perf_counter() - t0)
+    before = gateway.calls[("patch", "pods")]
+    t0 = time.perf_counter()
+    errors: list[str] = []
+    for change in plan.changes:
+        _apply_one(gateway, change, errors)
+    if errors:
+        raise SystemExit(f"write errors: {errors[:3]}")
+    return plan, min(times), time.perf_counter() - t0, gateway.calls[("patch", "pods")] - before
+
+
+def part1(nodes: int, pods: int, repeat: int, churn: int) -> None:
+    docs = generate(nodes=nodes, pods=pods, seed=1)
+    with running_cluster(docs) as url:
+        gateway = kube.KubeGateway.from_kubeconfig(str(url.kubeconfig_path), name="bench")
+        t0 = time.perf_counter()
+        snapshot_take(gateway, now=datetime.now(timezone.utc))
+        snap_s = time.perf_counter() - t0
+        plan, plan_s, apply_s, writes = apply_all(gateway, repeat=repeat)
+        print(f"[scale] {nodes} nodes / {pods} pods: snapshot {snap_s:.2f} s, planning {plan_s * 1000:.0f} ms "
+              f"(best of {repeat}), {len(plan.changes)} costs planned, {writes} pods patched in {apply_s:.1f} s, "
+              f"{len(plan.skipped)} skipped")
+        plan2, plan2_s, _, writes2 = apply_all(gateway)
+        print(f"[rerun] planning {plan2_s * 1000:.0f} ms, {len(plan2.changes)} planned, {writes2} patched "
+              f"(target 0), {plan2.unchanged} unchanged")
+        before = costs_on_cluster(gateway)
+        rng = random.Random(2)
+        victims = rng.sample(sorted(k for k, v in before.items() if v is not None), churn)
+        for ns, name in victims:
+            gateway.delete(kube.PODS, name, namespace=ns, grace_period_seconds=0)
+        SimControl(url).advance(0)
+        plan3, plan3_s, _, writes3 = apply_all(gateway)
+        after = costs_on_cluster(gateway)
+        changed = sum(1 for k, v in after.items() if k in before and before[k] != v)
+        print(f"[churn] {churn} pods deleted: planning {plan3_s * 1000:.0f} ms, {writes3} patched, "
+              f"{changed} pods whose cost changed (must be equal)")
+        gateway.close()
+
+
+def spread_placement(workloads: list[tuple[str, int, int]], nodes: int, gpus_per_node: int) -> dict:
+    """Least-allocated first, as the default scheduler's spread scoring does."""
+    free = [gpus_per_node] * nodes
+    placement: dict[str, list[int]] = {}
+    order = [(w, g) for w, groups, _ in workloads for g in range(groups)]
+    random.Random(3).shuffle(order)     # pods arrive interleaved
+    size = {w: gpus for w, _, gpus in workloads}
+    for w, g in order:
+        best = max((i for i in range(nodes) if free[i] >= size[w]), key=lambda i: (free[i], -i))
+        free[best] -= size[w]
+        placement.setdefault(w, [0] * next(n for ww, n, _ in workloads if ww == w))[g] = best
+    return placement
+
+
+def part2() -> None:
+    from binpack_world import GROUP, PLURAL, VERSION, cluster_docs, node_name
+
+    rng = random.Random(5)
+    nodes, per_node = 32, 8
+    workloads = [(f"model-{i:02d}", rng.randint(6, 14), rng.choice((1, 1, 2))) for i in range(12)]
+    placement = spread_placement(workloads, nodes, per_node)
+    shrink = {w: groups // 2 for w, groups, _ in workloads}
+    used = sum(groups * gpus for _, groups, gpus in workloads)
+    with running_cluster(cluster_docs({"with": nodes, "without": nodes})) as url:
+        gateway = kube.KubeGateway.from_kubeconfig(str(url.kubeconfig_path), name="bench-demo")
+        control = SimControl(url)
+        # Binding is the scheduler's verb: the product's gateway has no call for it.
+        core = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(url.kubeconfig_path)))
+        for tag in ("with", "without"):
+            for w, groups, gpus in workloads:
+                template = {"spec": {"nodeSelector": {"capacity.io/pool": tag}, "containers": [{
+                    "name": "serve", "image": "vllm/vllm-openai:v0.6",
+                    "resources": {"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+                gateway.create(kube.MODELSERVINGS, {
+                    "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelServing",
+                    "metadata": {"name": w, "namespace": tag,
+                                 "annotations": {"capacity.io/binpack": "false"} if tag == "without" else {}},
+                    "spec": {"replicas": groups, "template": {"roles": [
+                        {"name": "serve", "replicas": 1, "entryTemplate": template, "workerReplicas": 0}]}}})
+        control.advance(0)
+        for tag in ("with", "without"):
+            for pod in gateway.list(kube.PODS, namespace=tag):
+                if pod["spec"].get("nodeName"):
+                    continue
+                labels = pod["metadata"]["labels"]
+                w, g = labels["modelserving.volcano.sh/name"], int(labels["modelserving.volcano.sh/group-name"].rsplit("-", 1)[1])
+                body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": node_name(tag, placement[w][g])}}
+                core.create_namespaced_pod_binding(pod["metadata"]["name"], tag, body, _preload_content=False)
+        control.advance(30)
+        plan, plan_s, _, writes = apply_all(gateway)
+        for tag in ("with", "without"):
+            for w, groups, _ in workloads:
+                gateway.patch(kube.MODELSERVINGS, w, {"spec": {"replicas": groups - shrink[w]}}, namespace=tag)
+        control.advance(120)
+        freed = {}
+        for tag in ("with", "without"):
+            busy = {p["spec"].get("nodeName") for p in gateway.list(kube.PODS, namespace=tag)
+                    if not p["metadata"].get("deletionTimestamp")}
+            freed[tag] = sum(1 for i in range(nodes) if node_name(tag, i) not in busy)
+        removed = sum(shrink.values())
+        print(f"[demo] {nodes} H100 nodes, {len(workloads)} ModelServings, {sum(g for _, g, _ in workloads)} groups "
+              f"({used} of {nodes * per_node} GPUs), spread placement; each scaled down by half ({removed} groups)")
+        print(f"[demo] costs: {writes} pods patched, planning {plan_s * 1000:.1f} ms")
+        print(f"[demo] whole GPU nodes freed: with costs {freed['with']}, default order {freed['without']}")
+        gateway.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=10000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--churn", type=int, default=200)
+    parser.add_argument("--skip-scale", action="store_true", help="only the demo scenario")
+    args = parser.parse_args()
+    if not args.skip_scale:
+        part1(args.nodes, args.pods, args.repeat, args.churn)
+    part2()
+
+
+if __name__ == "__main__":
+    main()

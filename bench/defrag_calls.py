@@ -1,0 +1,197 @@
+"""Defrag job costs on the simulated cluster (prints figures; not a test).
+
+1. API calls per check (step 5) against the number of model pods on the node: must be flat.
+   Discovery and orphaning are shown too (they grow with the pods, once per job).
+2. Delay, on the simulated clock, between the safety condition becoming true and the job
+   reporting it, when polling every P seconds (target: within one interval).
+3. Wall-clock delay between a PodAutoscaler change and the worker's watch waking (target < 1 s).
+
+    .venv/bin/python bench/defrag_calls.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "capacity"))
+_db = Path(tempfile.mkdtemp(prefix="defrag-bench-")) / "db.sqlite3"
+os.environ["DATABASE_URL"] = f"sqlite:///{_db}"
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.pop("KUBECONFIG", None)
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+
+call_command("migrate", verbosity=0)
+
+from capacity.models import JobState  # noqa: E402
+from capacity.planning import revision_satisfied  # noqa: E402
+from capacity.services import defrag_discover, defrag_job_start, defrag_job_step, defrag_job_wait  # noqa: E402
+from clusters.kube import PODAUTOSCALERS, KubeGateway  # noqa: E402
+from clusters.models import Cluster  # noqa: E402
+from defrag_builders import make_model_pod, make_node  # noqa: E402
+from simcluster.control import SimControl  # noqa: E402
+from simcluster.resources import PODS  # noqa: E402
+from simcluster.store import copy  # noqa: E402
+from simcluster.testing import ClusterServer  # noqa: E402
+
+NS, REV, HASH = "org-a", "model-00001", "547cc9b97f"
+
+
+def revision_objects(replicas: int, revision: str = REV) -> list[dict]:
+    rs_name = f"{revision}-deployment-{HASH}"
+    labels = {"serving.knative.dev/revision": revision, "pod-template-hash": HASH}
+    return [
+        {"apiVersion": "autoscaling.internal.knative.dev/v1alpha1", "kind": "PodAutoscaler",
+         "metadata": {"name": revision, "namespace": NS},
+         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{revision}-deployment"},
+                  "protocolType": "http1"},
+         "status": {"actualScale": replicas, "desiredScale": replicas}},
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+         "metadata": {"name": rs_name, "namespace": NS, "uid": f"uid-{rs_name}", "labels": labels},
+         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "m", "image": "m"}]}}},
+         "status": {"replicas": replicas, "readyReplicas": replicas}},
+    ]
+
+
+def ready(pod: dict) -> dict:
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return pod
+
+
+def world(pods_on_node: int, tmp: Path, index: int):
+    objects = [make_node("n1", gpus=pods_on_node), make_node("n2", gpus=pods_on_node),
+               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}]
+    objects += [ready(make_model_pod(f"{REV}-p{i}", revision=REV, namespace=NS, node="n1", template_hash=HASH))
+                for i in range(pods_on_node)]
+    objects += revision_objects(pods_on_node)
+    kubeconfig = tmp / f"kubeconfig-{index}"
+    server = ClusterServer(objects, kubeconfig_out=str(kubeconfig))
+    server.start()
+    cluster = Cluster.objects.create(name=f"bench-{index}", kubeconfig_path=str(kubeconfig))
+    gateway = KubeGateway.from_kubeconfig(str(kubeconfig), retry_attempts=3, backoff=0.0, sleep=lambda s: None)
+    SimControl(server.url).advance(1)
+    return server, cluster, gateway
+
+
+def add_ready_replica(server) -> None:
+    """What the ReplicaSet and kubelet do for the orphan: a labelled Ready pod elsewhere."""
+    store = server.sim.store
+    with store.lock:
+        template = next(p for p in store.all(PODS, NS) if p["metadata"]["name"].startswith(REV))
+        pod = copy(template)
+        pod["metadata"] = {"name": f"{REV}-replacement-{store.resource_version}", "namespace": NS,
+                           "labels": dict(template["metadata"]["labels"])}
+        pod["spec"]["nodeName"] = "n2"
+        store.create(PODS, ready(pod))
+
+
+def calls_per_check(tmp: Path) -> None:
+    print("1. API calls per check against model pods on the node")
+    print(f"{'pods':>6} {'discovery':>10} {'orphaning':>10} {'per check':>10}")
+    for index, n in enumerate((1, 4, 16, 64, 128)):
+        server, cluster, gateway = world(n, tmp, index)
+        try:
+            now = server.sim.clock.now
+            before = gateway.calls_total()
+            plan = defrag_discover(cluster=cluster, node_name="n1", gateway=gateway)
+            discovery = gateway.calls_total() - before
+            job = defrag_job_start(cluster=cluster, node_name="n1", plan=plan, now=now(), enqueue=False,
+                                   poll_interval_seconds=1.0)
+            job = defrag_job_step(job=job, gateway=gateway, now=now())            # record
+            job = defrag_job_step(job=job, gateway=gateway, now=now())            # cordon
+            before = gateway.calls_total()
+            job = defrag_job_step(job=job, gateway=gateway, now=now())            # orphan
+            orphaning = gateway.calls_total() - before
+            assert job.state == JobState.WAITING, job.state
+            before = gateway.calls_total()
+            defrag_job_step(job=job, gateway=gateway, now=now())                  # one check
+            print(f"{n:>6} {discovery:>10} {orphaning:>10} {gateway.calls_total() - before:>10}")
+        finally:
+            server.stop()
+
+
+def poll_delay(tmp: Path) -> None:
+    print("\n2. Delay between the condition turning true and the job reporting it (simulated clock)")
+    print(f"{'poll s':>7} {'true at +s':>11} {'safe at +s':>11} {'delay s':>8}")
+    for index, (poll, true_after) in enumerate(((1.0, 7.3), (5.0, 12.1), (10.0, 23.7), (30.0, 41.0))):
+        server, cluster, gateway = world(3, tmp, 100 + index)
+        control = SimControl(server.url)
+        try:
+            now = server.sim.clock.now
+            plan = defrag_discover(cluster=cluster, node_name="n1", gateway=gateway)
+            job = defrag_job_start(cluster=cluster, node_name="n1", plan=plan, now=now(), enqueue=False,
+                                   poll_interval_seconds=poll)
+            for _ in range(4):
+                job = defrag_job_step(job=job, gateway=gateway, now=now())
+            start = now()
+            true_at = None
+            while job.state != JobState.SAFE:
+                control.advance(0.1)
+                elapsed = (now() - start).total_seconds()
+                replicas = len([p for p in server.sim.store.all(PODS, NS)])
+                if elapsed >= true_after and replicas < 4:
+                    add_ready_replica(server)     # the replacement becomes Ready now
+                    control.advance(0)
+                if true_at is None:
+                    pa = gateway.get(PODAUTOSCALERS, REV, namespace=NS)
+                    scale = int(pa.get("status", {}).get("actualScale") or 0)
+                    if revision_satisfied(current_kpa_scale=scale, current_replicas=3, initial_replicas=3,
+                                          overprovision=1):
+                        true_at = now()
+                job = defrag_job_step(job=job, gateway=gateway, now=now())
+            print(f"{poll:>7g} {(true_at - start).total_seconds():>11.1f} {(job.safe_at - start).total_seconds():>11.1f}"
+                  f" {(job.safe_at - true_at).total_seconds():>8.1f}")
+        finally:
+            server.stop()
+
+
+def watch_delay(tmp: Path) -> None:
+    print("\n3. Wall-clock delay from a PodAutoscaler change to the worker's watch waking")
+    server, cluster, gateway = world(3, tmp, 200)
+    control = SimControl(server.url)
+    try:
+        now = server.sim.clock.now
+        plan = defrag_discover(cluster=cluster, node_name="n1", gateway=gateway)
+        job = defrag_job_start(cluster=cluster, node_name="n1", plan=plan, now=now(), enqueue=False,
+                               poll_interval_seconds=30.0)
+        for _ in range(4):
+            job = defrag_job_step(job=job, gateway=gateway, now=now())
+        delays = []
+        for _ in range(5):
+            woke: dict = {}
+
+            def wait():
+                woke["changed"] = defrag_job_wait(job=job, gateway=gateway, timeout_seconds=30)
+                woke["at"] = time.perf_counter()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.3)                      # the watch is open
+            changed_at = time.perf_counter()
+            add_ready_replica(server)
+            control.advance(0)                   # the KPA recounts: actualScale changes
+            thread.join(35)
+            delays.append(woke["at"] - changed_at)
+            assert woke["changed"], "the watch timed out instead of waking"
+        print(f"woken by the change in {min(delays) * 1000:.0f}–{max(delays) * 1000:.0f} ms "
+              f"(5 runs; includes the KPA's recount)")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmpdir:
+        calls_per_check(Path(tmpdir))
+        poll_delay(Path(tmpdir))
+        watch_delay(Path(tmpdir))

@@ -1,0 +1,82 @@
+"""Admin: binpack runs (read-only record) and "run binpack now" on clusters."""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from capacity.binpack.planning import FORMULA
+from capacity.models_binpack import BinpackCluster, BinpackRun
+from clusters.errors import KubeError
+
+
+@admin.register(BinpackRun)
+class BinpackRunAdmin(admin.ModelAdmin):
+    list_display = ("id", "cluster", "trigger", "actor", "dry_run", "started_at", "planned", "written",
+                    "unchanged", "skipped", "stale", "over_budget", "plan_seconds")
+    list_filter = ("cluster", "trigger", "dry_run")
+    date_hierarchy = "started_at"
+    readonly_fields = [f.name for f in BinpackRun._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "subtitle": f"Cost formula: {FORMULA}"}
+        return super().changelist_view(request, extra_context)
+
+
+@admin.register(BinpackCluster)
+class BinpackClusterAdmin(admin.ModelAdmin):
+    list_display = ("name", "last_run", "last_written")
+    actions = ["run_binpack", "dry_run_binpack"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("capacity.view_binpackrun") or request.user.has_perm("capacity.run_binpack")
+
+    def has_run_binpack_permission(self, request):
+        return request.user.has_perm("capacity.run_binpack")
+
+    @admin.display(description="last run")
+    def last_run(self, cluster):
+        run = cluster.binpack_runs.first()
+        return run.started_at if run else "never"
+
+    @admin.display(description="pods written by it")
+    def last_written(self, cluster):
+        run = cluster.binpack_runs.first()
+        return run.written if run else "-"
+
+    def _run(self, request, queryset, *, dry_run: bool):
+        from capacity.binpack.services import pod_deletion_costs_apply
+
+        for cluster in queryset:
+            try:
+                run, _ = pod_deletion_costs_apply(cluster=cluster, actor=request.user,
+                                                  trigger=BinpackRun.Trigger.ADMIN, dry_run=dry_run)
+            except KubeError as exc:
+                self.message_user(request, f"{cluster}: {exc}", messages.ERROR)
+                continue
+            level = messages.WARNING if run.errors else messages.SUCCESS
+            done = f"would write {run.planned}" if dry_run else f"wrote {run.written}"
+            self.message_user(request, f"{cluster}: {done} cost(s), {run.unchanged} unchanged, {run.skipped} "
+                                       f"skipped, {run.stale} stale, {len(run.errors)} error(s) (run {run.pk})",
+                              level)
+
+    @admin.action(description="Run binpack now (write deletion costs)", permissions=["run_binpack"])
+    def run_binpack(self, request, queryset):
+        self._run(request, queryset, dry_run=False)
+
+    @admin.action(description="Dry-run binpack (record what would be written)", permissions=["run_binpack"])
+    def dry_run_binpack(self, request, queryset):
+        self._run(request, queryset, dry_run=True)

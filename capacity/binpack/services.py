@@ -1,0 +1,118 @@
+"""Write binpack deletion costs: plan from a fresh snapshot, re-read each pod right
+before patching it, patch only pods whose cost changes, record the run."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from capacity.binpack import planning
+from capacity.models_binpack import BinpackRun
+from clusters import kube
+from clusters.errors import Conflict, KubeError, NotFound
+from clusters.models import Cluster
+from clusters.snapshot import snapshot_take
+from config import clock
+
+logger = logging.getLogger(__name__)
+
+# Workload kinds whose `capacity.io/binpack: "false"` opts their pods out. A Deployment's
+# opt-out reaches its ReplicaSets' pods through the ReplicaSet's owner.
+_OPT_OUT_KINDS = (kube.DEPLOYMENTS, kube.REPLICASETS, kube.STATEFULSETS, kube.MODELSERVINGS)
+_RECORDED_CHANGES = 1000
+
+
+def binpack_options(*, override_manual: bool | None = None, opted_out_owners=frozenset()) -> planning.BinpackOptions:
+    return planning.BinpackOptions(
+        group_label=settings.BINPACK_GROUP_LABEL,
+        override_manual=settings.BINPACK_OVERRIDE_MANUAL if override_manual is None else override_manual,
+        max_writes=settings.BINPACK_MAX_WRITES,
+        opted_out_owners=frozenset(opted_out_owners))
+
+
+def opted_out_owners(gateway: kube.KubeGateway) -> frozenset[str]:
+    """Uids of workloads that opted out, and of ReplicaSets whose Deployment did."""
+    out: set[str] = set()
+    replicasets = []
+    for resource in _OPT_OUT_KINDS:
+        try:
+            objects = gateway.list(resource)
+        except NotFound:
+            continue   # the kind is not installed (no Kthena, say)
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            if str((meta.get("annotations") or {}).get(planning.OPT_OUT, "")).lower() == "false":
+                out.add(meta.get("uid", ""))
+            if resource is kube.REPLICASETS:
+                replicasets.append(meta)
+    for meta in replicasets:
+        if any(ref.get("uid") in out for ref in meta.get("ownerReferences") or ()):
+            out.add(meta.get("uid", ""))
+    return frozenset(out)
+
+
+@dataclass
+class _Outcome:
+    written: int = 0
+    stale: int = 0
+
+
+def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str]) -> str:
+    """Patch one pod. Returns "written", "stale" (it changed since the snapshot) or "error"."""
+    try:
+        pod = gateway.get(kube.PODS, change.name, namespace=change.namespace)
+    except NotFound:
+        return "stale"
+    except KubeError as exc:
+        errors.append(f"{change.namespace}/{change.name}: {exc}")
+        return "error"
+    meta = pod.get("metadata") or {}
+    current = (meta.get("annotations") or {}).get(planning.DELETION_COST)
+    # IMPORTANT: re-read before writing: a recreated pod, a pod now leaving, or a cost
+    # someone set since the snapshot are not ours to overwrite.
+    if meta.get("uid") != change.uid or meta.get("deletionTimestamp") or current != change.old:
+        return "stale"
+    value = None if change.new is None else str(change.new)
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                          "annotations": {planning.DELETION_COST: value, planning.MARKER: value}}}
+    try:
+        gateway.patch(kube.PODS, change.name, patch, namespace=change.namespace)
+    except (Conflict, NotFound):
+        return "stale"
+    except KubeError as exc:
+        errors.append(f"{change.namespace}/{change.name}: {exc}")
+        return "error"
+    return "written"
+
+
+def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = BinpackRun.Trigger.SCHEDULE,
+                             dry_run: bool = False, override_manual: bool | None = None,
+                             gateway: kube.KubeGateway | None = None) -> tuple[BinpackRun, planning.BinpackPlan]:
+    """Plan the costs of `cluster` and write those that change (none when `dry_run`)."""
+    gateway = gateway or kube.gateway_for(cluster)
+    started = clock.now()
+    snapshot = snapshot_take(gateway, now=started)
+    options = binpack_options(override_manual=override_manual, opted_out_owners=opted_out_owners(gateway))
+    t0 = time.perf_counter()
+    plan = planning.binpack_plan(snapshot, options=options)
+    plan_seconds = time.perf_counter() - t0
+    run = BinpackRun(cluster=cluster, started_at=started, actor=actor, trigger=trigger, dry_run=dry_run,
+                     planned=len(plan.changes), unchanged=plan.unchanged, skipped=len(plan.skipped),
+                     over_budget=plan.over_budget, plan_seconds=plan_seconds, formula=plan.formula,
+                     changes=[c.as_dict() for c in plan.changes[:_RECORDED_CHANGES]])
+    errors: list[str] = []
+    if not dry_run:
+        for change in plan.changes:
+            result = _apply_one(gateway, change, errors)
+            if result == "written":
+                run.written += 1
+            elif result == "stale":
+                run.stale += 1
+    run.errors = errors
+    run.finished_at = clock.now()
+    run.save()
+    if errors:
+        logger.warning("binpack on %s: %d write(s) failed, first: %s", cluster, len(errors), errors[0])
+    return run, plan

@@ -1,0 +1,35 @@
+"""Scheduled binpack: beat fans out one task per cluster; each task runs one service."""
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from clusters.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="capacity.binpack.tasks.binpack_all_clusters")
+def binpack_all_clusters() -> int:
+    from clusters.models import Cluster
+
+    ids = list(Cluster.objects.values_list("pk", flat=True))
+    for pk in ids:
+        binpack_cluster.delay(pk)
+    return len(ids)
+
+
+@shared_task(name="capacity.binpack.tasks.binpack_cluster", bind=True, autoretry_for=(KubeError,),
+             retry_backoff=30, retry_backoff_max=300, max_retries=3)
+def binpack_cluster(self, cluster_id: int) -> dict | None:
+    from capacity.binpack.services import pod_deletion_costs_apply
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        log.warning("binpack: cluster %s no longer exists", cluster_id)
+        return None
+    run, _ = pod_deletion_costs_apply(cluster=cluster, actor=None)
+    return {"run": run.pk, "planned": run.planned, "written": run.written, "stale": run.stale,
+            "errors": len(run.errors)}

@@ -1,0 +1,163 @@
+"""Defrag jobs (seed 000): the job, its per-revision records, the pods it orphaned, its audit.
+
+A job's `state` is the step it has reached; every side effect is recorded here before the
+job moves on, so a restarted worker resumes from the recorded step (see services.py).
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    CONFIRMED = "confirmed", "confirmed (not started)"
+    RECORDED = "recorded", "scales recorded"
+    CORDONED = "cordoned", "node cordoned"
+    WAITING = "waiting", "pods orphaned, waiting for replacements"
+    SAFE = "safe", "safe to defrag/remove node"
+    BLOCKED = "blocked", "models moved, other pods still block the node"
+    FAILED = "failed", "failed (node stays cordoned, orphans keep serving)"
+    DRAINING = "draining", "draining"
+    DRAINED = "drained", "drained"
+    ABORTING = "aborting", "aborting"
+    ABORTED = "aborted", "aborted"
+
+
+# A live job holds its node (cordoned, or with orphans still tracked): one per node.
+LIVE_STATES = (JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING, JobState.SAFE,
+               JobState.BLOCKED, JobState.FAILED, JobState.DRAINING, JobState.ABORTING)
+# States in which a worker is (or should be) acting: these count against the cluster limit.
+RUNNING_STATES = (JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING,
+                  JobState.DRAINING, JobState.ABORTING)
+# States a step can make no progress from without an operator.
+RESTING_STATES = (JobState.SAFE, JobState.BLOCKED, JobState.FAILED, JobState.DRAINED, JobState.ABORTED)
+
+
+class DefragJob(models.Model):
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="defrag_jobs",
+                                help_text="The cluster the node belongs to.")
+    node_name = models.CharField(max_length=253, help_text="The node to empty.")
+    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.CONFIRMED,
+                             help_text="The step the job has reached; a restarted worker resumes from it.")
+    report = models.JSONField(default=dict, blank=True,
+                              help_text="The discovery report shown before confirmation (pods, revisions, blockers).")
+    log = models.JSONField(default=list, blank=True,
+                           help_text="Progress lines, as the seed script prints them (newest last).")
+    error = models.TextField(blank=True, help_text="Why the job failed or is retrying, if it is.")
+    timeout_seconds = models.PositiveIntegerField(
+        default=1800, help_text="Seconds from start after which waiting fails the job (default 30 min).")
+    poll_interval_seconds = models.FloatField(default=10.0,
+                                              help_text="Seconds between checks of the revisions' scale.")
+    cordoned_by_job = models.BooleanField(
+        default=False, help_text="The job cordoned the node (it was schedulable before); abort uncordons only then.")
+    uncordoned = models.BooleanField(default=False, help_text="Abort has uncordoned the node.")
+    delete_node = models.BooleanField(default=False, help_text="Drain also deletes the Node object.")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+", help_text="The operator who confirmed the job.")
+    operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="+",
+                                 help_text="The operator whose request the job carries out now (confirm, drain, abort).")
+    created_at = models.DateTimeField(help_text="When the job was confirmed (the injected clock).")
+    started_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="When the first side effect was made; the time limit counts from here.")
+    safe_at = models.DateTimeField(null=True, blank=True, help_text="When the job saw every revision satisfied.")
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="When the job reached a final state.")
+    next_check_at = models.DateTimeField(null=True, blank=True,
+                                         help_text="Earliest time of the next check (retries back off here).")
+    updated_at = models.DateTimeField(auto_now=True, help_text="Last write (a stale live job is resumed).")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        permissions = [("drain_defragjob", "Can drain (evict and delete) a defragged node")]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "node_name"], condition=models.Q(state__in=LIVE_STATES),
+                                    name="capacity_one_live_defrag_job_per_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"defrag {self.node_name} ({self.cluster}) #{self.pk}: {self.state}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+class DefragRevision(models.Model):
+    """Step 2 of the seed: what one revision looked like before the job touched anything."""
+
+    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="revisions",
+                            help_text="The job.")
+    namespace = models.CharField(max_length=63, help_text="Namespace of the revision.")
+    revision = models.CharField(max_length=253, help_text="Knative Revision (and PodAutoscaler) name.")
+    replicaset = models.CharField(max_length=253, help_text="The ReplicaSet that owned the pods on the node.")
+    initial_kpa_scale = models.IntegerField(help_text="PodAutoscaler status.actualScale before the job.")
+    initial_replicas = models.IntegerField(help_text="ReplicaSet spec.replicas before the job.")
+    overprovision = models.IntegerField(help_text="m: this revision's pods on the node (the over-provision count).")
+    current_kpa_scale = models.IntegerField(null=True, blank=True, help_text="actualScale at the last check.")
+    current_replicas = models.IntegerField(null=True, blank=True, help_text="ReplicaSet replicas at the last check.")
+    satisfied = models.BooleanField(default=False, help_text="The seed's safety condition held at the last check.")
+
+    class Meta:
+        ordering = ["namespace", "revision"]
+        constraints = [models.UniqueConstraint(fields=["job", "namespace", "revision"],
+                                               name="capacity_one_record_per_revision")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.revision}"
+
+
+class OrphanState(models.TextChoices):
+    PLANNED = "planned", "to orphan"
+    ORPHANED = "orphaned", "orphaned (serving, owned by this job)"
+    SKIPPED = "skipped", "not orphaned (changed or gone before the patch)"
+    DELETING = "deleting", "eviction or deletion requested"
+    GONE = "gone", "gone"
+
+
+class DefragOrphan(models.Model):
+    """A model pod the job orphaned: kept until the pod is confirmed gone (nothing else cleans it up)."""
+
+    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="orphans", help_text="The job.")
+    revision = models.ForeignKey(DefragRevision, on_delete=models.CASCADE, related_name="orphans",
+                                 help_text="The revision the pod serves.")
+    namespace = models.CharField(max_length=63, help_text="Pod namespace.")
+    pod_name = models.CharField(max_length=253, help_text="Pod name.")
+    uid = models.CharField(max_length=64, help_text="Pod UID: every write to the pod is guarded by it.")
+    owner_references = models.JSONField(default=list, blank=True,
+                                        help_text="The ownerReferences the patch removed (for the record).")
+    template_hash = models.CharField(max_length=64, blank=True,
+                                     help_text="The pod-template-hash label the patch removed.")
+    gpus = models.IntegerField(default=0, help_text="GPUs the pod holds.")
+    state = models.CharField(max_length=10, choices=OrphanState.choices, default=OrphanState.PLANNED,
+                             help_text="Where the pod is in its life as an orphan.")
+    orphaned_at = models.DateTimeField(null=True, blank=True, help_text="When the orphaning patch succeeded.")
+    gone_at = models.DateTimeField(null=True, blank=True, help_text="When the pod was seen gone.")
+
+    class Meta:
+        ordering = ["namespace", "pod_name"]
+        constraints = [models.UniqueConstraint(fields=["job", "uid"], name="capacity_one_record_per_orphan")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod_name} ({self.state})"
+
+
+class DefragAudit(models.Model):
+    """One action a defrag job took, with the operator who asked for it."""
+
+    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="audit", help_text="The job.")
+    at = models.DateTimeField(db_index=True, help_text="When it was done (the injected clock).")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+", help_text="The operator who asked; empty for a worker resuming.")
+    action = models.CharField(max_length=40, help_text="What was done, e.g. node_cordon, pod_orphan.")
+    target = models.CharField(max_length=300, help_text="What it was done to (Node/name, Pod ns/name).")
+    old = models.JSONField(default=dict, blank=True, help_text="The values before.")
+    new = models.JSONField(default=dict, blank=True, help_text="The values after.")
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target} by {self.actor or 'worker'}"
+
+from capacity.models_binpack import BinpackCluster, BinpackRun  # noqa: E402,F401  (issue 6)
+from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel  # noqa: E402,F401  (issue 6)

@@ -1,0 +1,369 @@
+"""Pure decisions for defrag jobs and the GPU map: no ORM, no HTTP, no clock.
+
+The rules are the seed's (`/work/shared/seeds/000_c8979cc70a1e55c1.txt`) plus what
+`kubectl drain`, Karpenter and cluster-autoscaler honour (shared/KUBERNETES.md).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+REVISION_LABEL = "serving.knative.dev/revision"
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# Labels cloud providers and Karpenter put on a node to name its pool, in order of preference.
+NODE_POOL_LABELS = ("karpenter.sh/nodepool", "cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup",
+                    "agentpool", "node.kubernetes.io/instance-type")
+
+
+class Role:
+    MODEL = "model"      # a Knative revision's pod: the job orphans it
+    IGNORED = "ignored"  # DaemonSet, mirror and finished pods: kubectl drain skips them too
+    BLOCKER = "blocker"  # would be hurt by removing the node, or says so itself
+
+
+@dataclass(frozen=True)
+class PodEntry:
+    namespace: str
+    name: str
+    uid: str
+    gpus: int
+    phase: str
+    role: str
+    reason: str
+    owner_chain: tuple[str, ...]
+    revision: str | None = None
+    replicaset: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class RevisionScale:
+    """What discovery read for one revision: PodAutoscaler actualScale and ReplicaSet replicas."""
+
+    kpa_scale: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class RevisionEntry:
+    namespace: str
+    revision: str
+    replicaset: str
+    kpa_scale: int
+    replicas: int
+    pods: tuple[str, ...]
+
+    @property
+    def overprovision(self) -> int:
+        """The seed's `m`: how many of this revision's pods sit on the node."""
+        return len(self.pods)
+
+
+@dataclass(frozen=True)
+class DefragPlan:
+    node: str
+    gpu_product: str
+    unschedulable: bool
+    pods: tuple[PodEntry, ...]
+    revisions: tuple[RevisionEntry, ...]
+
+    @property
+    def model_pods(self) -> tuple[PodEntry, ...]:
+        return tuple(p for p in self.pods if p.role == Role.MODEL)
+
+    @property
+    def blockers(self) -> tuple[PodEntry, ...]:
+        return tuple(p for p in self.pods if p.role == Role.BLOCKER)
+
+    @property
+    def ignored(self) -> tuple[PodEntry, ...]:
+        return tuple(p for p in self.pods if p.role == Role.IGNORED)
+
+    def revision_of(self, pod: PodEntry) -> RevisionEntry | None:
+        return next((r for r in self.revisions if r.namespace == pod.namespace and r.revision == pod.revision), None)
+
+    def report_lines(self) -> list[str]:
+        """The seed's report, then what it did not show: blockers and ignored pods."""
+        lines = ["Found pods to defrag:"] if self.model_pods else [f"No model pods to defrag on {self.node}."]
+        for pod in self.model_pods:
+            rev = self.revision_of(pod)
+            lines.append(f"\t{pod.key}")
+            lines.append(f"\t\t- {pod.gpus}x {self.gpu_product or 'unknown'} GPUs")
+            lines.append(f"\t\t- STATUS=[{pod.phase}] REPLICAS={rev.replicas if rev else '?'} "
+                         f"KPA_SCALE={rev.kpa_scale if rev else '?'}")
+        if self.blockers:
+            lines.append("Blockers (the job will not move these; the node is not safe while they run):")
+            lines.extend(f"\t{p.key} - {p.reason}" for p in self.blockers)
+        if self.ignored:
+            lines.append("Ignored: " + ", ".join(f"{p.key} ({p.reason})" for p in self.ignored))
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.node, "gpu_product": self.gpu_product, "unschedulable": self.unschedulable,
+            "pods": [{"namespace": p.namespace, "name": p.name, "uid": p.uid, "gpus": p.gpus, "phase": p.phase,
+                      "role": p.role, "reason": p.reason, "owner_chain": list(p.owner_chain),
+                      "revision": p.revision, "replicaset": p.replicaset} for p in self.pods],
+            "revisions": [{"namespace": r.namespace, "revision": r.revision, "replicaset": r.replicaset,
+                           "kpa_scale": r.kpa_scale, "replicas": r.replicas, "pods": list(r.pods),
+                           "overprovision": r.overprovision} for r in self.revisions],
+            "lines": self.report_lines(),
+        }
+
+
+def _owner_chain(pod: PodView) -> tuple[str, ...]:
+    owner = pod.controller
+    if owner is None:
+        return ()
+    chain = [f"{owner.kind}/{owner.name}"]
+    template_hash = pod.labels.get(TEMPLATE_HASH_LABEL)
+    if owner.kind == "ReplicaSet" and template_hash and owner.name.endswith(f"-{template_hash}"):
+        chain.append(f"Deployment/{owner.name[: -len(template_hash) - 1]}")
+    if pod.labels.get(REVISION_LABEL):
+        chain.append(f"Revision/{pod.labels[REVISION_LABEL]}")
+    return tuple(chain)
+
+
+def pod_classify(pod: PodView) -> tuple[str, str]:
+    """(role, why) of a pod on the node being emptied."""
+    owner = pod.controller
+    if pod.annotations.get(MIRROR_ANNOTATION):
+        return Role.IGNORED, "mirror pod"
+    if owner is not None and owner.kind == "DaemonSet":
+        return Role.IGNORED, "DaemonSet pod"
+    if pod.phase in ("Succeeded", "Failed"):
+        return Role.IGNORED, f"finished ({pod.phase})"
+    if pod.terminating:
+        return Role.IGNORED, "already terminating"
+    if pod.annotations.get(DO_NOT_DISRUPT) == "true":
+        return Role.BLOCKER, f'{DO_NOT_DISRUPT}: "true"'
+    if pod.annotations.get(SAFE_TO_EVICT) == "false":
+        return Role.BLOCKER, f'{SAFE_TO_EVICT}: "false"'
+    if owner is None:
+        return Role.BLOCKER, "bare pod (no controller would replace it)"
+    if owner.kind == "ReplicaSet" and pod.labels.get(REVISION_LABEL):
+        if not pod.labels.get(TEMPLATE_HASH_LABEL):
+            return Role.BLOCKER, f"no {TEMPLATE_HASH_LABEL} label: orphaning would not release it"
+        return Role.MODEL, f"Knative revision {pod.labels[REVISION_LABEL]}"
+    if owner.kind == "ReplicaSet":
+        return Role.BLOCKER, "ReplicaSet pod outside Knative (no PodAutoscaler counts an orphan)"
+    if owner.kind == "StatefulSet":
+        return Role.BLOCKER, "StatefulSet pod (a notebook or stateful workload)"
+    return Role.BLOCKER, f"owned by {owner.kind} {owner.name}"
+
+
+def defrag_plan(*, node: NodeView, pods: Iterable[PodView],
+                scales: Mapping[tuple[str, str], RevisionScale]) -> DefragPlan:
+    """The discovery report of step 1: every pod on the node, and per revision its scales.
+
+    `scales[(namespace, revision)]` holds what was read for each revision of a model pod;
+    a model pod whose revision has no entry (no PodAutoscaler) becomes a blocker.
+    """
+    entries: list[PodEntry] = []
+    by_revision: dict[tuple[str, str], list[PodEntry]] = {}
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+        if pod.node_name != node.name:
+            continue
+        role, reason = pod_classify(pod)
+        revision = pod.labels.get(REVISION_LABEL) if role == Role.MODEL else None
+        if role == Role.MODEL and (pod.namespace, revision) not in scales:
+            role, reason, revision = Role.BLOCKER, f"no PodAutoscaler found for revision {revision}", None
+        entry = PodEntry(namespace=pod.namespace, name=pod.name, uid=pod.uid, gpus=pod.gpus, phase=pod.phase,
+                         role=role, reason=reason, owner_chain=_owner_chain(pod), revision=revision,
+                         replicaset=pod.controller.name if role == Role.MODEL else None)
+        entries.append(entry)
+        if role == Role.MODEL:
+            by_revision.setdefault((pod.namespace, revision), []).append(entry)
+    revisions = []
+    for (namespace, revision), members in sorted(by_revision.items()):
+        replicasets = {m.replicaset for m in members}
+        if len(replicasets) != 1:
+            # Two ReplicaSets for one revision means a rollout in flight; the RS count would lie.
+            raise ValueError(f"revision {namespace}/{revision} has pods of several ReplicaSets on "
+                             f"{node.name}: {sorted(replicasets)}; retry when the rollout is done")
+        scale = scales[(namespace, revision)]
+        revisions.append(RevisionEntry(namespace=namespace, revision=revision, replicaset=replicasets.pop(),
+                                       kpa_scale=scale.kpa_scale, replicas=scale.replicas,
+                                       pods=tuple(m.name for m in members)))
+    return DefragPlan(node=node.name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
+                      unschedulable=node.unschedulable, pods=tuple(entries), revisions=tuple(revisions))
+
+
+def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial_replicas: int,
+                       overprovision: int) -> bool:
+    """Step 5 of the seed: the revision serves enough without the node's pods.
+
+    The first condition covers a static or growing model, the second one that scaled down
+    meanwhile (its ReplicaSet now wants fewer than it had).
+    """
+    return (current_kpa_scale >= initial_replicas + overprovision
+            or current_kpa_scale >= current_replicas + overprovision)
+
+
+def progress_line(*, revision: str, overprovision: int, current_kpa_scale: int, current_replicas: int,
+                  initial_kpa_scale: int) -> str:
+    """The seed's progress line, word for word."""
+    return (f"Revision {revision} - {overprovision} extra needed - current_scale={current_kpa_scale} "
+            f"replicas={current_replicas} initial_scale={initial_kpa_scale}")
+
+
+def orphan_patch(*, uid: str, owner_references: list, has_template_hash: bool) -> list[dict]:
+    """Step 4 as one JSON patch: the `test` ops make it fail (409/422) if the pod was
+    replaced (uid) or its owners changed since it was read, so nothing is orphaned by mistake."""
+    ops: list[dict] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+    if owner_references:
+        ops.append({"op": "test", "path": "/metadata/ownerReferences", "value": owner_references})
+        ops.append({"op": "remove", "path": "/metadata/ownerReferences"})
+    if has_template_hash:
+        # "/" in a label key is escaped as "~1" in a JSON pointer (RFC 6901); this key has none.
+        ops.append({"op": "remove", "path": f"/metadata/labels/{TEMPLATE_HASH_LABEL}"})
+    return ops
+
+
+# ---- where to defrag: the fragmentation view --------------------------------------------
+
+def colour_for(key: str) -> str:
+    """A stable colour per org/model, so one org reads the same on every node."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return f"hsl({int.from_bytes(digest[:2], 'big') % 360}, 65%, {45 + digest[2] % 20}%)"
+
+
+def org_of(pod: PodView) -> str:
+    return pod.labels.get("capacity.io/org") or pod.namespace
+
+
+def model_of(pod: PodView) -> str:
+    return (pod.labels.get("serving.knative.dev/service") or pod.labels.get("serving.kserve.io/inferenceservice")
+            or pod.labels.get(REVISION_LABEL) or pod.name)
+
+
+@dataclass(frozen=True)
+class GpuCell:
+    """One GPU of a node: free, or held by a pod."""
+
+    pod: str | None = None
+    org: str | None = None
+    model: str | None = None
+    colour: str = "#e5e7eb"
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    pool: str
+    gpu_product: str
+    total: int
+    used: int
+    cordoned: bool
+    held_by_job: int | None
+    cells: tuple[GpuCell, ...]
+    gpu_pods: int
+    blockers: int
+
+    @property
+    def free(self) -> int:
+        return max(self.total - self.used, 0)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    node: str
+    pool: str
+    frees_whole_node: bool
+    gpus_moved: int
+    pods_moved: int
+    why: str
+
+
+@dataclass(frozen=True)
+class FragmentationView:
+    rows: tuple[NodeRow, ...]
+    candidates: tuple[Candidate, ...]
+    pools: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def node_pool(node: NodeView) -> str:
+    return next((node.labels[k] for k in NODE_POOL_LABELS if node.labels.get(k)),
+                node.labels.get(GPU_PRODUCT_LABEL, "default"))
+
+
+def _live(pod: PodView) -> bool:
+    return pod.phase in ("Pending", "Running") and not pod.terminating
+
+
+def _fits(requests: Sequence[int], free: list[int]) -> bool:
+    """First-fit decreasing into the given free GPU counts, most-allocated first (as a
+    bin-packing scheduler would place them), without touching empty nodes."""
+    free = sorted(free)
+    for need in sorted(requests, reverse=True):
+        slot = next((i for i, f in enumerate(free) if f >= need), None)
+        if slot is None:
+            return False
+        free[slot] -= need
+        free.sort()
+    return True
+
+
+def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, int] | None = None,
+                       pool: str | None = None) -> FragmentationView:
+    """GPUs per node, the GPU map cells, and the ranked candidates to empty.
+
+    A candidate is a node with GPU pods and no blockers; it frees a whole node when all
+    its GPU pods fit into the free GPUs of other schedulable, non-empty nodes of the same
+    GPU product (moving them onto an empty node would only move the fragment). Ranked by
+    freeing a whole node, then fewest GPUs moved, then fewest pods moved.
+    """
+    held_nodes = held_nodes or {}
+    rows: list[NodeRow] = []
+    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+        if node.gpus_allocatable <= 0:
+            continue
+        node_pool_name = node_pool(node)
+        if pool and node_pool_name != pool:
+            continue
+        pods = sorted((p for p in snapshot.pods_on(node.name) if _live(p) and p.gpus > 0),
+                      key=lambda p: (org_of(p), model_of(p), p.name))
+        cells: list[GpuCell] = []
+        for pod in pods:
+            org, model = org_of(pod), model_of(pod)
+            cells.extend([GpuCell(pod=f"{pod.namespace}/{pod.name}", org=org, model=model,
+                                  colour=colour_for(f"{org}/{model}"))] * pod.gpus)
+        used = len(cells)
+        cells.extend([GpuCell()] * max(node.gpus_allocatable - used, 0))
+        blockers = sum(1 for p in snapshot.pods_on(node.name) if _live(p) and pod_classify(p)[0] == Role.BLOCKER)
+        rows.append(NodeRow(name=node.name, pool=node_pool_name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
+                            total=node.gpus_allocatable, used=used, cordoned=node.unschedulable,
+                            held_by_job=held_nodes.get(node.name), cells=tuple(cells), gpu_pods=len(pods),
+                            blockers=blockers))
+    candidates = []
+    for row in rows:
+        if row.used == 0 or row.cordoned or row.held_by_job or row.blockers:
+            continue
+        requests = [p.gpus for p in snapshot.pods_on(row.name) if _live(p) and p.gpus > 0]
+        others = [r.free for r in rows if r.name != row.name and not r.cordoned and not r.held_by_job
+                  and r.gpu_product == row.gpu_product and r.used > 0 and r.free > 0]
+        whole = _fits(requests, others)
+        why = (f"its {len(requests)} pod(s) fit in the free GPUs of other {row.gpu_product or 'GPU'} nodes"
+               if whole else "its pods would need an empty node: emptying it only moves the fragment")
+        candidates.append(Candidate(node=row.name, pool=row.pool, frees_whole_node=whole, gpus_moved=row.used,
+                                    pods_moved=len(requests), why=why))
+    candidates.sort(key=lambda c: (not c.frees_whole_node, c.gpus_moved, c.pods_moved, c.node))
+    pools: dict[str, dict[str, int]] = {}
+    for row in rows:
+        totals = pools.setdefault(row.pool, {"nodes": 0, "total": 0, "used": 0, "free": 0, "empty_nodes": 0})
+        totals["nodes"] += 1
+        totals["total"] += row.total
+        totals["used"] += row.used
+        totals["free"] += row.free
+        totals["empty_nodes"] += row.used == 0
+    return FragmentationView(rows=tuple(rows), candidates=tuple(candidates), pools=pools)

@@ -1,0 +1,214 @@
+"""The model-serving runbook (seed 002) as pure decisions over what the cluster holds.
+
+- `registry_build`: each InferenceService and each pynode Knative Service, its org,
+  its Knative revisions (ready, pending pods, GPUs held).
+- `blocked_revisions`: a new revision whose pods are Pending for lack of GPUs while an
+  older revision of the same Knative Service still holds GPUs. The seed's fix is to
+  delete the older revision (not graceful: its pods stop at once, traffic included).
+- `resources_patch`: the merge patch that puts a resource spec on an InferenceService.
+
+Inputs are the plain dicts the gateway returns; no ORM, no HTTP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ISVC_LABEL = "serving.kserve.io/inferenceservice"
+KSVC_LABEL = "serving.knative.dev/service"
+REVISION_LABEL = "serving.knative.dev/revision"
+COMPONENT_LABEL = "capacity.io/component"
+ORG_LABEL = "capacity.io/org"
+MODEL_LABEL = "capacity.io/model"
+GPU = "nvidia.com/gpu"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+REDEPLOY_ANNOTATION = "capacity.io/redeployed-at"
+
+
+@dataclass(frozen=True)
+class RevisionEntry:
+    name: str
+    created: str
+    ready: bool
+    pods_running: int
+    pods_pending: int
+    gpus_held: int                 # GPUs requested by its pods bound to a node and not leaving
+    pending_for_gpus: int          # its pods the scheduler could not place for want of GPUs
+
+
+@dataclass(frozen=True)
+class Unblock:
+    service: str                   # Knative Service
+    pending_revision: str
+    old_revision: str
+    gpus_held: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    kind: str                      # "InferenceService" or "pynode"
+    namespace: str
+    name: str
+    model: str                     # models with several versions share it (label capacity.io/model)
+    framework: str
+    knative_service: str
+    org: str | None
+    ready: bool
+    uid: str
+    revisions: tuple[RevisionEntry, ...] = ()
+    unblocks: tuple[Unblock, ...] = field(default=())
+
+    @property
+    def gpus_held(self) -> int:
+        return sum(r.gpus_held for r in self.revisions)
+
+
+def _meta(obj: dict) -> dict:
+    return obj.get("metadata") or {}
+
+
+def _ready(obj: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or ())
+
+
+def pod_gpus(pod: dict) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        res = container.get("resources") or {}
+        value = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0
+        try:
+            total += int(value)
+        except (TypeError, ValueError):
+            pass
+    return total
+
+
+def unschedulable_for_gpus(pod: dict) -> bool:
+    """Pending, unbound, and the scheduler said GPUs were short (PodScheduled=False)."""
+    if (pod.get("spec") or {}).get("nodeName") or (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+        return False
+    if pod_gpus(pod) == 0:
+        return False
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return cond.get("reason") == "Unschedulable" and GPU in (cond.get("message") or "")
+    return False
+
+
+def _revision_entry(rev: dict, pods: list[dict]) -> RevisionEntry:
+    live = [p for p in pods if not _meta(p).get("deletionTimestamp")]
+    return RevisionEntry(
+        name=_meta(rev)["name"], created=_meta(rev).get("creationTimestamp", ""), ready=_ready(rev),
+        pods_running=sum(1 for p in live if (p.get("status") or {}).get("phase") == "Running"),
+        pods_pending=sum(1 for p in live if (p.get("status") or {}).get("phase", "Pending") == "Pending"),
+        gpus_held=sum(pod_gpus(p) for p in live if (p.get("spec") or {}).get("nodeName")),
+        pending_for_gpus=sum(1 for p in live if unschedulable_for_gpus(p)))
+
+
+def blocked_revisions(service: str, revisions: list[RevisionEntry]) -> tuple[Unblock, ...]:
+    """Older revisions holding GPUs while the newest revision waits for GPUs."""
+    if len(revisions) < 2:
+        return ()
+    ordered = sorted(revisions, key=lambda r: (r.created, _generation(r.name)))
+    newest = ordered[-1]
+    if not newest.pending_for_gpus or newest.ready:
+        return ()
+    return tuple(Unblock(service=service, pending_revision=newest.name, old_revision=old.name,
+                         gpus_held=old.gpus_held,
+                         reason=f"{newest.name} has {newest.pending_for_gpus} pod(s) Pending for lack of GPUs "
+                                f"while {old.name} holds {old.gpus_held} GPU(s)")
+                 for old in ordered[:-1] if old.gpus_held > 0)
+
+
+def _generation(name: str) -> int:
+    tail = name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def registry_build(*, isvcs: list[dict], ksvcs: list[dict], revisions: list[dict], pods: list[dict],
+                   namespaces: list[dict]) -> list[ModelEntry]:
+    org_of_ns = {_meta(n)["name"]: (_meta(n).get("labels") or {}).get(ORG_LABEL) for n in namespaces}
+    pods_by_rev: dict[tuple[str, str], list[dict]] = {}
+    for pod in pods:
+        rev = (_meta(pod).get("labels") or {}).get(REVISION_LABEL)
+        if rev:
+            pods_by_rev.setdefault((_meta(pod).get("namespace", ""), rev), []).append(pod)
+    revs_by_ksvc: dict[tuple[str, str], list[RevisionEntry]] = {}
+    for rev in revisions:
+        meta = _meta(rev)
+        service = (meta.get("labels") or {}).get(KSVC_LABEL)
+        if service:
+            revs_by_ksvc.setdefault((meta.get("namespace", ""), service), []).append(
+                _revision_entry(rev, pods_by_rev.get((meta.get("namespace", ""), meta["name"]), [])))
+
+    entries = []
+    for isvc in isvcs:
+        meta = _meta(isvc)
+        ns, name = meta.get("namespace", ""), meta["name"]
+        service = f"{name}-predictor"
+        model = ((isvc.get("spec") or {}).get("predictor") or {}).get("model") or {}
+        revs = tuple(sorted(revs_by_ksvc.get((ns, service), []), key=lambda r: _generation(r.name)))
+        entries.append(ModelEntry(
+            kind="InferenceService", namespace=ns, name=name,
+            model=(meta.get("labels") or {}).get(MODEL_LABEL, name),
+            framework=(model.get("modelFormat") or {}).get("name", "custom"), knative_service=service,
+            org=(meta.get("labels") or {}).get(ORG_LABEL) or org_of_ns.get(ns), ready=_ready(isvc),
+            uid=meta.get("uid", ""), revisions=revs, unblocks=blocked_revisions(service, list(revs))))
+    for ksvc in ksvcs:
+        meta = _meta(ksvc)
+        labels = meta.get("labels") or {}
+        if labels.get(COMPONENT_LABEL) != "pynode" or labels.get(ISVC_LABEL):
+            continue
+        ns, name = meta.get("namespace", ""), meta["name"]
+        revs = tuple(sorted(revs_by_ksvc.get((ns, name), []), key=lambda r: _generation(r.name)))
+        entries.append(ModelEntry(
+            kind="pynode", namespace=ns, name=name, model=labels.get(MODEL_LABEL, name), framework="pynode",
+            knative_service=name, org=labels.get(ORG_LABEL) or org_of_ns.get(ns), ready=_ready(ksvc),
+            uid=meta.get("uid", ""), revisions=revs, unblocks=blocked_revisions(name, list(revs))))
+    return sorted(entries, key=lambda e: (e.namespace, e.name))
+
+
+@dataclass(frozen=True)
+class ResourceValues:
+    gpu_count: int
+    gpu_product: str
+    cpu_request: str
+    cpu_limit: str
+    memory_request: str
+    memory_limit: str
+
+    def resources(self) -> dict:
+        requests = {"cpu": self.cpu_request, "memory": self.memory_request}
+        limits = {"cpu": self.cpu_limit, "memory": self.memory_limit}
+        # None removes a GPU request the model had (JSON merge patch semantics).
+        requests[GPU] = limits[GPU] = str(self.gpu_count) if self.gpu_count else None
+        return {"requests": requests, "limits": limits}
+
+
+def resource_values(*, framework: str, defaults: dict, override: dict | None = None) -> ResourceValues:
+    """The framework's defaults (settings) under the model's override (admin)."""
+    base = {**(defaults.get(framework) or defaults.get("default") or {}),
+            **{k: v for k, v in (override or {}).items() if v not in (None, "")}}
+    missing = [k for k in ResourceValues.__dataclass_fields__ if k not in base]
+    if missing:
+        raise ValueError(f"no resource defaults for framework {framework!r} and no override for "
+                         f"{', '.join(missing)}")
+    return ResourceValues(**{k: base[k] for k in ResourceValues.__dataclass_fields__})
+
+
+def resources_patch(isvc: dict, values: ResourceValues) -> dict:
+    """Merge patch for the predictor: resources on the model (or first container), the
+    GPU product as a node selector. KServe turns it into a new Knative revision."""
+    predictor = (isvc.get("spec") or {}).get("predictor") or {}
+    node_selector = {PRODUCT_LABEL: values.gpu_product} if values.gpu_count and values.gpu_product else \
+        {PRODUCT_LABEL: None}
+    patch: dict = {"spec": {"predictor": {"nodeSelector": node_selector}}}
+    if predictor.get("model") is not None or not predictor.get("containers"):
+        patch["spec"]["predictor"]["model"] = {"resources": values.resources()}
+    else:
+        containers = [dict(c) for c in predictor["containers"]]
+        containers[0]["resources"] = {kind: {k: v for k, v in amounts.items() if v is not None}
+                                      for kind, amounts in values.resources().items()}
+        patch["spec"]["predictor"]["containers"] = containers
+    return patch

@@ -1,0 +1,33 @@
+"""Scheduled registry sync: one task per cluster."""
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from clusters.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="capacity.runbook.tasks.registry_sync_all_clusters")
+def registry_sync_all_clusters() -> int:
+    from clusters.models import Cluster
+
+    ids = list(Cluster.objects.values_list("pk", flat=True))
+    for pk in ids:
+        registry_sync_cluster.delay(pk)
+    return len(ids)
+
+
+@shared_task(name="capacity.runbook.tasks.registry_sync_cluster", autoretry_for=(KubeError,), retry_backoff=30,
+             max_retries=3)
+def registry_sync_cluster(cluster_id: int) -> int | None:
+    from capacity.runbook.services import registry_sync
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        log.warning("registry sync: cluster %s no longer exists", cluster_id)
+        return None
+    return len(registry_sync(cluster=cluster))

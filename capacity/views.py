@@ -1,0 +1,44 @@
+"""The GPU map and the job progress endpoint (staff only)."""
+from __future__ import annotations
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, render
+
+from clusters.errors import KubeError
+from clusters.models import Cluster
+from config import clock
+
+from capacity.models import DefragJob
+from capacity.selectors import defrag_job_progress, fragmentation_for
+
+CELL = 18  # px per GPU cell in the map
+LABEL_WIDTH = 330  # px for the node name column
+
+
+@staff_member_required
+def job_progress(request, pk: int):
+    job = get_object_or_404(DefragJob.objects.select_related("cluster"), pk=pk)
+    return JsonResponse(defrag_job_progress(job=job))
+
+
+@staff_member_required
+def gpu_map(request, cluster: str):
+    cluster_row = Cluster.objects.filter(name=cluster).first()
+    if cluster_row is None:
+        raise Http404(f"no cluster named {cluster!r}")
+    pool = request.GET.get("pool") or None
+    try:
+        view = fragmentation_for(cluster=cluster_row, now=clock.now(), pool=pool)
+    except KubeError as exc:
+        return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
+    width = max((len(r.cells) for r in view.rows), default=8)
+    rows = [{"row": r, "y": i * (CELL + 6), "cells": [{"x": LABEL_WIDTH + j * CELL, "cell": c}
+                                                       for j, c in enumerate(r.cells)]}
+            for i, r in enumerate(view.rows)]
+    legend = sorted({(c.org, c.model, c.colour) for r in view.rows for c in r.cells if c.pod})
+    return render(request, "capacity/gpu_map.html", {
+        "cluster": cluster_row, "view": view, "rows": rows, "pool": pool, "legend": legend,
+        "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
+        "cell": CELL - 2, "text_x": LABEL_WIDTH + width * CELL + 8,
+    })

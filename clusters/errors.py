@@ -1,0 +1,105 @@
+"""The project's own errors for the Kubernetes and Prometheus gateways.
+
+Callers catch these, never the client libraries' exception types.
+"""
+from __future__ import annotations
+
+
+class KubeError(Exception):
+    """A Kubernetes API failure: HTTP `code` (0 when no answer), Status `reason`, `message`."""
+
+    code: int = 0
+    default_reason: str = "Unknown"
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str | None = None,
+                 retry_after: float | None = None, details: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = self.code if code is None else code
+        self.reason = reason or self.default_reason
+        self.retry_after = retry_after
+        self.details = details or {}
+
+    def __str__(self) -> str:
+        return f"{self.code} {self.reason}: {self.message}"
+
+
+class NotFound(KubeError):
+    code, default_reason = 404, "NotFound"
+
+
+class Conflict(KubeError):
+    """409 Conflict: a stale resourceVersion or a failed precondition."""
+
+    code, default_reason = 409, "Conflict"
+
+
+class AlreadyExists(Conflict):
+    code, default_reason = 409, "AlreadyExists"
+
+
+class Gone(KubeError):
+    """410: the resourceVersion asked for is too old (a watch must re-list)."""
+
+    code, default_reason = 410, "Expired"
+
+
+class Invalid(KubeError):
+    """400/422: the request or the object is malformed."""
+
+    code, default_reason = 422, "Invalid"
+
+
+class Forbidden(KubeError):
+    """401/403: not authenticated or not authorized (RBAC)."""
+
+    code, default_reason = 403, "Forbidden"
+
+
+class TooManyRequests(KubeError):
+    """429: throttled by the API server, or an eviction refused by a PodDisruptionBudget."""
+
+    code, default_reason = 429, "TooManyRequests"
+
+
+class Unavailable(KubeError):
+    """5xx or no answer at all (connection refused, timeout)."""
+
+    code, default_reason = 503, "ServiceUnavailable"
+
+
+class ConfigError(KubeError):
+    """The cluster's connection settings are wrong (missing kubeconfig, unknown context)."""
+
+    code, default_reason = 0, "ConfigError"
+
+
+class PrometheusError(Exception):
+    """A Prometheus query failed; `transient` tells whether a retry may help."""
+
+    def __init__(self, message: str, *, status: int = 0, transient: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
+
+
+def error_for_status(code: int, reason: str, message: str, *, retry_after: float | None = None,
+                     details: dict | None = None) -> KubeError:
+    """The project's error for an API answer (`code` and the Status `reason`)."""
+    if code == 404:
+        cls = NotFound
+    elif code == 409:
+        cls = AlreadyExists if reason == "AlreadyExists" else Conflict
+    elif code == 410:
+        cls = Gone
+    elif code in (400, 415, 422):
+        cls = Invalid
+    elif code in (401, 403):
+        cls = Forbidden
+    elif code == 429:
+        cls = TooManyRequests
+    elif code >= 500 or code == 0:
+        cls = Unavailable
+    else:
+        cls = KubeError
+    return cls(message, code=code, reason=reason or None, retry_after=retry_after, details=details)

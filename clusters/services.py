@@ -1,0 +1,68 @@
+"""Writes for the cluster registry and the beat schedules."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+
+from clusters import kube
+from clusters.models import Cluster
+from clusters.selectors import namespace_version
+from config.schedule import SCHEDULES
+
+
+def cluster_sync_default() -> Cluster | None:
+    """Create or update the default cluster from KUBECONFIG / KUBE_CONTEXT / in-cluster.
+
+    Returns None when the environment names no cluster (then the registry decides).
+    """
+    if not settings.KUBECONFIG and not settings.KUBE_IN_CLUSTER:
+        return None
+    wanted = {
+        "kubeconfig_path": "" if settings.KUBE_IN_CLUSTER else settings.KUBECONFIG.split(":")[0],
+        "kube_context": settings.KUBE_CONTEXT,
+        "in_cluster": settings.KUBE_IN_CLUSTER,
+        "prometheus_url": settings.PROMETHEUS_URL,
+        "prometheus_token_env": settings.PROMETHEUS_TOKEN_ENV if settings.PROMETHEUS_URL else "",
+        "from_environment": True,
+    }
+    cluster = Cluster.objects.filter(name=settings.DEFAULT_CLUSTER_NAME).first()
+    if cluster is None:
+        cluster, _ = Cluster.objects.get_or_create(name=settings.DEFAULT_CLUSTER_NAME, defaults=wanted)
+        return cluster
+    changed = [field for field, value in wanted.items() if getattr(cluster, field) != value]
+    if changed:
+        for field in changed:
+            setattr(cluster, field, wanted[field])
+        cluster.save(update_fields=changed)
+    return cluster
+
+
+def cluster_versions_refresh(*, cluster: Cluster, now: datetime) -> Cluster:
+    """Read and record the Knative Serving and KServe versions the cluster runs."""
+    gateway = kube.gateway_for(cluster)
+    cluster.knative_version = namespace_version(gateway, "knative-serving") or ""
+    cluster.kserve_version = namespace_version(gateway, "kserve") or ""
+    cluster.versions_seen_at = now
+    cluster.save(update_fields=["knative_version", "kserve_version", "versions_seen_at"])
+    return cluster
+
+
+def schedules_install(*, using: str = "default") -> list[str]:
+    """Write config/schedule.py into django-celery-beat; rows an operator already tuned
+    keep their interval and enabled flag. Returns the names created."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    created = []
+    with transaction.atomic(using=using):
+        for periodic in SCHEDULES:
+            if PeriodicTask.objects.using(using).filter(name=periodic.name).exists():
+                continue
+            interval, _ = IntervalSchedule.objects.using(using).get_or_create(
+                every=periodic.every_seconds, period=IntervalSchedule.SECONDS)
+            PeriodicTask.objects.using(using).create(
+                name=periodic.name, task=periodic.task, interval=interval,
+                description=periodic.description, priority=periodic.priority)
+            created.append(periodic.name)
+    return created

@@ -1,0 +1,53 @@
+"""Every periodic schedule of the product, declared here and nowhere else.
+
+`python manage.py install_schedules` (run by `migrate` too) writes them into
+django-celery-beat, where operators may retune or disable them in the admin; an
+installed row keeps the operator's interval and enabled flag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Periodic:
+    name: str
+    task: str
+    every_seconds: int
+    description: str
+    priority: int | None = None
+
+
+SCHEDULES: tuple[Periodic, ...] = (
+    Periodic(
+        name="orgs: dormancy sweep",
+        task="orgs.tasks.dormancy_sweep",
+        every_seconds=3600,
+        description="Mark orgs idle for ORGS_DORMANT_AFTER as dormant and enable scale to zero (seed 004).",
+    ),
+    Periodic(
+        name="orgs: scale-to-zero reconcile",
+        task="orgs.tasks.scale_to_zero_reconcile",
+        every_seconds=600,
+        description="Find and repair scale-to-zero settings that did not hold (drift).",
+    ),
+    Periodic(
+        name="pruning: idle-GPU prune",
+        task="pruning.tasks.prune_all_clusters",
+        every_seconds=180,
+        description="Run the idle-GPU pruner on every cluster with a Prometheus (PRUNER_RUN_MODE; dry run by default).",
+    ),
+    Periodic(
+        name="capacity: binpack deletion costs",
+        task="capacity.binpack.tasks.binpack_all_clusters",
+        every_seconds=300,
+        description="Write pod-deletion costs so scale-down frees whole GPU nodes (issue 6); "
+                    "only pods whose cost changes are patched.",
+    ),
+    Periodic(
+        name="capacity: model registry sync",
+        task="capacity.runbook.tasks.registry_sync_all_clusters",
+        every_seconds=300,
+        description="Sync the model registry (InferenceServices, pynodes, revisions, blocked deployments).",
+    ),
+)

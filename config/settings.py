@@ -1,0 +1,186 @@
+"""Settings, all read from the environment (django-environ).
+
+Defaults give an embedded set-up that needs no services: SQLite under `var/`, an
+in-process cache and a filesystem Celery broker when no Redis URL is set.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="insecure-dev-key-change-me" if DEBUG else "")
+if not SECRET_KEY:
+    # A missing secret in production is a configuration error; the demo sets DJANGO_DEBUG.
+    SECRET_KEY = "insecure-dev-key-set-DJANGO_SECRET_KEY"
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+
+INSTALLED_APPS = [
+    "admin_interface",
+    "colorfield",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "clusters",
+    "orgs",
+    "pruning",
+    "capacity",
+]
+X_FRAME_OPTIONS = "SAMEORIGIN"  # django-admin-interface shows related-object popups in frames
+SILENCED_SYSTEM_CHECKS = ["security.W019"]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",  # django-admin-interface's language chooser
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}
+
+# --- Redis: the cross-process activity throttle and the Celery broker ----------------
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            # A dead Redis must not stall activity recording: fail fast, fall back to the DB.
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue_dir = VAR_DIR / "celery-queue"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(VAR_DIR / "celery-processed"),
+        "store_processed": False,
+    }
+else:
+    # Priorities 0..9 on Redis, where 0 is served FIRST (kombu polls the priority lists in
+    # order): the disabling of scale to zero jumps the queue (orgs.tasks.HIGH_PRIORITY).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"priority_steps": list(range(10))}
+CELERY_TASK_DEFAULT_PRIORITY = 5  # unprioritised messages would otherwise land in 0, the fastest lane
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_BEAT_SCHEDULER = "config.beat:ClockedDatabaseScheduler"
+# How long beat sleeps at most between checks, in seconds (tests with a fast clock lower it).
+CELERY_BEAT_MAX_INTERVAL = env.float("CELERY_BEAT_MAX_INTERVAL", default=60.0)
+CELERY_TIMEZONE = "UTC"
+
+# --- The injected clock (config/clock.py) ---------------------------------------------
+# A file holding a number of seconds to add to the wall clock; tests move time with it.
+CLOCK_OFFSET_FILE = env.str("CLOCK_OFFSET_FILE", default="")
+
+# --- The default cluster ------------------------------------------------------------
+DEFAULT_CLUSTER_NAME = env.str("CLUSTER_NAME", default="default")
+KUBECONFIG = env.str("KUBECONFIG", default="")
+KUBE_CONTEXT = env.str("KUBE_CONTEXT", default="")
+KUBE_IN_CLUSTER = env.bool("KUBE_IN_CLUSTER", default=False)
+PROMETHEUS_URL = env.str("PROMETHEUS_URL", default="")
+# The *name* of the variable holding the token for the default cluster; never the token.
+PROMETHEUS_TOKEN_ENV = env.str("PROMETHEUS_TOKEN_ENV", default="PROMETHEUS_TOKEN")
+# Gateway retries: attempts in all, first backoff and cap in seconds.
+KUBE_RETRY_ATTEMPTS = env.int("KUBE_RETRY_ATTEMPTS", default=5)
+KUBE_RETRY_BACKOFF = env.float("KUBE_RETRY_BACKOFF", default=0.2)
+KUBE_RETRY_BACKOFF_MAX = env.float("KUBE_RETRY_BACKOFF_MAX", default=10.0)
+KUBE_REQUEST_TIMEOUT = env.float("KUBE_REQUEST_TIMEOUT", default=30.0)
+
+# --- Orgs: activity and dormancy (seed 004) -------------------------------------------
+ORGS_DORMANT_AFTER = timedelta(hours=env.float("ORGS_DORMANT_AFTER_HOURS", default=24.0))
+# At most one database write per org per window, across all processes (seconds).
+ORGS_ACTIVITY_THROTTLE_SECONDS = env.int("ORGS_ACTIVITY_THROTTLE_SECONDS", default=60)
+# How many orgs one sweep may switch to dormant (a budget, so a clock jump cannot cool all).
+ORGS_SWEEP_BUDGET = env.int("ORGS_SWEEP_BUDGET", default=100_000)
+
+# --- Pruning: the idle-GPU pruner (issue 5, seed 001) ----------------------------------
+PRUNER_RUN_MODE = env.str("PRUNER_RUN_MODE", default="dry-run")  # or "scale-down"
+PRUNER_DURATION_MINUTES = env.int("PRUNER_DURATION_MINUTES", default=30)
+PRUNER_IDLE_THRESHOLD = env.float("PRUNER_IDLE_THRESHOLD", default=0.01)  # fraction 0-1
+PRUNER_GRACE_SECONDS = env.int("PRUNER_GRACE_SECONDS", default=300)
+PRUNER_MAX_SCALE_DOWNS = env.int("PRUNER_MAX_SCALE_DOWNS", default=20)  # owners per run
+PRUNER_LABEL_SCHEME = env.str("PRUNER_LABEL_SCHEME", default="auto")  # auto, pod, exported
+PRUNER_PROTECTED_NAMESPACES = env.list("PRUNER_PROTECTED_NAMESPACES",
+                                       default=["kube-system", "kube-public", "kube-node-lease"])
+
+# --- Capacity: defrag jobs (seed 000) ------------------------------------------------
+CAPACITY_DEFRAG_TIMEOUT_SECONDS = env.int("CAPACITY_DEFRAG_TIMEOUT_SECONDS", default=1800)
+CAPACITY_DEFRAG_POLL_SECONDS = env.float("CAPACITY_DEFRAG_POLL_SECONDS", default=10.0)
+CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = env.int("CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER", default=2)
+
+# --- Capacity: binpack deletion costs and the model-serving runbook (issue 6) ------------
+# Pods sharing a value of this label form one group, ranked as a whole (Kthena's own
+# ModelServing pods are grouped by modelserving.volcano.sh/group-name regardless).
+BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default="capacity.io/serving-group")
+# Overwrite costs an operator set by hand (pods without our marker annotation).
+BINPACK_OVERRIDE_MANUAL = env.bool("BINPACK_OVERRIDE_MANUAL", default=False)
+BINPACK_MAX_WRITES = env.int("BINPACK_MAX_WRITES", default=10_000)  # pods patched per run
+# Resource defaults per model framework (KServe modelFormat name; "default" for the rest).
+# A ResourceSpec in the admin overrides any of them for one model.
+RUNBOOK_RESOURCE_DEFAULTS = {
+    "default": {"gpu_count": 1, "gpu_product": "", "cpu_request": "4", "cpu_limit": "8",
+                "memory_request": "16Gi", "memory_limit": "32Gi"},
+    "vllm": {"gpu_count": 1, "gpu_product": "", "cpu_request": "8", "cpu_limit": "16",
+             "memory_request": "64Gi", "memory_limit": "64Gi"},
+    "pytorch": {"gpu_count": 1, "gpu_product": "", "cpu_request": "4", "cpu_limit": "8",
+                "memory_request": "32Gi", "memory_limit": "32Gi"},
+    "sklearn": {"gpu_count": 0, "gpu_product": "", "cpu_request": "1", "cpu_limit": "2",
+                "memory_request": "2Gi", "memory_limit": "4Gi"},
+}

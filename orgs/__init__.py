@@ -1,0 +1,1 @@
+"""Orgs: activity, dormancy and scale to zero (seed 004)."""

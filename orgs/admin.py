@@ -1,0 +1,112 @@
+"""Operators' view of orgs: dormancy state, history, and the acts each needing its own permission."""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from config import clock
+from orgs import services
+from orgs.models import ActivityToken, AuditRecord, DormancySwitch, Org
+
+
+class DormancySwitchInline(admin.TabularInline):
+    model = DormancySwitch
+    extra = 0
+    can_delete = False
+    fields = ("at", "direction", "cause", "actor", "patched", "errors", "applied_at")
+    readonly_fields = fields
+    ordering = ("-at", "-id")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Org)
+class OrgAdmin(admin.ModelAdmin):
+    list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "last_activity_at",
+                    "dormant_since", "applied", "has_drift", "reconciled_at")
+    list_filter = ("dormant", "scale_to_zero_allowed", "applied", "cluster")
+    search_fields = ("slug", "namespace")
+    readonly_fields = ("dormant", "dormant_since", "last_activity_at", "applied", "drift", "last_error",
+                       "reconciled_at", "mechanism", "created_at", "scale_to_zero_allowed")
+    inlines = [DormancySwitchInline]
+    actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now"]
+
+    @admin.display(boolean=True, description="drift")
+    def has_drift(self, org: Org) -> bool:
+        return bool(org.drift or org.last_error)
+
+    def _has(self, request, codename: str) -> bool:
+        return request.user.has_perm(f"orgs.{codename}")
+
+    def has_disallow_scale_to_zero_permission(self, request) -> bool:
+        return self._has(request, "disallow_scale_to_zero")
+
+    def has_allow_scale_to_zero_permission(self, request) -> bool:
+        return self._has(request, "allow_scale_to_zero")
+
+    def has_mark_active_permission(self, request) -> bool:
+        return self._has(request, "mark_active")
+
+    def has_run_dormancy_sweep_permission(self, request) -> bool:
+        return self._has(request, "run_dormancy_sweep")
+
+    def _allow(self, request, queryset, allowed: bool) -> None:
+        now = clock.now()
+        for org in queryset.select_related("cluster"):
+            outcome = services.org_scale_to_zero_allow(org=org, allowed=allowed, actor=request.user, now=now)
+            if outcome is not None and outcome.errors:
+                self.message_user(request, f"{org}: {len(outcome.errors)} workload(s) failed, the reconcile will "
+                                           f"retry: {outcome.errors[0]}", messages.WARNING)
+            elif outcome is not None:
+                self.message_user(request, f"{org}: {len(outcome.patched)} workload(s) patched")
+        self.message_user(request, f"scale to zero {'allowed' if allowed else 'disallowed'} for "
+                                   f"{queryset.count()} org(s)")
+
+    @admin.action(permissions=["disallow_scale_to_zero"], description="Disallow scale to zero (and revert now)")
+    def disallow_scale_to_zero(self, request, queryset) -> None:
+        self._allow(request, queryset, False)
+
+    @admin.action(permissions=["allow_scale_to_zero"], description="Allow scale to zero")
+    def allow_scale_to_zero(self, request, queryset) -> None:
+        self._allow(request, queryset, True)
+
+    @admin.action(permissions=["mark_active"], description="Mark active now")
+    def mark_active_now(self, request, queryset) -> None:
+        now = clock.now()
+        woke = [org.slug for org in queryset if services.org_mark_active_now(org=org, actor=request.user, now=now)]
+        self.message_user(request, f"marked active; woke {', '.join(woke) or 'none (all were active)'}")
+
+    @admin.action(permissions=["run_dormancy_sweep"], description="Run the dormancy sweep now (all orgs)")
+    def run_dormancy_sweep_now(self, request, queryset) -> None:
+        result = services.dormancy_sweep(now=clock.now(), actor=request.user)
+        self.message_user(request, f"sweep: {len(result.switched)} org(s) turned dormant: "
+                                   f"{', '.join(result.switched) or 'none'}")
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(admin.ModelAdmin):
+    list_display = ("at", "action", "actor", "org")
+    list_filter = ("action",)
+    search_fields = ("org__slug", "action")
+    readonly_fields = ("at", "action", "actor", "org", "old", "new")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ActivityToken)
+class ActivityTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued with `manage.py issue_activity_token` (shown once); here they are revoked."""
+
+    list_display = ("caller", "user", "active", "created_at")
+    fields = ("caller", "user", "active", "created_at")
+    readonly_fields = ("caller", "user", "created_at")
+
+    def has_add_permission(self, request) -> bool:
+        return False

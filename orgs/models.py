@@ -1,0 +1,114 @@
+"""Orgs, their dormancy switches, the audit trail, and the activity API's callers."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class ScaleToZero(models.TextChoices):
+    ENABLED = "enabled", "enabled (min-scale 0)"
+    DISABLED = "disabled", "disabled (min-scale ≥ 1)"
+
+
+class Org(models.Model):
+    slug = models.SlugField(max_length=63, unique=True, help_text="The org's short name, as in capacity.io/org=<slug>.")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="orgs",
+                                help_text="The cluster the org's namespace lives in.")
+    namespace = models.CharField(max_length=63, help_text="Kubernetes namespace of the org's pynodes and models.")
+    last_activity_at = models.DateTimeField(null=True, blank=True, db_index=True,
+                                            help_text="Latest recorded activity (throttled: ±1 window).")
+    scale_to_zero_allowed = models.BooleanField(
+        default=True, help_text="May the org's workloads scale to zero when dormant? Off for protected orgs.")
+    dormant = models.BooleanField(default=False, help_text="No activity for the dormancy period.")
+    dormant_since = models.DateTimeField(null=True, blank=True, help_text="When the org last turned dormant.")
+    applied = models.CharField(max_length=10, choices=ScaleToZero.choices, blank=True,
+                               help_text="The scale-to-zero setting last seen holding on every workload.")
+    drift = models.JSONField(default=list, blank=True,
+                             help_text="Workloads found not holding the wanted setting at the last reconcile.")
+    last_error = models.TextField(blank=True, help_text="The last Kubernetes failure while applying the setting.")
+    reconciled_at = models.DateTimeField(null=True, blank=True, help_text="When the setting was last checked.")
+    mechanism = models.CharField(max_length=120, blank=True,
+                                 help_text="How models are switched on this cluster (by Knative version).")
+    created_at = models.DateTimeField(auto_now_add=True, help_text="When the org was registered.")
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "namespace"], name="orgs_org_one_org_per_namespace"),
+        ]
+        indexes = [models.Index(fields=["dormant", "scale_to_zero_allowed", "last_activity_at"],
+                                name="orgs_org_sweep")]
+        permissions = [
+            ("disallow_scale_to_zero", "Can disallow scale to zero for an org (and revert it now)"),
+            ("allow_scale_to_zero", "Can allow scale to zero for an org"),
+            ("mark_active", "Can mark an org active now"),
+            ("run_dormancy_sweep", "Can run the dormancy sweep now"),
+            ("record_activity", "Can record activity through the API"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def wanted(self) -> str:
+        """The setting the org's workloads should hold: enabled only when dormant and allowed."""
+        return ScaleToZero.ENABLED if (self.dormant and self.scale_to_zero_allowed) else ScaleToZero.DISABLED
+
+
+class DormancySwitch(models.Model):
+    class Direction(models.TextChoices):
+        TO_DORMANT = "dormant", "became dormant"
+        TO_ACTIVE = "active", "became active"
+
+    class Cause(models.TextChoices):
+        SWEEP = "sweep", "dormancy sweep"
+        ACTIVITY = "activity", "activity"
+        ADMIN = "admin", "operator"
+
+    org = models.ForeignKey(Org, on_delete=models.CASCADE, related_name="switches", help_text="The org that switched.")
+    at = models.DateTimeField(db_index=True, help_text="When the switch happened.")
+    direction = models.CharField(max_length=8, choices=Direction.choices, help_text="Which way it switched.")
+    cause = models.CharField(max_length=8, choices=Cause.choices, help_text="What made it switch.")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+", help_text="The operator, or empty for the schedule/product.")
+    patched = models.JSONField(default=list, blank=True,
+                               help_text="Workloads patched to apply the switch (kind/namespace/name: old → new).")
+    errors = models.JSONField(default=list, blank=True, help_text="Kubernetes failures while applying it.")
+    applied_at = models.DateTimeField(null=True, blank=True, help_text="When the cluster held the new setting.")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.org} {self.direction} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class AuditRecord(models.Model):
+    at = models.DateTimeField(db_index=True, help_text="When it was done.")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+", help_text="Who did it; empty for the schedule.")
+    action = models.CharField(max_length=60, help_text="What was done, e.g. org_disallow_scale_to_zero.")
+    org = models.ForeignKey(Org, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit",
+                            help_text="The org it was done to, if one.")
+    old = models.JSONField(default=dict, blank=True, help_text="The values before.")
+    new = models.JSONField(default=dict, blank=True, help_text="The values after.")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor or 'schedule'} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class ActivityToken(models.Model):
+    """A bearer token for one caller of the activity API. Only its SHA-256 is stored."""
+
+    caller = models.CharField(max_length=100, unique=True, help_text="Who uses the token (a service name).")
+    digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the token, hex.")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+",
+                             help_text="The account the caller acts as; needs 'record activity' permission.")
+    active = models.BooleanField(default=True, help_text="Revoked tokens are refused with 401.")
+    created_at = models.DateTimeField(auto_now_add=True, help_text="When the token was issued.")
+
+    def __str__(self) -> str:
+        return self.caller

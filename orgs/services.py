@@ -1,0 +1,369 @@
+"""Writes for orgs: activity, the dormancy sweep, scale to zero on the cluster, admin acts.
+
+Decisions come from `orgs.planning`; this module re-reads the state right before acting,
+applies through the Kubernetes gateway and records what it did.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils.text import slugify
+
+from clusters import kube
+from clusters.errors import Conflict, KubeError, NotFound
+from clusters.models import Cluster
+from clusters.selectors import namespace_version
+from config import clock
+from orgs import planning
+from orgs.models import AuditRecord, DormancySwitch, Org
+
+logger = logging.getLogger(__name__)
+
+TARGETS = {"ksvc": kube.KNATIVE_SERVICES, "revision": kube.REVISIONS, "podautoscaler": kube.PODAUTOSCALERS}
+CONFLICT_RETRIES = 3   # a 409 on a merge patch is a race with a controller: try again at once
+
+
+def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: datetime) -> AuditRecord:
+    return AuditRecord.objects.create(action=action, actor=actor, org=org, old=old, new=new, at=at)
+
+
+def _enqueue_apply(org_id: int, switch_id: int | None, *, urgent: bool) -> None:
+    """Queue the cluster work; a broker failure is logged, and the reconcile repairs it."""
+    from orgs.tasks import HIGH_PRIORITY, NORMAL_PRIORITY, org_scale_to_zero_apply
+
+    try:
+        org_scale_to_zero_apply.apply_async(args=[org_id], kwargs={"switch_id": switch_id},
+                                            priority=HIGH_PRIORITY if urgent else NORMAL_PRIORITY)
+    except Exception as exc:  # noqa: BLE001 - the database state is right; the reconcile will act
+        logger.error("could not queue scale-to-zero apply for org %s: %s", org_id, exc)
+
+
+# --- activity -------------------------------------------------------------------------------
+def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | None = None) -> bool:
+    """Record activity now; a dormant org becomes active at once and its scale to zero
+    is disabled at high priority. Returns True when the org woke up."""
+    now = at or clock.now()
+    # The common case, one UPDATE: an active org only gets its activity time. Its row
+    # lock makes a concurrent sweep re-check the condition and leave the org alone.
+    if Org.objects.filter(slug=org_slug, dormant=False).update(last_activity_at=now):
+        if actor is not None:
+            org = Org.objects.get(slug=org_slug)
+            audit(action="org_mark_active", actor=actor, org=org, old={"dormant": False},
+                  new={"dormant": False, "last_activity_at": now.isoformat()}, at=now)
+        return False
+    with transaction.atomic():
+        try:
+            org = Org.objects.select_for_update().get(slug=org_slug)
+        except Org.DoesNotExist:
+            raise Org.DoesNotExist(f"no org with slug {org_slug!r}") from None
+        old = {"dormant": org.dormant, "dormant_since": org.dormant_since and org.dormant_since.isoformat()}
+        org.last_activity_at = now
+        woke = org.dormant
+        if woke:
+            org.dormant, org.dormant_since = False, None
+        org.save(update_fields=["last_activity_at", "dormant", "dormant_since"])
+        switch = None
+        if woke:
+            switch = DormancySwitch.objects.create(org=org, at=now, direction=DormancySwitch.Direction.TO_ACTIVE,
+                                                   cause=cause, actor=actor)
+            org_id, switch_id = org.id, switch.id
+            transaction.on_commit(lambda: _enqueue_apply(org_id, switch_id, urgent=True))
+        if actor is not None:
+            audit(action="org_mark_active", actor=actor, org=org, old=old, new={"dormant": False}, at=now)
+    return woke
+
+
+# --- the dormancy sweep -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepResult:
+    now: datetime
+    cutoff: datetime
+    dry_run: bool
+    switched: tuple[str, ...]
+    lines: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"now": self.now.isoformat(), "cutoff": self.cutoff.isoformat(), "dry_run": self.dry_run,
+                "dormant": list(self.switched), "lines": list(self.lines)}
+
+
+_SWEEP_CONDITION = "NOT o.dormant AND o.scale_to_zero_allowed AND o.last_activity_at < %(cutoff)s"
+
+# PostgreSQL: marking and recording in ONE statement. IMPORTANT: the condition is in the
+# UPDATE's own WHERE, so a row an activity changed meanwhile is re-checked on its newest
+# version (READ COMMITTED re-evaluation) and an org with fresh activity is never marked.
+_SWEEP_PG = f"""
+WITH switched AS (
+    UPDATE orgs_org o SET dormant = TRUE, dormant_since = %(now)s
+    WHERE {_SWEEP_CONDITION} {{budget}}
+    RETURNING o.id, o.slug
+), recorded AS (
+    INSERT INTO orgs_dormancyswitch (org_id, at, direction, cause, actor_id, patched, errors)
+    SELECT id, %(now)s, 'dormant', %(cause)s, %(actor)s, '[]'::jsonb, '[]'::jsonb FROM switched
+)
+SELECT id, slug FROM switched
+"""
+_SWEEP_SQLITE = f"""
+UPDATE orgs_org AS o SET dormant = 1, dormant_since = %(now)s
+WHERE {_SWEEP_CONDITION} {{budget}}
+RETURNING id, slug
+"""
+_BUDGET = ("AND o.id IN (SELECT i.id FROM orgs_org i WHERE NOT i.dormant AND i.scale_to_zero_allowed"
+           " AND i.last_activity_at < %(cutoff)s ORDER BY i.last_activity_at, i.id LIMIT %(budget)s)")
+
+
+def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: int | None = None) -> SweepResult:
+    """Mark orgs with no activity for ORGS_DORMANT_AFTER dormant, and queue enabling scale to zero."""
+    budget = settings.ORGS_SWEEP_BUDGET if budget is None else budget
+    if dry_run:
+        rows = Org.objects.values_list("id", "slug", "last_activity_at", "dormant", "scale_to_zero_allowed")
+        plan = planning.plan_sweep(orgs=[planning.OrgActivity(*row) for row in rows], now=now,
+                                   dormant_after=settings.ORGS_DORMANT_AFTER, budget=budget)
+        return SweepResult(now=now, cutoff=plan.cutoff, dry_run=True, switched=plan.to_dormant,
+                           lines=tuple(plan.describe()))
+    cutoff = planning.sweep_cutoff(now=now, dormant_after=settings.ORGS_DORMANT_AFTER)
+    if budget < 0:
+        raise ValueError(f"the sweep budget must be >= 0, got {budget}")
+    ops = connection.ops
+    params = {"now": ops.adapt_datetimefield_value(now), "cutoff": ops.adapt_datetimefield_value(cutoff),
+              "cause": DormancySwitch.Cause.ADMIN if actor else DormancySwitch.Cause.SWEEP,
+              "actor": actor.pk if actor else None, "budget": budget}
+    budget_sql = _BUDGET if budget else ""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(_SWEEP_PG.format(budget=budget_sql), params)
+                switched = cursor.fetchall()
+            else:
+                cursor.execute(_SWEEP_SQLITE.format(budget=budget_sql), params)
+                switched = cursor.fetchall()
+                DormancySwitch.objects.bulk_create(
+                    DormancySwitch(org_id=org_id, at=now, direction=DormancySwitch.Direction.TO_DORMANT,
+                                   cause=params["cause"], actor=actor) for org_id, _ in switched)
+        slugs = tuple(sorted(slug for _, slug in switched))
+        if actor is not None:
+            audit(action="dormancy_sweep", actor=actor, org=None, old={}, new={"dormant": list(slugs)}, at=now)
+        ids = [org_id for org_id, _ in switched]
+        if ids:
+            switch_ids = dict(DormancySwitch.objects.filter(org_id__in=ids, at=now,
+                                                            direction=DormancySwitch.Direction.TO_DORMANT)
+                              .values_list("org_id", "id"))
+            transaction.on_commit(lambda: [_enqueue_apply(i, switch_ids.get(i), urgent=False) for i in ids])
+    return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs,
+                       lines=tuple(f"{s}: dormant" for s in slugs))
+
+
+# --- scale to zero on the cluster ---------------------------------------------------------------
+@dataclass
+class Workloads:
+    pynodes: list[dict] = field(default_factory=list)
+    inference_services: list[dict] = field(default_factory=list)
+    knative_services: list[dict] = field(default_factory=list)
+    revisions: list[dict] = field(default_factory=list)
+    podautoscalers: list[dict] = field(default_factory=list)
+
+
+def _by_namespace(items: list[dict]) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for item in items:
+        grouped.setdefault(item["metadata"].get("namespace", ""), []).append(item)
+    return grouped
+
+
+def workloads_read(gateway: kube.KubeGateway, *, namespace: str | None) -> dict[str, Workloads]:
+    """The pynodes and models (and what serves them) of one namespace, or of all."""
+    ksvcs = gateway.list(kube.KNATIVE_SERVICES, namespace=namespace)
+    isvcs = gateway.list(kube.INFERENCESERVICES, namespace=namespace)
+    revisions = gateway.list(kube.REVISIONS, namespace=namespace)
+    pas = gateway.list(kube.PODAUTOSCALERS, namespace=namespace)
+    result: dict[str, Workloads] = {}
+    for attr, items in (("knative_services", ksvcs), ("inference_services", isvcs), ("revisions", revisions),
+                        ("podautoscalers", pas)):
+        for ns, group in _by_namespace(items).items():
+            setattr(result.setdefault(ns, Workloads()), attr, group)
+    for ns, workloads in result.items():
+        workloads.pynodes = [k for k in workloads.knative_services
+                             if (k["metadata"].get("labels") or {}).get("capacity.io/component") == "pynode"]
+    return result
+
+
+@dataclass
+class ApplyOutcome:
+    org: str
+    setting: str
+    patched: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    drift: list[dict] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    first_error: KubeError | None = None
+
+
+def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
+    resource = TARGETS[patch.target]
+    for attempt in range(CONFLICT_RETRIES):
+        try:
+            gateway.patch(resource, patch.name, patch.merge_patch(), namespace=patch.namespace)
+            return
+        except Conflict:
+            if attempt == CONFLICT_RETRIES - 1:
+                raise
+
+
+def _knative_version(gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> str:
+    version = namespace_version(gateway, "knative-serving") or ""
+    if version != cluster.knative_version:
+        cluster.knative_version, cluster.versions_seen_at = version, now
+        cluster.save(update_fields=["knative_version", "versions_seen_at"])
+    return version
+
+
+def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, version: str,
+                outcome: ApplyOutcome) -> planning.ScaleToZeroPlan:
+    plan = planning.plan_scale_to_zero(
+        namespace=org.namespace, setting=outcome.setting, pynodes=workloads.pynodes,
+        inference_services=workloads.inference_services, knative_services=workloads.knative_services,
+        revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, knative_version=version)
+    outcome.skipped = list(plan.skipped)
+    if org.applied == outcome.setting:
+        # We believed the setting held: anything to patch now is drift (reverted, failed, or new).
+        outcome.drift += [{"workload": f"{p.target} {p.namespace}/{p.name}", "found": p.current,
+                           "wanted": p.wanted} for p in plan.patches]
+    for patch in plan.patches:
+        try:
+            _patch(gateway, patch)
+            outcome.patched.append(patch.describe())
+        except NotFound:
+            outcome.skipped.append(f"{patch.target} {patch.namespace}/{patch.name}: gone before the patch")
+        except KubeError as exc:
+            outcome.errors.append(f"{patch.describe()}: {exc}")
+            outcome.first_error = outcome.first_error or exc
+    return plan
+
+
+def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_id: int | None = None,
+                            workloads: Workloads | None = None) -> ApplyOutcome:
+    """Bring the org's pynodes and models to the setting its row wants, and record it.
+
+    IMPORTANT: the org row is re-read before acting and again after; if an activity (or
+    the sweep) changed what it wants meanwhile, the work is redone for the new state,
+    so an org that turned active is never left scaled to zero.
+    """
+    now = now or clock.now()
+    org = Org.objects.select_related("cluster").get(id=org_id)
+    outcome = ApplyOutcome(org=org.slug, setting=org.wanted)
+    version = ""
+    try:
+        gateway = kube.gateway_for(org.cluster)
+        version = _knative_version(gateway, org.cluster, now)
+        for _ in range(3):
+            outcome.setting = org.wanted
+            current = workloads if workloads is not None else \
+                workloads_read(gateway, namespace=org.namespace).get(org.namespace, Workloads())
+            workloads = None  # a second round reads afresh
+            _apply_once(org, current, gateway, version, outcome)
+            org = Org.objects.select_related("cluster").get(id=org_id)
+            if org.wanted == outcome.setting:
+                break
+    except KubeError as exc:
+        outcome.errors.append(f"{org.namespace}: {exc}")
+        outcome.first_error = outcome.first_error or exc
+    _record_outcome(org, outcome, now=now, version=version, switch_id=switch_id)
+    return outcome
+
+
+def _record_outcome(org: Org, outcome: ApplyOutcome, *, now: datetime, version: str, switch_id: int | None) -> None:
+    fields = {"reconciled_at": now, "last_error": "\n".join(outcome.errors)[:4000],
+              "mechanism": planning.describe_mechanism(version) if version else org.mechanism,
+              "drift": outcome.drift}
+    if not outcome.errors:
+        fields["applied"] = outcome.setting
+    Org.objects.filter(id=org.id).update(**fields)
+    if switch_id is not None:
+        switch_fields = {"patched": outcome.patched, "errors": outcome.errors}
+        if not outcome.errors:
+            switch_fields["applied_at"] = now
+        DormancySwitch.objects.filter(id=switch_id).update(**switch_fields)
+    if outcome.drift:
+        audit(action="scale_to_zero_drift_repaired" if not outcome.errors else "scale_to_zero_drift_found",
+              actor=None, org=org, old={d["workload"]: d["found"] for d in outcome.drift},
+              new={d["workload"]: d["wanted"] for d in outcome.drift}, at=now)
+
+
+def orgs_reconcile(*, now: datetime, cluster: Cluster | None = None) -> list[ApplyOutcome]:
+    """Check every org's workloads against its wanted setting and repair what drifted,
+    including models and pynodes that appeared since (they get the org's setting).
+    Reads each cluster once (cluster-wide lists), then writes only what must change."""
+    outcomes = []
+    clusters = [cluster] if cluster else Cluster.objects.filter(orgs__isnull=False).distinct()
+    for each in clusters:
+        try:
+            by_namespace = workloads_read(kube.gateway_for(each), namespace=None)
+        except KubeError as exc:
+            logger.error("reconcile of cluster %s: cannot read workloads: %s", each.name, exc)
+            Org.objects.filter(cluster=each).update(last_error=f"reconcile could not read the cluster: {exc}")
+            continue
+        for org in Org.objects.filter(cluster=each):
+            outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now,
+                                                    workloads=by_namespace.get(org.namespace, Workloads())))
+    return outcomes
+
+
+# --- operator acts ---------------------------------------------------------------------------
+def org_scale_to_zero_allow(*, org: Org, allowed: bool, actor, now: datetime) -> ApplyOutcome | None:
+    """Allow or disallow scale to zero. Disallowing reverts the org's workloads now."""
+    if org.scale_to_zero_allowed == allowed:
+        return None
+    Org.objects.filter(id=org.id).update(scale_to_zero_allowed=allowed)
+    audit(action="org_allow_scale_to_zero" if allowed else "org_disallow_scale_to_zero", actor=actor, org=org,
+          old={"scale_to_zero_allowed": not allowed}, new={"scale_to_zero_allowed": allowed}, at=now)
+    org.scale_to_zero_allowed = allowed
+    if org.wanted != org.applied or not allowed:
+        return org_scale_to_zero_apply(org_id=org.id, now=now)
+    return None
+
+
+def org_mark_active_now(*, org: Org, actor, now: datetime) -> bool:
+    return org_mark_active(org_slug=org.slug, cause=DormancySwitch.Cause.ADMIN, actor=actor, at=now)
+
+
+# --- the registry of orgs ---------------------------------------------------------------------
+@dataclass
+class SyncResult:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def orgs_sync(*, cluster: Cluster, now: datetime) -> SyncResult:
+    """Create or update an Org for every namespace labelled `capacity.io/org=<slug>`."""
+    result = SyncResult()
+    for ns in kube.gateway_for(cluster).list(kube.NAMESPACES, label_selector=planning.ORG_LABEL):
+        namespace = ns["metadata"]["name"]
+        slug = (ns["metadata"].get("labels") or {}).get(planning.ORG_LABEL, "")
+        if not slug or slugify(slug) != slug:
+            result.errors.append(f"namespace {namespace}: label {planning.ORG_LABEL}={slug!r} is not a valid slug "
+                                 "(lowercase letters, digits, hyphens)")
+            continue
+        org = Org.objects.filter(slug=slug).first()
+        if org is None:
+            clash = Org.objects.filter(cluster=cluster, namespace=namespace).first()
+            if clash is not None:
+                result.errors.append(f"namespace {namespace}: already the namespace of org {clash.slug!r}")
+                continue
+            # A new org counts as active from now: it is not dormant at birth.
+            Org.objects.create(slug=slug, cluster=cluster, namespace=namespace, last_activity_at=now)
+            result.created.append(slug)
+        elif org.cluster_id != cluster.id:
+            result.errors.append(f"namespace {namespace}: org {slug!r} already lives on cluster {org.cluster.name!r}")
+        elif org.namespace != namespace:
+            Org.objects.filter(id=org.id).update(namespace=namespace)
+            result.updated.append(slug)
+        else:
+            result.unchanged.append(slug)
+    return result
+

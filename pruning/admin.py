@@ -1,0 +1,101 @@
+"""Admin: prune runs (with per-pod utilization charts), decisions and their restore."""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
+
+from clusters.errors import KubeError, PrometheusError
+
+from . import selectors, services
+from .charts import sparkline
+from .models import PruneDecision, PruneRun
+
+
+class DecisionInline(admin.TabularInline):
+    model = PruneDecision
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = ("namespace", "pod", "owner_kind", "owner_name", "decision", "reason", "max_utilization",
+              "result", "restore")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(PruneRun)
+class PruneRunAdmin(admin.ModelAdmin):
+    list_display = ("id", "cluster", "mode", "status", "evaluated_at", "pods_seen", "busy_pods",
+                    "idle_candidates", "planned", "acted", "failed", "kube_api_calls", "duration_seconds")
+    list_filter = ("cluster", "mode", "status")
+    date_hierarchy = "evaluated_at"
+    readonly_fields = [f.name for f in PruneRun._meta.fields] + ["utilization_charts"]
+    inlines = [DecisionInline]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="GPU utilization of each decided pod over the window")
+    def utilization_charts(self, run: PruneRun):
+        decisions = list(run.decisions.all())
+        if not decisions:
+            return "no pod looked idle in this run"
+        window = int(run.parameters.get("window_seconds", 1800))
+        threshold = float(run.parameters.get("idle_threshold", 0.01))
+        try:
+            history = selectors.utilization_history(
+                prometheus=services.prometheus_for(cluster=run.cluster), run=run,
+                pods=[(d.namespace, d.pod) for d in decisions])
+        except PrometheusError as exc:
+            return format_html("charts unavailable: {}", exc)
+        end = run.evaluated_at.timestamp()
+        rows = ((d.namespace, d.pod, d.get_decision_display(), d.reason,
+                 sparkline(history.get((d.namespace, d.pod), []), start=end - window, end=end,
+                           threshold=threshold))
+                for d in decisions)
+        body = format_html_join("", "<tr><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
+        return format_html('<table class="prune-charts"><thead><tr><th>pod</th><th>decision</th>'
+                           '<th>reason</th><th>utilization (dashed: idle threshold)</th></tr></thead>'
+                           "<tbody>{}</tbody></table>", body)
+
+
+@admin.register(PruneDecision)
+class PruneDecisionAdmin(admin.ModelAdmin):
+    list_display = ("run", "namespace", "pod", "owner_kind", "owner_name", "decision", "reason", "method",
+                    "max_utilization", "result", "event_sent", "restore")
+    list_filter = ("decision", "reason", "result", "restore", "owner_kind", "method", "run__cluster", "run__mode")
+    search_fields = ("namespace", "pod", "owner_name")
+    readonly_fields = [f.name for f in PruneDecision._meta.fields]
+    actions = ["restore_selected"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Restore: put back what the prune took away")
+    def restore_selected(self, request, queryset):
+        from clusters.kube import gateway_for
+        from config import clock
+
+        done = changed = 0
+        for decision in queryset.select_related("run__cluster"):
+            if not decision.restorable:
+                continue
+            cluster = decision.run.cluster
+            if cluster is None:
+                self.message_user(request, f"{decision}: its run has no cluster", messages.ERROR)
+                continue
+            try:
+                result = services.prune_decision_restore(
+                    kube_gateway=gateway_for(cluster), decision=decision,
+                    actor=request.user.get_username(), now=clock.now())
+            except KubeError as exc:
+                self.message_user(request, f"{decision}: {exc}", messages.ERROR)
+                continue
+            if result.restore == PruneDecision.Restore.RESTORED:
+                done += 1
+            elif result.restore == PruneDecision.Restore.CHANGED:
+                changed += 1
+            else:
+                self.message_user(request, f"{decision}: {result.error}", messages.ERROR)
+        self.message_user(request, f"restored {done}; left alone {changed} changed since the prune")

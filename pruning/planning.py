@@ -1,0 +1,273 @@
+"""Pure prune decisions: GPU series + a cluster view + `now` → a `PrunePlan`.
+
+No ORM, no HTTP, no clock here (CONVENTIONS.md). Where gpu-pruner falls short
+(KUBERNETES.md, "Prior art"), the rules below are stricter: every GPU of a pod must be
+idle, the pod must have data for all its GPUs and the whole window, and each owner is
+acted on once per run whatever number of its pods are idle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from .query import GpuSeries
+
+OPT_OUT_ANNOTATION = "capacity.io/prune"
+ISVC_LABEL = "serving.kserve.io/inferenceservice"
+NOTEBOOK_STOP_ANNOTATION = "kubeflow-resource-stopped"
+KSERVE_STOP_ANNOTATION = "serving.kserve.io/stop"
+
+# Decisions
+PRUNE = "prune"
+SKIP = "skip"
+
+# Reasons a pod that looked idle is still not pruned (stable strings: stored, filtered on).
+R_IDLE = "idle"
+R_GAP = "gap-in-data"
+R_MISSING_GPU = "missing-gpu-data"
+R_YOUNG = "too-young"
+R_PENDING = "pending"
+R_DELETING = "being-deleted"
+R_POD_GONE = "pod-not-found"
+R_NO_OWNER = "no-owner"
+R_UNSUPPORTED = "unsupported-owner"
+R_OWNER_GONE = "owner-not-found"
+R_OPT_OUT = "opted-out"
+R_PROTECTED = "protected-namespace"
+R_ORG = "org-disallows-scale-to-zero"
+R_CAP = "cap-reached"
+R_SAME_OWNER = "owner-already-in-plan"
+R_AT_ZERO = "already-at-zero"
+
+# Action methods, per owner kind
+M_SCALE = "scale"                     # Deployment / ReplicaSet / StatefulSet `scale` subresource
+M_NOTEBOOK = "notebook-stop"          # kubeflow-resource-stopped annotation
+M_KSERVE_STOP = "kserve-stop"         # serving.kserve.io/stop: "true" (KServe >= 0.15)
+M_MIN_REPLICAS = "kserve-min-replicas"  # spec.predictor.minReplicas: 0 (older KServe)
+M_KNATIVE_MIN_SCALE = "knative-min-scale"  # autoscaling.knative.dev/min-scale: "0"
+
+API_VERSIONS = {
+    "Deployment": "apps/v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1",
+    "Notebook": "kubeflow.org/v1", "InferenceService": "serving.kserve.io/v1beta1",
+    "Service": "serving.knative.dev/v1", "Revision": "serving.knative.dev/v1",
+    "Configuration": "serving.knative.dev/v1",
+}
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    created: datetime
+    deleting: bool
+    gpus: int                      # nvidia.com/gpu requested by its containers
+    labels: dict
+    owner: tuple[str, str] | None  # controller ownerReference (kind, name)
+
+
+@dataclass(frozen=True)
+class ObjectView:
+    """An object the owner walk passes through (ReplicaSet, Deployment, Notebook…)."""
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    annotations: dict
+    labels: dict
+    owner: tuple[str, str] | None
+    replicas: int | None = None       # spec.replicas where the kind has one
+    min_replicas: int | None = None   # InferenceService spec.predictor.minReplicas
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    pods: dict            # (namespace, name) -> PodView
+    objects: dict         # (kind, namespace, name) -> ObjectView
+    kserve_stop_supported: bool = True
+
+
+@dataclass(frozen=True)
+class PruneSettings:
+    window_seconds: int = 1800
+    grace_seconds: int = 300
+    idle_threshold: float = 0.01
+    protected_namespaces: frozenset = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+    # Namespaces whose org has scale_to_zero_allowed off.
+    org_blocked_namespaces: frozenset = frozenset()
+    max_scale_downs: int = 20
+
+
+@dataclass(frozen=True)
+class Owner:
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def api_version(self) -> str:
+        return API_VERSIONS.get(self.kind, "")
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kind, self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class Decision:
+    namespace: str
+    pod: str
+    gpus: tuple[str, ...]
+    max_utilization: float | None
+    decision: str
+    reason: str
+    owner: Owner | None = None
+    method: str = ""
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    now: datetime
+    settings: PruneSettings
+    decisions: tuple[Decision, ...]
+    pods_seen: int               # pods with GPU data in the window
+    busy: int                    # of those, pods with a GPU above the threshold
+
+    @property
+    def to_prune(self) -> list[Decision]:
+        return [d for d in self.decisions if d.decision == PRUNE]
+
+    def explain(self) -> list[str]:
+        return [f"{d.decision:5} {d.namespace}/{d.pod} -> "
+                f"{d.owner.kind + '/' + d.owner.name if d.owner else '-'}: {d.reason}"
+                for d in self.decisions]
+
+
+def resolve_owner(pod: PodView, view: ClusterView) -> tuple[Owner | None, str]:
+    """The object to scale for `pod`, or None and the reason it has none.
+
+    InferenceService label first (its pods sit under Knative or a Deployment); then
+    ReplicaSet → Deployment → (Knative Revision → Service); StatefulSet → Notebook;
+    a bare ReplicaSet or StatefulSet stands for itself."""
+    ns = pod.namespace
+    isvc = pod.labels.get(ISVC_LABEL)
+    if isvc:
+        obj = view.objects.get(("InferenceService", ns, isvc))
+        return (Owner("InferenceService", ns, isvc, obj.uid), "") if obj else (None, R_OWNER_GONE)
+    if pod.owner is None:
+        return None, R_NO_OWNER
+    kind, name = pod.owner
+    if kind not in ("ReplicaSet", "StatefulSet"):
+        return None, R_UNSUPPORTED
+    obj = view.objects.get((kind, ns, name))
+    if obj is None:
+        return None, R_OWNER_GONE
+    if kind == "StatefulSet":
+        if obj.owner and obj.owner[0] == "Notebook":
+            nb = view.objects.get(("Notebook", ns, obj.owner[1]))
+            return (Owner("Notebook", ns, nb.name, nb.uid), "") if nb else (None, R_OWNER_GONE)
+        return Owner("StatefulSet", ns, name, obj.uid), ""
+    if not obj.owner:
+        return Owner("ReplicaSet", ns, name, obj.uid), ""
+    if obj.owner[0] != "Deployment":
+        return None, R_UNSUPPORTED
+    dep = view.objects.get(("Deployment", ns, obj.owner[1]))
+    if dep is None:
+        return None, R_OWNER_GONE
+    if dep.owner and dep.owner[0] == "Revision":
+        rev = view.objects.get(("Revision", ns, dep.owner[1]))
+        svc_name = rev.labels.get("serving.knative.dev/service") if rev else None
+        svc = view.objects.get(("Service", ns, svc_name)) if svc_name else None
+        return (Owner("Service", ns, svc.name, svc.uid), "") if svc else (None, R_OWNER_GONE)
+    return Owner("Deployment", ns, dep.name, dep.uid), ""
+
+
+def action_method(owner: Owner, view: ClusterView) -> str:
+    if owner.kind in ("Deployment", "ReplicaSet", "StatefulSet"):
+        return M_SCALE
+    if owner.kind == "Notebook":
+        return M_NOTEBOOK
+    if owner.kind == "InferenceService":
+        return M_KSERVE_STOP if view.kserve_stop_supported else M_MIN_REPLICAS
+    return M_KNATIVE_MIN_SCALE
+
+
+def already_at_zero(obj: ObjectView, method: str) -> bool:
+    if method == M_SCALE:
+        return obj.replicas == 0
+    if method == M_NOTEBOOK:
+        return NOTEBOOK_STOP_ANNOTATION in obj.annotations
+    if method == M_KSERVE_STOP:
+        return obj.annotations.get(KSERVE_STOP_ANNOTATION) == "true"
+    if method == M_MIN_REPLICAS:
+        return obj.min_replicas == 0
+    return False
+
+
+def _idle_reason(pod: PodView | None, series: list[GpuSeries], s: PruneSettings,
+                 now: datetime) -> str:
+    """Why a pod whose GPUs all stayed under the threshold is still not idle ('' = idle)."""
+    if pod is None:
+        return R_POD_GONE
+    if pod.deleting:
+        return R_DELETING
+    if pod.phase == "Pending":
+        return R_PENDING
+    if now - pod.created < timedelta(seconds=s.window_seconds + s.grace_seconds):
+        return R_YOUNG
+    if len(series) < max(pod.gpus, 1):
+        return R_MISSING_GPU
+    if any(not g.complete or g.max_utilization is None for g in series):
+        return R_GAP
+    return ""
+
+
+def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSettings,
+               now: datetime) -> PrunePlan:
+    by_pod: dict[tuple[str, str], list[GpuSeries]] = {}
+    for g in series:
+        by_pod.setdefault((g.namespace, g.pod), []).append(g)
+    decisions: list[Decision] = []
+    planned: set[tuple] = set()
+    busy = 0
+    for (ns, name), gpus in sorted(by_pod.items()):
+        peak = max((g.max_utilization for g in gpus if g.max_utilization is not None), default=None)
+        # IMPORTANT: one busy GPU keeps the whole pod (gpu-pruner flagged per GPU).
+        if peak is not None and peak >= settings.idle_threshold:
+            busy += 1
+            continue
+        ids = tuple(sorted(g.gpu for g in gpus))
+
+        def skip(reason, owner=None, method=""):
+            decisions.append(Decision(ns, name, ids, peak, SKIP, reason, owner, method))
+
+        pod = view.pods.get((ns, name))
+        reason = _idle_reason(pod, gpus, settings, now)
+        if reason:
+            skip(reason)
+            continue
+        owner, why = resolve_owner(pod, view)
+        if owner is None:
+            skip(why)
+            continue
+        method = action_method(owner, view)
+        obj = view.objects.get(owner.key)
+        if ns in settings.protected_namespaces:
+            skip(R_PROTECTED, owner, method)
+        elif ns in settings.org_blocked_namespaces:
+            skip(R_ORG, owner, method)
+        elif obj is not None and obj.annotations.get(OPT_OUT_ANNOTATION) == "false":
+            skip(R_OPT_OUT, owner, method)
+        elif owner.key in planned:
+            skip(R_SAME_OWNER, owner, method)
+        elif obj is not None and already_at_zero(obj, method):
+            skip(R_AT_ZERO, owner, method)
+        elif len(planned) >= settings.max_scale_downs:
+            skip(R_CAP, owner, method)
+        else:
+            planned.add(owner.key)
+            decisions.append(Decision(ns, name, ids, peak, PRUNE, R_IDLE, owner, method))
+    return PrunePlan(now=now, settings=settings, decisions=tuple(decisions),
+                     pods_seen=len(by_pod), busy=busy)

@@ -1,0 +1,155 @@
+"""Reads for the pruner: the cluster view a plan needs, and run records for the admin.
+
+The cluster view costs a fixed handful of LIST calls per run, whatever the number of
+pods: one cluster-wide pod LIST, then one LIST per owner kind that the idle pods
+actually lead to (gpu-pruner made several GETs per idle pod). Each LIST is one request
+(no paging) so the count does not grow with the cluster either.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from clusters import kube
+from clusters.selectors import namespace_version
+
+from .planning import ISVC_LABEL, ClusterView, ObjectView, PodView
+
+KSERVE_NAMESPACE = "kserve"
+KSERVE_STOP_SINCE = (0, 15)  # serving.kserve.io/stop is honoured from KServe 0.15 on
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def _controller(meta: dict) -> tuple[str, str] | None:
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller"):
+            return ref.get("kind", ""), ref.get("name", "")
+    return None
+
+
+def _gpus(pod: dict) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
+        try:
+            total += int(value or 0)
+        except (TypeError, ValueError):
+            pass
+    return total
+
+
+def pod_view(pod: dict) -> PodView:
+    meta = pod.get("metadata") or {}
+    return PodView(
+        namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
+        phase=(pod.get("status") or {}).get("phase", ""),
+        created=_time(meta.get("creationTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")), gpus=_gpus(pod),
+        labels=meta.get("labels") or {}, owner=_controller(meta))
+
+
+def object_view(obj: dict) -> ObjectView:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    replicas = spec.get("replicas")
+    if replicas is None and obj.get("kind") in ("Deployment", "ReplicaSet", "StatefulSet"):
+        replicas = 1  # the API default when unset
+    return ObjectView(
+        kind=obj.get("kind", ""), namespace=meta.get("namespace", ""), name=meta.get("name", ""),
+        uid=meta.get("uid", ""), annotations=meta.get("annotations") or {},
+        labels=meta.get("labels") or {}, owner=_controller(meta), replicas=replicas,
+        min_replicas=(spec.get("predictor") or {}).get("minReplicas"))
+
+
+def kserve_stop_supported(gateway: kube.KubeGateway) -> bool:
+    """Whether this cluster's KServe honours `serving.kserve.io/stop` (>= 0.15).
+
+    Unknown or unreadable versions answer False: `minReplicas: 0` works on every version."""
+    version = namespace_version(gateway, KSERVE_NAMESPACE) or ""
+    parts = version.lstrip("v").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= KSERVE_STOP_SINCE
+    except (ValueError, IndexError):
+        return False
+
+
+def _list(gateway, resource) -> list[ObjectView]:
+    return [object_view(o) for o in gateway.list(resource, page_size=None)]
+
+
+def cluster_view(gateway: kube.KubeGateway, *, pods_of_interest: Iterable[tuple[str, str]]) -> ClusterView:
+    """Pods named in `pods_of_interest` and every object their owner walk may reach."""
+    wanted = set(pods_of_interest)
+    if not wanted:
+        return ClusterView(pods={}, objects={})
+    pods = {}
+    for raw in gateway.list(kube.PODS, page_size=None):
+        meta = raw.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if key in wanted:
+            pods[key] = pod_view(raw)
+    objects: dict[tuple, ObjectView] = {}
+
+    def add(views: list[ObjectView]) -> list[ObjectView]:
+        for v in views:
+            objects[(v.kind, v.namespace, v.name)] = v
+        return views
+
+    owner_kinds = {p.owner[0] for p in pods.values() if p.owner and not p.labels.get(ISVC_LABEL)}
+    stop_supported = True
+    if any(p.labels.get(ISVC_LABEL) for p in pods.values()):
+        add(_list(gateway, kube.INFERENCESERVICES))
+        stop_supported = kserve_stop_supported(gateway)
+    if "ReplicaSet" in owner_kinds:
+        replicasets = add(_list(gateway, kube.REPLICASETS))
+        if any(r.owner and r.owner[0] == "Deployment" for r in replicasets):
+            deployments = add(_list(gateway, kube.DEPLOYMENTS))
+            if any(d.owner and d.owner[0] == "Revision" for d in deployments):
+                add(_list(gateway, kube.REVISIONS))
+                add(_list(gateway, kube.KNATIVE_SERVICES))
+    if "StatefulSet" in owner_kinds:
+        statefulsets = add(_list(gateway, kube.STATEFULSETS))
+        if any(s.owner and s.owner[0] == "Notebook" for s in statefulsets):
+            add(_list(gateway, kube.NOTEBOOKS))
+    return ClusterView(pods=pods, objects=objects, kserve_stop_supported=stop_supported)
+
+
+def org_blocked_namespaces(*, cluster, namespaces: set[str]) -> frozenset[str]:
+    """Namespaces whose org has `scale_to_zero_allowed` off: the pruner never touches them."""
+    if not namespaces:
+        return frozenset()
+    from orgs.models import Org
+
+    rows = Org.objects.filter(namespace__in=namespaces, scale_to_zero_allowed=False)
+    if cluster is not None:
+        rows = rows.filter(cluster=cluster)
+    return frozenset(rows.values_list("namespace", flat=True))
+
+
+def utilization_history(*, prometheus, run, pods: list[tuple[str, str]], points: int = 60) -> dict:
+    """(namespace, pod) -> [(unix time, utilization 0–1)] over the run's window: one range query."""
+    from datetime import timedelta
+
+    from .query import utilization_history_promql
+
+    if not pods:
+        return {}
+    window = int(run.parameters.get("window_seconds", 1800))
+    scheme = run.parameters.get("label_scheme", "auto")
+    step = max(window // points, 1)
+    result = prometheus.query_range(utilization_history_promql(pods, label_scheme=scheme),
+                                    start=run.evaluated_at - timedelta(seconds=window),
+                                    end=run.evaluated_at, step=f"{step}s")
+    out: dict[tuple[str, str], list] = {}
+    for series in result:
+        labels = series.get("metric", {})
+        key = ((labels.get("exported_namespace"), labels.get("exported_pod")) if labels.get("exported_pod")
+               else (labels.get("namespace"), labels.get("pod")))
+        out.setdefault(key, []).extend((float(t), float(v)) for t, v in series.get("values", []))
+    for values in out.values():
+        values.sort()
+    return out

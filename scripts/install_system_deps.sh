@@ -1,0 +1,25 @@
+#!/bin/sh
+# Installs the system packages the tests use, only those missing, and only as root with
+# apt-get. Otherwise it says what is missing: the tests then start what they can
+# (pytest-postgresql / pytest-redis) and fail loudly under CI=true.
+set -u
+missing=""
+have() { command -v "$1" >/dev/null 2>&1; }
+
+have redis-server || missing="$missing redis-server"
+have pg_ctl || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$missing postgresql"
+have kubectl || missing="$missing kubernetes-client"
+have prometheus || missing="$missing prometheus"
+have chromium || have chromium-browser || missing="$missing chromium"
+have chromedriver || ls /usr/lib/chromium/chromedriver >/dev/null 2>&1 || missing="$missing chromium-driver"
+
+if [ -z "$missing" ]; then
+    exit 0
+fi
+if [ "$(id -u)" = "0" ] && have apt-get; then
+    echo "installing:$missing"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+else
+    echo "note: missing system packages:$missing (run 'make test' as root with apt-get to install them)" >&2
+fi
+exit 0

@@ -1,0 +1,278 @@
+"""GET, LIST, CREATE, UPDATE, PATCH, DELETE and DELETECOLLECTION on stored objects."""
+from __future__ import annotations
+
+import base64
+import bisect
+
+import orjson
+from werkzeug.wrappers import Request, Response
+
+from .. import errors
+from ..patching import apply_patch
+from ..resources import NAMESPACES, PODS, RESOURCE_TYPES, ResourceType
+from ..sim import Simulation
+from . import subresources
+from .http import dry_run, json_response, read_object
+from .routing import Route
+
+# Groups kube-apiserver serves itself; everything else is a custom resource in a real
+# cluster (no strategic merge patch, DELETE answers with the object).
+BUILTIN_GROUPS = {"", "apps", "policy", "events.k8s.io", "rbac.authorization.k8s.io"}
+
+
+# Registries with ReturnDeletedObject (pkg/registry/core/{pod,service}/storage): an
+# immediate DELETE answers with the deleted object, not a Status.
+_RETURN_DELETED_OBJECT = {("", "pods"), ("", "services")}
+
+
+def is_builtin(rtype: ResourceType) -> bool:
+    return rtype.group in BUILTIN_GROUPS
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
+
+
+# ---- reads -------------------------------------------------------------------------
+def get(sim: Simulation, route: Route) -> Response:
+    obj = sim.store.require(route.rtype, route.namespace, route.name)
+    if route.subresource == "scale":
+        return json_response(subresources.scale_of(route.rtype, obj))
+    if route.subresource not in (None, "status"):
+        raise errors.method_not_allowed(f"GET is not supported on {route.rtype.plural}/{route.subresource}")
+    return json_response(obj)
+
+
+def _encode_continue(rv: int, key: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps({"rv": rv, "start": list(key)})).decode()
+
+
+def _decode_continue(token: str) -> tuple[str, str]:
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(token.encode()))
+        namespace, name = data["start"]
+        return str(namespace), str(name)
+    except (ValueError, KeyError, TypeError):
+        raise errors.bad_request(f"continue key is not valid: {token!r} is not a token this server issued") from None
+
+
+def _int_param(request: Request, name: str, default: int | None = None) -> int | None:
+    raw = request.args.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.bad_request(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise errors.bad_request(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def list_objects(sim: Simulation, route: Route, request: Request) -> Response:
+    rtype = route.rtype
+    items, rv = sim.store.list(rtype, route.namespace,
+                               label_selector=request.args.get("labelSelector"),
+                               field_selector=request.args.get("fieldSelector"))
+    meta: dict = {"resourceVersion": str(rv)}
+    token = request.args.get("continue")
+    if token:
+        start = _decode_continue(token)
+        keys = [_key(obj) for obj in items]
+        items = items[bisect.bisect_right(keys, start):]
+    limit = _int_param(request, "limit", 0)
+    if limit and len(items) > limit:
+        meta["continue"] = _encode_continue(rv, _key(items[limit - 1]))
+        meta["remainingItemCount"] = len(items) - limit
+        items = items[:limit]
+    return json_response({"kind": rtype.list_kind, "apiVersion": rtype.api_version,
+                          "metadata": meta, "items": items})
+
+
+# ---- writes ------------------------------------------------------------------------
+def _check_type(rtype: ResourceType, body: dict) -> None:
+    api_version, kind = body.get("apiVersion"), body.get("kind")
+    if api_version and api_version != rtype.api_version:
+        raise errors.bad_request(f"the API version in the data ({api_version}) does not match the expected "
+                                 f"API version ({rtype.api_version})")
+    if kind and kind != rtype.kind:
+        raise errors.bad_request(f"the kind in the data ({kind}) does not match the expected kind ({rtype.kind})")
+
+
+def _check_namespace(route: Route, body: dict) -> None:
+    meta = body.setdefault("metadata", {})
+    if not isinstance(meta, dict):
+        raise errors.bad_request("metadata must be a JSON object")
+    if route.rtype.namespaced:
+        given = meta.get("namespace")
+        if given and given != route.namespace:
+            raise errors.bad_request("the namespace of the provided object does not match the namespace "
+                                     f"sent on the request ({given!r} != {route.namespace!r})")
+        meta["namespace"] = route.namespace
+
+
+def require_namespace(sim: Simulation, namespace: str | None) -> None:
+    if namespace is not None and sim.store.get(NAMESPACES, None, namespace) is None:
+        raise errors.not_found("namespaces", namespace)
+
+
+def _prepare_for_create(rtype: ResourceType, body: dict) -> None:
+    """What the registries' PrepareForCreate and defaulting do that readers rely on."""
+    meta = body["metadata"]
+    if rtype is NAMESPACES:
+        if meta.get("name"):
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        body.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+        body["status"] = {"phase": "Active"}
+    elif rtype is PODS:
+        spec = body.setdefault("spec", {})
+        spec.setdefault("restartPolicy", "Always")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        spec.setdefault("schedulerName", "default-scheduler")
+        body["status"] = {"phase": "Pending"}
+
+
+def create(sim: Simulation, route: Route, request: Request) -> Response:
+    body = read_object(request)
+    _check_type(route.rtype, body)
+    _check_namespace(route, body)
+    _prepare_for_create(route.rtype, body)
+    with sim.store.lock:
+        require_namespace(sim, route.namespace)
+        created = sim.store.create(route.rtype, body, dry_run=dry_run(request))
+    return json_response(created, 201)
+
+
+def _check_name(route: Route, body: dict) -> None:
+    name = body["metadata"].get("name")
+    if name != route.name:
+        raise errors.bad_request(f"the name of the object ({name}) does not match the name on the URL ({route.name})")
+
+
+def update(sim: Simulation, route: Route, request: Request) -> Response:
+    body = read_object(request)
+    if route.subresource == "scale":
+        return json_response(subresources.scale_update(sim, route, body, dry_run=dry_run(request)))
+    _check_type(route.rtype, body)
+    _check_namespace(route, body)
+    _check_name(route, body)
+    return json_response(_store_update(sim, route, body, dry_run(request), check_rv=True))
+
+
+def _store_update(sim: Simulation, route: Route, obj: dict, dry: bool, *, check_rv: bool) -> dict:
+    if route.subresource == "status":
+        return sim.store.update(route.rtype, obj, subresource="status", check_rv=check_rv, dry_run=dry)
+    if route.subresource is not None:
+        raise errors.method_not_allowed(f"updates are not supported on {route.rtype.plural}/{route.subresource}")
+    return sim.store.update(route.rtype, obj, preserve_status="status" in route.rtype.subresources,
+                            check_rv=check_rv, dry_run=dry)
+
+
+def patch(sim: Simulation, route: Route, request: Request) -> Response:
+    body = request.get_data(cache=True)
+    content_type = request.headers.get("Content-Type", "")
+    dry = dry_run(request)
+    builtin = is_builtin(route.rtype) or route.subresource == "scale"
+    # The lock makes read-patch-write atomic, so a patch never fails on a concurrent write
+    # (kube-apiserver retries such patches itself).
+    with sim.store.lock:
+        current = sim.store.require(route.rtype, route.namespace, route.name)
+        if route.subresource == "scale":
+            scale = subresources.scale_of(route.rtype, current)
+            patched = apply_patch(scale, body, content_type, builtin=builtin)
+            if not isinstance(patched, dict):
+                raise errors.request_entity_invalid("the patched Scale is not a JSON object")
+            return json_response(subresources.scale_update(sim, route, patched, dry_run=dry))
+        patched = apply_patch(current, body, content_type, builtin=builtin)
+        if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+            raise errors.request_entity_invalid("the patched object is not a JSON object with metadata")
+        _check_name(route, patched)
+        if route.rtype.namespaced and patched["metadata"].get("namespace") != route.namespace:
+            raise errors.bad_request("the namespace of the object cannot be changed by a patch")
+        return json_response(_store_update(sim, route, patched, dry, check_rv=True))
+
+
+# ---- deletes -----------------------------------------------------------------------
+def _delete_options(request: Request) -> dict:
+    options: dict = {}
+    if request.get_data(cache=True):
+        options = read_object(request, "DeleteOptions body")
+    args = request.args
+    if "propagationPolicy" in args:
+        options["propagationPolicy"] = args["propagationPolicy"]
+    if "gracePeriodSeconds" in args:
+        options["gracePeriodSeconds"] = _int_param(request, "gracePeriodSeconds")
+    if "orphanDependents" in args:
+        options["orphanDependents"] = args["orphanDependents"] == "true"
+    if options.get("orphanDependents") is not None and "propagationPolicy" not in options:
+        options["propagationPolicy"] = "Orphan" if options["orphanDependents"] else "Background"
+    grace = options.get("gracePeriodSeconds")
+    if grace is not None and (not isinstance(grace, int) or grace < 0):
+        raise errors.invalid("DeleteOptions", "", [("gracePeriodSeconds",
+                             f"Invalid value: {grace}: must be >= 0")])
+    return options
+
+
+def _delete_one(sim: Simulation, rtype: ResourceType, namespace: str | None, name: str,
+                options: dict, dry: bool) -> tuple[dict, bool]:
+    """Delete one object; returns its state afterwards and whether it is gone."""
+    if rtype is NAMESPACES:
+        return _delete_namespace(sim, name, dry), True
+    after = sim.store.delete(rtype, namespace, name,
+                             propagation=options.get("propagationPolicy"),
+                             grace_seconds=options.get("gracePeriodSeconds"),
+                             preconditions=options.get("preconditions"), dry_run=dry)
+    still = sim.store.get(rtype, namespace, name)
+    gone = still is None or still["metadata"].get("uid") != after["metadata"].get("uid")
+    return after, gone and not dry
+
+
+def _delete_namespace(sim: Simulation, name: str, dry: bool) -> dict:
+    """The namespace and everything in it go at once: the namespace controller's work
+    (a Terminating phase while contents drain) is not modelled."""
+    with sim.store.lock:
+        namespace = sim.store.require(NAMESPACES, None, name)
+        if dry:
+            return namespace
+        for rtype in RESOURCE_TYPES:
+            if rtype.namespaced:
+                for obj in sim.store.all(rtype, name):
+                    sim.store.remove(rtype, name, obj["metadata"]["name"])
+        return sim.store.remove(NAMESPACES, None, name)
+
+
+def delete(sim: Simulation, route: Route, request: Request) -> Response:
+    if route.subresource is not None:
+        raise errors.method_not_allowed(f"DELETE is not supported on {route.rtype.plural}/{route.subresource}")
+    options = _delete_options(request)
+    dry = dry_run(request) or options.get("dryRun") == ["All"]
+    rtype = route.rtype
+    after, gone = _delete_one(sim, rtype, route.namespace, route.name, options, dry)
+    if not gone or not is_builtin(rtype) or (rtype.group, rtype.plural) in _RETURN_DELETED_OBJECT:
+        return json_response(after)
+    # Other built-in registries answer an immediate delete with a Success Status.
+    return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                          "details": {"name": route.name, "group": rtype.group, "kind": rtype.plural,
+                                      "uid": after["metadata"].get("uid")}})
+
+
+def delete_collection(sim: Simulation, route: Route, request: Request) -> Response:
+    options = _delete_options(request)
+    dry = dry_run(request) or options.get("dryRun") == ["All"]
+    rtype = route.rtype
+    items, _ = sim.store.list(rtype, route.namespace, label_selector=request.args.get("labelSelector"),
+                              field_selector=request.args.get("fieldSelector"))
+    deleted = []
+    for obj in items:
+        meta = obj["metadata"]
+        try:
+            after, _ = _delete_one(sim, rtype, meta.get("namespace"), meta["name"], options, dry)
+        except errors.ApiError as exc:
+            if exc.code != 404:   # deleted meanwhile (a cascade): nothing to do
+                raise
+            continue
+        deleted.append(after)
+    return json_response({"kind": rtype.list_kind, "apiVersion": rtype.api_version,
+                          "metadata": {"resourceVersion": str(sim.store.resource_version)}, "items": deleted})
+

@@ -1,0 +1,28 @@
+"""The namespaces real Knative and KServe installs create, with the version labels the
+product reads to learn which behaviour to expect (e.g. the 1.21 PA annotation rule)."""
+from __future__ import annotations
+
+from ..resources import NAMESPACES
+from ._serving import KNATIVE_NAMESPACE, KSERVE_NAMESPACE, VERSION_LABEL
+
+
+class InstallController:
+    """Creates `knative-serving` and `kserve` when the scenario does not declare them.
+    A declared namespace is left alone: its version label wins over the settings."""
+    name = "install"
+
+    def reconcile(self, sim) -> None:
+        wanted = {
+            KNATIVE_NAMESPACE: ("knative-serving", f"{_major_minor(sim.settings.knative_version)}.0"),
+            KSERVE_NAMESPACE: ("kserve", f"v{_major_minor(sim.settings.kserve_version)}.0"),
+        }
+        for namespace, (app, version) in wanted.items():
+            if sim.store.get(NAMESPACES, None, namespace) is None:
+                sim.store.create(NAMESPACES, {"metadata": {"name": namespace, "labels": {
+                    "app.kubernetes.io/name": app, VERSION_LABEL: version,
+                    "kubernetes.io/metadata.name": namespace}},
+                    "status": {"phase": "Active"}})
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(str(version).lstrip("v").split(".")[:2])

@@ -1,0 +1,167 @@
+"""Label and field selectors, with the grammar of k8s.io/apimachinery/pkg/labels."""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from .errors import bad_request
+
+Predicate = Callable[[dict], bool]
+
+# A requirement: key, operator, optional value set. Set-based ops first so `in` wins.
+_SET_RE = re.compile(r"^\s*(?P<key>[^\s!=(),]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)\s*$")
+_EQ_RE = re.compile(r"^\s*(?P<key>[^\s!=(),]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)\s*$")
+_EXISTS_RE = re.compile(r"^\s*(?P<neg>!?)\s*(?P<key>[^\s!=(),]+)\s*$")
+
+
+def _split_requirements(selector: str) -> list[str]:
+    """Split on commas that are not inside a parenthesised value set."""
+    parts, depth, current = [], 0, []
+    for ch in selector:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise bad_request(f"unable to parse requirement: unbalanced ')' in {selector!r}")
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise bad_request(f"unable to parse requirement: unbalanced '(' in {selector!r}")
+    parts.append("".join(current))
+    return [p for p in parts if p.strip()]
+
+
+def parse_label_selector(selector: str | None) -> Predicate | None:
+    """A predicate over a labels dict, or None for "everything"."""
+    if not selector or not selector.strip():
+        return None
+    checks: list[Callable[[dict], bool]] = []
+    for requirement in _split_requirements(selector):
+        if m := _SET_RE.match(requirement):
+            key = m["key"]
+            values = frozenset(v.strip() for v in m["values"].split(",") if v.strip())
+            if m["op"] == "in":
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif m := _EQ_RE.match(requirement):
+            key, value = m["key"], m["value"]
+            if m["op"] == "!=":
+                checks.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            else:
+                checks.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif m := _EXISTS_RE.match(requirement):
+            key = m["key"]
+            if m["neg"]:
+                checks.append(lambda labels, k=key: k not in labels)
+            else:
+                checks.append(lambda labels, k=key: k in labels)
+        else:
+            raise bad_request(f"unable to parse requirement: {requirement.strip()!r} in label selector {selector!r}")
+
+    def matches(labels: dict) -> bool:
+        return all(check(labels) for check in checks)
+
+    return matches
+
+
+def selector_from_match_labels(selector: dict | None) -> Predicate:
+    """A predicate from a metav1.LabelSelector (matchLabels + matchExpressions).
+
+    An empty selector matches everything, as for PodDisruptionBudgets; callers that
+    must treat it as "nothing" (ReplicaSets) check that themselves.
+    """
+    selector = selector or {}
+    match_labels = dict(selector.get("matchLabels") or {})
+    expressions = selector.get("matchExpressions") or []
+
+    def matches(labels: dict) -> bool:
+        for k, v in match_labels.items():
+            if labels.get(k) != v:
+                return False
+        for expr in expressions:
+            key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+            if op == "In" and labels.get(key) not in values:
+                return False
+            if op == "NotIn" and key in labels and labels[key] in values:
+                return False
+            if op == "Exists" and key not in labels:
+                return False
+            if op == "DoesNotExist" and key in labels:
+                return False
+        return True
+
+    return matches
+
+
+def _field_getter(path: str) -> Callable[[dict], str]:
+    parts = path.split(".")
+
+    def get(obj: dict) -> str:
+        value = obj
+        for part in parts:
+            if not isinstance(value, dict):
+                return ""
+            value = value.get(part)
+            if value is None:
+                return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    return get
+
+
+# Fields each kind can be selected on (besides metadata.name and metadata.namespace).
+FIELD_SELECTABLE = {
+    "pods": {"spec.nodeName", "status.phase", "spec.restartPolicy", "spec.schedulerName",
+             "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
+    "nodes": {"spec.unschedulable"},
+    "events": {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+               "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
+               "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type",
+               "regarding.kind", "regarding.name", "regarding.namespace", "regarding.uid"},
+    "namespaces": {"status.phase"},
+}
+
+
+def parse_field_selector(selector: str | None, plural: str) -> tuple[Predicate | None, dict[str, str]]:
+    """A predicate, and the exact-match terms (for index look-ups such as spec.nodeName)."""
+    if not selector or not selector.strip():
+        return None, {}
+    allowed = {"metadata.name", "metadata.namespace"} | FIELD_SELECTABLE.get(plural, set())
+    checks = []
+    exact: dict[str, str] = {}
+    for term in selector.split(","):
+        term = term.strip()
+        if not term:
+            continue
+        if "!=" in term:
+            field, value = term.split("!=", 1)
+            negate = True
+        elif "==" in term:
+            field, value = term.split("==", 1)
+            negate = False
+        elif "=" in term:
+            field, value = term.split("=", 1)
+            negate = False
+        else:
+            raise bad_request(f"invalid selector: {term!r}; can't understand {term!r}")
+        field, value = field.strip(), value.strip()
+        if field not in allowed:
+            raise bad_request(f'field label not supported: {field}')
+        getter = _field_getter(field)
+        if negate:
+            checks.append(lambda obj, g=getter, v=value: g(obj) != v)
+        else:
+            exact[field] = value
+            checks.append(lambda obj, g=getter, v=value: g(obj) == v)
+
+    def matches(obj: dict) -> bool:
+        return all(check(obj) for check in checks)
+
+    return matches, exact

@@ -1,0 +1,118 @@
+"""The object validation kube-apiserver does that matters to this product.
+
+Names (DNS-1123), label and annotation syntax (k8s.io/apimachinery/pkg/util/validation)
+and the pod-deletion-cost annotation (pkg/apis/core/validation: first character `-`,
+a non-zero digit, or exactly "0", then a base-10 int32). Failures are 422 Invalid with
+the field path, as field.ErrorList renders them.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from . import errors
+from .resources import ResourceType
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+# Kinds whose names are DNS-1123 labels rather than subdomains.
+_LABEL_NAMED = {("", "namespaces"), ("", "services"), ("serving.knative.dev", "services")}
+
+
+def _q(value) -> str:
+    """Quoted as Go's %q quotes values in field errors."""
+    return json.dumps(value)
+
+
+def name_errors(name: str, label: bool) -> list[str]:
+    if label:
+        if len(name) > 63:
+            return ["must be no more than 63 characters"]
+        if not _DNS1123_LABEL.match(name):
+            return ["a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+                    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc')"]
+        return []
+    if len(name) > 253:
+        return ["must be no more than 253 characters"]
+    if not _DNS1123_SUBDOMAIN.match(name):
+        return ["a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                "and must start and end with an alphanumeric character (e.g. 'example.com')"]
+    return []
+
+
+def qualified_name_errors(key: str) -> list[str]:
+    """A label or annotation key: an optional DNS subdomain prefix and '/', then a name."""
+    prefix, _, name = key.rpartition("/")
+    problems = []
+    if "/" in key and not prefix:
+        problems.append("prefix part must be non-empty")
+    elif prefix:
+        problems += [f"prefix part {p}" for p in name_errors(prefix, label=False)]
+    if not name:
+        problems.append("name part must be non-empty")
+    elif len(name) > 63:
+        problems.append("name part must be no more than 63 characters")
+    elif not _QUALIFIED_NAME.match(name):
+        problems.append("name part must consist of alphanumeric characters, '-', '_' or '.', and must start "
+                        "and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc')")
+    return problems
+
+
+def label_value_errors(value) -> list[str]:
+    if not isinstance(value, str):
+        return ["must be a string"]
+    if len(value) > 63:
+        return ["must be no more than 63 characters"]
+    if not _LABEL_VALUE.match(value):
+        return ["a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+                "and must start and end with an alphanumeric character"]
+    return []
+
+
+def deletion_cost_error(value) -> str | None:
+    if not isinstance(value, str) or not value:
+        return "must be a 32bit integer"
+    if not (value[0] == "-" or value == "0" or "1" <= value[0] <= "9"):
+        return "must be a 32bit integer"
+    if not re.fullmatch(r"-?[0-9]+", value) or not -2**31 <= int(value) < 2**31:
+        return "must be a 32bit integer"
+    return None
+
+
+def validate(rtype: ResourceType, obj: dict, old: dict | None) -> None:
+    """The Store's validator: raises 422 Invalid listing every problem found."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or ""
+    causes: list[tuple[str, str]] = []
+    if old is None:
+        label_named = (rtype.group, rtype.plural) in _LABEL_NAMED
+        causes += [("metadata.name", f"Invalid value: {_q(name)}: {p}") for p in name_errors(name, label_named)]
+        if rtype.namespaced and meta.get("namespace"):
+            causes += [("metadata.namespace", f"Invalid value: {_q(meta['namespace'])}: {p}")
+                       for p in name_errors(meta["namespace"], label=True)]
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    for field, mapping in (("labels", labels), ("annotations", annotations)):
+        if not isinstance(mapping, dict):
+            causes.append((f"metadata.{field}", "Invalid value: must be a map of strings"))
+            continue
+        for key in mapping:
+            causes += [(f"metadata.{field}", f"Invalid value: {_q(key)}: {p}") for p in qualified_name_errors(key)]
+    if isinstance(labels, dict):
+        for key, value in labels.items():
+            causes += [(f"metadata.labels", f"Invalid value: {_q(value)}: {p}") for p in label_value_errors(value)]
+    if isinstance(annotations, dict):
+        for key, value in annotations.items():
+            if not isinstance(value, str):
+                causes.append((f"metadata.annotations[{key}]", f"Invalid value: {_q(value)}: must be a string"))
+    if rtype.group == "" and rtype.plural == "pods" and isinstance(annotations, dict) and DELETION_COST in annotations:
+        value = annotations[DELETION_COST]
+        if problem := deletion_cost_error(value):
+            causes.append((f"metadata.annotations[{DELETION_COST}]", f"Invalid value: {_q(value)}: {problem}"))
+    if causes:
+        raise errors.invalid(rtype.kind, name, causes, rtype.group)

@@ -1,0 +1,146 @@
+"""Pure binpack planning: costs, ownership of the annotation, opt-out, groups, budget.
+No database, no HTTP: snapshots are built from plain dicts."""
+from datetime import datetime, timezone
+
+import pytest
+
+from capacity.binpack import planning as bp
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+
+
+def make_node(name, *, gpus=8):
+    alloc = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return NodeView.from_object({"metadata": {"name": name}, "status": {
+        "allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+def make_pod(name, node, *, owner="rs-a", kind="ReplicaSet", ns="team", gpus=1, annotations=None,
+             labels=None, phase="Running", deleting=False):
+    meta = {"name": name, "namespace": ns, "uid": f"uid-{name}", "labels": labels or {},
+            "annotations": annotations or {}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": owner,
+                                    "uid": f"uid-{owner}", "controller": True}]
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    return PodView.from_object({"metadata": meta, "spec": {"nodeName": node, "containers": [
+        {"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]}, "status": {"phase": phase}})
+
+
+def snap(nodes, pods):
+    return ClusterSnapshot.build(taken_at=NOW, nodes=nodes, pods=pods)
+
+
+def plan(nodes, pods, **options):
+    return bp.binpack_plan(snap(nodes, pods), options=bp.BinpackOptions(**options))
+
+
+@pytest.mark.parametrize("text,value", [
+    ("0", 0), ("17", 17), ("-5", -5), ("2147483647", 2147483647), ("-2147483648", -2147483648),
+    ("+5", None), ("007", None), ("2147483648", None), ("1.5", None), ("", None), ("abc", None), ("٣", None),
+])
+def test_parse_cost_accepts_only_what_the_api_server_accepts(text, value):
+    assert bp.parse_cost(text) == value
+
+
+def test_pods_on_the_node_their_workload_could_free_with_fewest_deletions_cost_least():
+    nodes = [make_node("n-busy"), make_node("n-alone"), make_node("n-pair")]
+    pods = [make_pod("a1", "n-busy"), make_pod("x1", "n-busy", owner="rs-x"),
+            make_pod("a2", "n-alone"),
+            make_pod("a3", "n-pair"), make_pod("a4", "n-pair")]
+    costs = plan(nodes, pods).costs
+    assert costs[("team", "a2")] < costs[("team", "a3")] == costs[("team", "a4")] < costs[("team", "a1")]
+
+
+def test_every_cost_is_a_valid_int32_even_on_crowded_nodes():
+    nodes = [make_node("n1")]
+    pods = [make_pod(f"p{i}", "n1", owner=f"rs-{i % 3}") for i in range(300)]
+    for value in plan(nodes, pods).costs.values():
+        assert bp.parse_cost(str(value)) == value
+        assert 0 <= value < 2 ** 31
+
+
+def test_cpu_nodes_daemonsets_orphans_and_terminating_pods_get_no_cost():
+    nodes = [make_node("gpu"), make_node("cpu", gpus=0)]
+    pods = [make_pod("on-cpu", "cpu"), make_pod("ds", "gpu", owner="dcgm", kind="DaemonSet"),
+            make_pod("orphan", "gpu", owner=None), make_pod("leaving", "gpu", deleting=True),
+            make_pod("model", "gpu")]
+    assert set(plan(nodes, pods).costs) == {("team", "model")}
+
+
+def test_pods_already_carrying_the_planned_cost_are_not_rewritten():
+    nodes = [make_node("n1")]
+    first = plan(nodes, [make_pod("a", "n1")])
+    cost = str(first.costs[("team", "a")])
+    again = plan(nodes, [make_pod("a", "n1", annotations={bp.DELETION_COST: cost, bp.MARKER: cost})])
+    assert again.changes == () and again.unchanged == 1
+
+
+def test_a_cost_set_by_hand_is_left_alone_unless_told_otherwise():
+    nodes = [make_node("n1")]
+    by_hand = make_pod("a", "n1", annotations={bp.DELETION_COST: "500"})
+    # Ours once, then changed by an operator: the marker no longer matches.
+    edited = make_pod("b", "n1", annotations={bp.DELETION_COST: "7", bp.MARKER: "1024"})
+    result = plan(nodes, [by_hand, edited])
+    assert result.changes == ()
+    assert {s.name for s in result.skipped} == {"a", "b"}
+    forced = plan(nodes, [by_hand, edited], override_manual=True)
+    assert {c.name for c in forced.changes} == {"a", "b"}
+    assert all("overriding hand-set cost" in c.reason for c in forced.changes)
+
+
+def test_invalid_cost_we_wrote_is_replaced():
+    nodes = [make_node("n1")]
+    pod = make_pod("a", "n1", annotations={bp.DELETION_COST: "0042", bp.MARKER: "0042"})
+    (change,) = plan(nodes, [pod]).changes
+    assert change.old == "0042" and bp.parse_cost(str(change.new)) == change.new
+    assert "invalid" in change.reason
+
+
+@pytest.mark.parametrize("where", ["annotation", "label", "owner"])
+def test_an_opted_out_workload_gets_no_cost_and_loses_ours(where):
+    nodes = [make_node("n1")]
+    opt = {"annotations": {bp.OPT_OUT: "false"}} if where == "annotation" else \
+        {"labels": {bp.OPT_OUT: "false"}} if where == "label" else {}
+    owners = frozenset({"uid-rs-a"}) if where == "owner" else frozenset()
+    fresh = make_pod("fresh", "n1", **opt)
+    ours = make_pod("ours", "n1", annotations={bp.DELETION_COST: "5", bp.MARKER: "5",
+                                               **opt.get("annotations", {})}, labels=opt.get("labels"))
+    result = plan(nodes, [fresh, ours], opted_out_owners=owners)
+    assert [(c.name, c.new) for c in result.changes] == [("ours", None)]
+    assert [s.name for s in result.skipped] == ["fresh"]
+
+
+def test_kthena_groups_are_ranked_by_the_sum_of_their_pods_costs():
+    nodes = [make_node("empty-ish"), make_node("shared")]
+    kthena = lambda name, group, node: make_pod(  # noqa: E731
+        name, node, owner="sample", kind="ModelServing",
+        labels={bp.KTHENA_NAME: "sample", bp.KTHENA_GROUP: group})
+    pods = [kthena("sample-0-decode-0-0", "sample-0", "shared"), kthena("sample-0-prefill-0-0", "sample-0", "shared"),
+            kthena("sample-1-decode-0-0", "sample-1", "empty-ish"),
+            kthena("sample-1-prefill-0-0", "sample-1", "empty-ish"),
+            make_pod("other", "shared", owner="rs-other")]
+    result = plan(nodes, pods)
+    ranks = {g.group: g for g in result.groups}
+    costs = result.costs
+    assert ranks["sample-1"].cost == costs[("team", "sample-1-decode-0-0")] + costs[("team", "sample-1-prefill-0-0")]
+    # sample-1 alone on its node: removing it frees the node, so it goes first.
+    assert ranks["sample-1"].rank == 0 and ranks["sample-0"].rank == 1
+
+
+def test_a_configurable_group_label_groups_pods_of_one_workload():
+    nodes = [make_node("n1"), make_node("n2")]
+    pods = [make_pod("g1-a", "n1", labels={"lws/group": "g-1"}), make_pod("g1-b", "n1", labels={"lws/group": "g-1"}),
+            make_pod("g0-a", "n2", labels={"lws/group": "g-0"}), make_pod("x", "n2", owner="rs-x")]
+    ranks = {g.group: g for g in plan(nodes, pods, group_label="lws/group").groups}
+    assert ranks["g-1"].pods == 2 and ranks["g-0"].pods == 1
+    assert {g.rank for g in ranks.values()} == {0, 1}
+
+
+def test_the_write_budget_caps_a_run_and_says_how_many_wait():
+    nodes = [make_node("n1")]
+    result = plan(nodes, [make_pod(f"p{i}", "n1") for i in range(10)], max_writes=4)
+    assert len(result.changes) == 4 and result.over_budget == 6
+    assert "6 left for the next run" in result.describe()[-1]

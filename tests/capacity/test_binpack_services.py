@@ -1,0 +1,180 @@
+"""Binpack service, command, admin action and task on the simulated cluster through the
+real client: only pods whose cost changes are patched, hand-set costs and opted-out
+workloads are left alone, dry runs write nothing, every run is recorded."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import kubernetes
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+
+from capacity.binpack import planning as bp
+from capacity.binpack.services import pod_deletion_costs_apply
+from capacity.models_binpack import BinpackRun
+from simcluster.generate import namespace as namespace_doc
+from simcluster.generate import node as node_doc
+
+pytestmark = pytest.mark.django_db
+NS = "team"
+
+
+def rs_doc(name: str, *, replicas: int, annotations=None, owner=None) -> dict:
+    meta = {"name": name, "namespace": NS, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
+            "annotations": annotations or {}}
+    if owner:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta,
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "main", "image": "model:1"}]}}}}
+
+
+def pod_doc(name: str, rs: dict, node: str, *, annotations=None) -> dict:
+    meta = {"name": name, "namespace": NS, "labels": {"app": rs["metadata"]["name"]},
+            "annotations": annotations or {}, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{name}")),
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+                                 "uid": rs["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "model:1", "resources": {
+                "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def scenario() -> list[dict]:
+    """n1: a-0, a-1, b-0 (shared); n2: a-2 alone; n3: b-1 by-hand; n4: c-0 (opted out via its Deployment)."""
+    a, b = rs_doc("a", replicas=3), rs_doc("b", replicas=2)
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "c", "namespace": NS, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "deploy/c")),
+                               "annotations": {bp.OPT_OUT: "false"}},
+                  "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "c-rs"}},
+                           "template": {"metadata": {"labels": {"app": "c-rs"}},
+                                        "spec": {"containers": [{"name": "main", "image": "model:1"}]}}}}
+    c = rs_doc("c-rs", replicas=1, owner={"apiVersion": "apps/v1", "kind": "Deployment", "name": "c",
+                                          "uid": deployment["metadata"]["uid"], "controller": True})
+    nodes = [node_doc(f"n{i}", pool="h100", product="NVIDIA-H100", gpus=8) for i in range(1, 5)]
+    nodes.append(node_doc("cpu-1", pool="cpu"))
+    return nodes + [namespace_doc(NS), a, b, deployment, c,
+                    pod_doc("a-0", a, "n1"), pod_doc("a-1", a, "n1"), pod_doc("b-0", b, "n1"),
+                    pod_doc("a-2", a, "n2"),
+                    pod_doc("b-1", b, "n3", annotations={bp.DELETION_COST: "999"}),
+                    pod_doc("c-0", c, "n4"), pod_doc("web", b, "cpu-1")]
+
+
+@pytest.fixture
+def world(sim_cluster_factory):
+    handle = sim_cluster_factory(scenario())
+    api = kubernetes.config.new_client_from_config(config_file=handle.kubeconfig_path)
+    yield handle, kubernetes.client.CoreV1Api(api)
+    api.close()
+
+
+def cost_of(core, name):
+    annotations = core.read_namespaced_pod(name, NS).metadata.annotations or {}
+    return annotations.get(bp.DELETION_COST)
+
+
+def patches(handle) -> int:
+    return handle.gateway.calls[("patch", "pods")]
+
+
+def test_costs_order_pods_so_the_emptiest_node_drains_first_and_rerun_writes_nothing(world):
+    handle, core = world
+    run, plan = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert run.written == run.planned == 4 == patches(handle)     # a-0, a-1, b-0, a-2
+    costs = {n: int(cost_of(core, n)) for n in ("a-0", "a-1", "a-2", "b-0")}
+    assert costs["a-2"] < costs["a-0"] == costs["a-1"]           # a-2 alone on n2: deleted first
+    for value in costs.values():
+        assert bp.parse_cost(str(value)) == value
+    assert cost_of(core, "web") is None                          # CPU node: not ours to cost
+
+    again, _ = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert again.planned == again.written == 0 and again.unchanged == 4
+    assert patches(handle) == 4                                  # nothing rewritten
+
+
+def test_only_pods_whose_cost_changes_are_patched(world):
+    handle, core = world
+    pod_deletion_costs_apply(cluster=handle.cluster)
+    before = {n: cost_of(core, n) for n in ("a-0", "a-1", "a-2", "b-0")}
+    core.delete_namespaced_pod("b-0", NS, grace_period_seconds=0)  # n1 is now a's alone
+    handle.advance(0)
+    calls = patches(handle)
+    run, _ = pod_deletion_costs_apply(cluster=handle.cluster)
+    changed = {n for n in ("a-0", "a-1", "a-2") if cost_of(core, n) != before[n]}
+    assert changed == {"a-0", "a-1"}
+    assert run.written == 2 == patches(handle) - calls
+
+
+def test_hand_set_costs_and_opted_out_workloads_are_left_alone(world):
+    handle, core = world
+    run, plan = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert cost_of(core, "b-1") == "999"
+    assert cost_of(core, "c-0") is None
+    assert {s.name: s.reason for s in plan.skipped} == {"b-1": "cost '999' set by hand", "c-0": "workload opted out"}
+    forced, _ = pod_deletion_costs_apply(cluster=handle.cluster, override_manual=True)
+    assert forced.written == 1 and cost_of(core, "b-1") != "999"
+
+
+def test_a_pod_changed_since_the_snapshot_is_not_overwritten(world):
+    handle, core = world
+    from capacity.binpack import services
+
+    change = bp.CostChange(namespace=NS, name="a-2", uid=core.read_namespaced_pod("a-2", NS).metadata.uid,
+                           node="n2", workload="x", group=None, old=None, new=5, reason="test")
+    core.patch_namespaced_pod("a-2", NS, {"metadata": {"annotations": {bp.DELETION_COST: "42"}}})
+    errors: list[str] = []
+    assert services._apply_one(handle.gateway, change, errors) == "stale"
+    assert cost_of(core, "a-2") == "42" and errors == []
+
+
+def test_command_dry_run_prints_what_it_would_write_and_writes_nothing(world, capsys):
+    handle, core = world
+    call_command("binpack", "--cluster", handle.cluster.name, "--dry-run")
+    out = capsys.readouterr().out
+    assert "would write team/a-2 on n2: - ->" in out
+    assert cost_of(core, "a-2") is None and patches(handle) == 0
+    call_command("binpack", "--cluster", handle.cluster.name, "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert report["written"] == 4 and {c["pod"] for c in report["changes"]} == {"a-0", "a-1", "a-2", "b-0"}
+    assert cost_of(core, "a-2") == str(next(c["new"] for c in report["changes"] if c["pod"] == "a-2"))
+    runs = list(BinpackRun.objects.order_by("id").values_list("trigger", "dry_run", "written"))
+    assert runs == [("command", True, 0), ("command", False, 4)]
+
+
+def test_command_names_an_unknown_cluster(world):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="no cluster named 'nope'"):
+        call_command("binpack", "--cluster", "nope")
+
+
+def test_admin_action_needs_its_permission_and_records_the_operator(world, client):
+    handle, core = world
+    operator = User.objects.create_user("op", password="pw", is_staff=True)
+    operator.user_permissions.add(Permission.objects.get(codename="view_binpackrun"))
+    client.force_login(operator)
+    url = "/admin/capacity/binpackcluster/"
+    form = {"action": "run_binpack", "_selected_action": [handle.cluster.pk]}
+    response = client.post(url, form)
+    assert cost_of(core, "a-2") is None               # no permission: the action is not offered
+    operator.user_permissions.add(Permission.objects.get(codename="run_binpack"))
+    operator = User.objects.get(pk=operator.pk)
+    client.force_login(operator)
+    response = client.post(url, form, follow=True)
+    assert response.status_code == 200
+    assert cost_of(core, "a-2") is not None
+    run = BinpackRun.objects.get()
+    assert (run.actor, run.trigger, run.written) == (operator, "admin", 4)
+
+
+def test_the_beat_task_costs_every_cluster(world, celery_eager):
+    handle, core = world
+    from capacity.binpack.tasks import binpack_all_clusters
+
+    assert binpack_all_clusters.delay().get() == 1
+    run = BinpackRun.objects.get()
+    assert (run.actor, run.trigger, run.written) == (None, "schedule", 4)
+    assert cost_of(core, "a-2") is not None

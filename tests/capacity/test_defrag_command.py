@@ -1,0 +1,76 @@
+"""`manage.py defrag` end to end, and the Celery task, on a simulated cluster whose clock runs
+(speed 50: the 5 s pod start-up takes 0.1 s of wall time)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from capacity.models import DefragJob, JobState
+from defrag_cluster import NS, REVISION, Kube, knative_service, scenario
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def running(sim_cluster_factory):
+    handle = sim_cluster_factory(scenario(knative_service(min_scale=3)), name="sim", speed=50.0)
+    kube = Kube(handle.kubeconfig_path)
+    for _ in range(200):   # wait for the model to come up (wall time: the cluster's clock runs)
+        if kube.actual_scale() == 3:
+            break
+        __import__("time").sleep(0.05)
+    return handle, kube
+
+
+def test_defrag_yes_runs_to_safe_and_exits_0(running, capsys):
+    handle, kube = running
+    node = kube.node_with_pods()
+    call_command("defrag", node, "--cluster", "sim", "--yes", "--poll-interval", "0.2", "--timeout", "120")
+    out = capsys.readouterr().out
+    assert "Found pods to defrag:" in out
+    assert f"Node {node} has been cordoned (marked unschedulable)." in out
+    assert f"Revision {REVISION} - 1 extra needed - current_scale=" in out
+    assert out.rstrip().endswith("Safe to defrag/remove node")
+    assert kube.node_cordoned(node)
+
+
+def test_answering_no_changes_nothing_and_exits_2(running, monkeypatch):
+    handle, kube = running
+    node = kube.node_with_pods()
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    with pytest.raises(SystemExit) as exited:
+        call_command("defrag", node, "--cluster", "sim")
+    assert exited.value.code == 2
+    assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
+
+
+def test_json_then_abort_then_bad_input(running, capsys):
+    handle, kube = running
+    node = kube.node_with_pods()
+    call_command("defrag", node, "--cluster", "sim", "--yes", "--json", "--poll-interval", "0.2")
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "safe" and report["revisions"][0]["satisfied"]
+    call_command("defrag", node, "--cluster", "sim", "--abort", "--poll-interval", "0.2")
+    assert not kube.node_cordoned(node)
+    assert DefragJob.objects.get().state == JobState.ABORTED
+    assert len(kube.pods(NS, revision=REVISION)) == 3
+    with pytest.raises(CommandError, match="no live defrag job"):
+        call_command("defrag", node, "--cluster", "sim", "--drain", "--yes")
+    with pytest.raises(CommandError, match="--timeout must be > 0"):
+        call_command("defrag", node, "--cluster", "sim", "--timeout", "0")
+    with pytest.raises(CommandError, match="no cluster named 'nope'"):
+        call_command("defrag", node, "--cluster", "nope")
+
+
+def test_the_celery_task_carries_a_confirmed_job_to_safe(running, celery_eager):
+    from capacity.services import defrag_discover, defrag_job_start
+
+    handle, kube = running
+    node = kube.node_with_pods()
+    plan = defrag_discover(cluster=handle.cluster, node_name=node)
+    # Autocommit: on_commit fires at once and the eager task runs the job here, waking on PA watch events.
+    job = defrag_job_start(cluster=handle.cluster, node_name=node, plan=plan, poll_interval_seconds=0.5)
+    job.refresh_from_db()
+    assert job.state == JobState.SAFE and job.log[-1] == "Safe to defrag/remove node"

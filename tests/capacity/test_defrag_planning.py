@@ -1,0 +1,169 @@
+"""Pure defrag planning: the discovery report, blockers, the seed's condition, the GPU map ranking."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from defrag_builders import make_model_pod, make_node, make_pod
+from capacity.planning import (
+    DefragPlan,
+    RevisionScale,
+    Role,
+    defrag_plan,
+    fragmentation_view,
+    orphan_patch,
+    pod_classify,
+    progress_line,
+    revision_satisfied,
+)
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+
+REV = "bt-deployment-qvr7e9w-00001"
+
+
+def plan_for(pods: list[dict], scales=None, node=None) -> DefragPlan:
+    return defrag_plan(node=NodeView.from_object(node or make_node("n1")),
+                       pods=[PodView.from_object(p) for p in pods],
+                       scales=scales if scales is not None else {("org-a", REV): RevisionScale(3, 3)})
+
+
+def test_seed_report_lists_the_model_pod_with_its_gpus_status_and_scales():
+    plan = plan_for([make_model_pod(f"{REV}-deployment-547cc9b97f-pgtn2", revision=REV)],
+                    node=make_node("n1", product="nvidia-h100-80gb"))
+    assert plan.report_lines() == [
+        "Found pods to defrag:",
+        f"\torg-a/{REV}-deployment-547cc9b97f-pgtn2",
+        "\t\t- 1x nvidia-h100-80gb GPUs",
+        "\t\t- STATUS=[Running] REPLICAS=3 KPA_SCALE=3",
+    ]
+    [revision] = plan.revisions
+    assert (revision.revision, revision.replicaset, revision.overprovision) == (
+        REV, f"{REV}-deployment-547cc9b97f", 1)
+    assert plan.model_pods[0].owner_chain == (
+        f"ReplicaSet/{REV}-deployment-547cc9b97f", f"Deployment/{REV}-deployment", f"Revision/{REV}")
+
+
+def test_two_revisions_on_one_node_each_get_their_own_m():
+    other = "llama-00002"
+    plan = plan_for([make_model_pod("a1", revision=REV), make_model_pod("a2", revision=REV),
+                     make_model_pod("b1", revision=other, namespace="org-b", template_hash="abc")],
+                    scales={("org-a", REV): RevisionScale(3, 3), ("org-b", other): RevisionScale(1, 1)})
+    assert [(r.namespace, r.revision, r.overprovision) for r in plan.revisions] == [
+        ("org-a", REV, 2), ("org-b", other, 1)]
+
+
+@pytest.mark.parametrize("pod, role, reason_part", [
+    (make_pod("ds", owner=("DaemonSet", "dcgm")), Role.IGNORED, "DaemonSet"),
+    (make_pod("mirror", annotations={"kubernetes.io/config.mirror": "abc"}), Role.IGNORED, "mirror"),
+    (make_pod("done", owner=("ReplicaSet", "x"), phase="Succeeded"), Role.IGNORED, "finished"),
+    (make_pod("nb-0", owner=("StatefulSet", "nb")), Role.BLOCKER, "StatefulSet"),
+    (make_pod("bare"), Role.BLOCKER, "bare pod"),
+    (make_model_pod("keep", revision=REV, annotations={"karpenter.sh/do-not-disrupt": "true"}),
+     Role.BLOCKER, "do-not-disrupt"),
+    (make_model_pod("keep2", revision=REV,
+                    annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
+     Role.BLOCKER, "safe-to-evict"),
+    (make_pod("raw", owner=("ReplicaSet", "raw-7d9")), Role.BLOCKER, "outside Knative"),
+    (make_model_pod("m", revision=REV, annotations={"karpenter.sh/do-not-disrupt": "false"}), Role.MODEL, "Knative"),
+])
+def test_pod_classification(pod, role, reason_part):
+    got_role, reason = pod_classify(PodView.from_object(pod))
+    assert got_role == role
+    assert reason_part in reason
+
+
+def test_blockers_are_listed_in_the_report_before_confirmation():
+    plan = plan_for([make_model_pod("m1", revision=REV), make_pod("nb-0", owner=("StatefulSet", "nb")),
+                     make_pod("ds", owner=("DaemonSet", "dcgm"))])
+    lines = plan.report_lines()
+    assert "\torg-a/nb-0 - StatefulSet pod (a notebook or stateful workload)" in lines
+    assert [p.name for p in plan.blockers] == ["nb-0"]
+    assert [p.name for p in plan.ignored] == ["ds"]
+
+
+def test_a_model_pod_without_a_podautoscaler_is_a_blocker_not_a_revision():
+    plan = plan_for([make_model_pod("m1", revision=REV)], scales={})
+    assert plan.revisions == ()
+    assert "no PodAutoscaler" in plan.blockers[0].reason
+
+
+def test_pods_of_one_revision_from_two_replicasets_are_refused():
+    with pytest.raises(ValueError, match="several ReplicaSets"):
+        plan_for([make_model_pod("m1", revision=REV, template_hash="aaa"),
+                  make_model_pod("m2", revision=REV, template_hash="bbb")])
+
+
+@pytest.mark.parametrize("kpa, replicas, initial, m, safe", [
+    (3, 3, 3, 1, False),   # the seed's waiting line
+    (4, 3, 3, 1, True),    # the seed's final line: initial_replicas + m
+    (3, 2, 3, 1, True),    # scaled down meanwhile: current_replicas + m
+    (4, 4, 3, 1, True),    # scaled up: still initial + m
+    (4, 3, 3, 2, False),   # two orphans need two replacements
+    (0, 0, 1, 1, False),   # not even the replacement is up
+])
+def test_the_seeds_safety_condition(kpa, replicas, initial, m, safe):
+    assert revision_satisfied(current_kpa_scale=kpa, current_replicas=replicas, initial_replicas=initial,
+                              overprovision=m) is safe
+
+
+def test_progress_line_is_the_seeds():
+    assert progress_line(revision=REV, overprovision=1, current_kpa_scale=3, current_replicas=3,
+                         initial_kpa_scale=3) == \
+        f"Revision {REV} - 1 extra needed - current_scale=3 replicas=3 initial_scale=3"
+
+
+def test_orphan_patch_is_guarded_by_uid_and_owners_and_removes_both():
+    owners = [{"kind": "ReplicaSet", "name": "rs", "uid": "u"}]
+    assert orphan_patch(uid="abc", owner_references=owners, has_template_hash=True) == [
+        {"op": "test", "path": "/metadata/uid", "value": "abc"},
+        {"op": "test", "path": "/metadata/ownerReferences", "value": owners},
+        {"op": "remove", "path": "/metadata/ownerReferences"},
+        {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
+    ]
+
+
+def snapshot(nodes, pods) -> ClusterSnapshot:
+    return ClusterSnapshot.build(taken_at=datetime(2026, 1, 1, tzinfo=UTC),
+                                 nodes=[NodeView.from_object(n) for n in nodes],
+                                 pods=[PodView.from_object(p) for p in pods])
+
+
+def test_fragmentation_ranks_the_node_whose_pods_fit_elsewhere_first():
+    nodes = [make_node("a"), make_node("b"), make_node("c"), make_node("empty")]
+    pods = [
+        make_model_pod("a1", revision="big-00001", node="a", gpus=7),   # a: 1 free; 7 fit nowhere but empty
+        make_model_pod("b1", revision="mid-00001", node="b", gpus=5),   # b: 3 free; 5 fit into c's 6
+        make_model_pod("c1", revision="small-00001", node="c", gpus=2),  # c: 6 free; 2 fit into b's 3
+    ]
+    view = fragmentation_view(snapshot(nodes, pods))
+    assert [(c.node, c.frees_whole_node) for c in view.candidates] == [("c", True), ("b", True), ("a", False)]
+    rows = {r.name: r for r in view.rows}
+    assert (rows["a"].used, rows["a"].free, rows["empty"].free) == (7, 1, 8)
+    assert len(rows["c"].cells) == 8 and rows["c"].cells[1].pod == "org-a/c1" and rows["c"].cells[2].pod is None
+    assert view.pools["h100"] == {"nodes": 4, "total": 32, "used": 14, "free": 18, "empty_nodes": 1}
+
+
+def test_fragmentation_skips_cordoned_held_and_blocked_nodes_and_other_gpu_products():
+    nodes = [make_node("a"), make_node("b", unschedulable=True), make_node("c"), make_node("d"),
+             make_node("e", product="NVIDIA-A10G", pool="a10")]
+    pods = [make_model_pod("a1", revision="r-00001", node="a", gpus=1),
+            make_model_pod("b1", revision="r-00001", node="b", gpus=1),
+            make_model_pod("c1", revision="r-00001", node="c", gpus=1),
+            make_pod("d1", node="d", owner=("StatefulSet", "nb")),
+            make_model_pod("e1", revision="r-00001", node="e", gpus=1)]
+    view = fragmentation_view(snapshot(nodes, pods), held_nodes={"c": 7})
+    assert [c.node for c in view.candidates] == ["a", "e"]
+    assert not next(c for c in view.candidates if c.node == "e").frees_whole_node  # no other A10G node
+    rows = {r.name: r for r in view.rows}
+    assert rows["b"].cordoned and rows["c"].held_by_job == 7 and rows["d"].blockers == 1
+    assert [r.name for r in fragmentation_view(snapshot(nodes, pods), pool="a10").rows] == ["e"]
+
+
+def test_same_org_and_model_get_the_same_colour_on_every_node():
+    nodes = [make_node("a"), make_node("b")]
+    pods = [make_model_pod("a1", revision="r-00001", node="a"), make_model_pod("b1", revision="r-00001", node="b"),
+            make_model_pod("b2", revision="s-00001", node="b", namespace="org-z")]
+    rows = {r.name: r for r in fragmentation_view(snapshot(nodes, pods)).rows}
+    assert rows["a"].cells[0].colour == rows["b"].cells[0].colour
+    assert rows["b"].cells[1].colour != rows["b"].cells[0].colour

@@ -1,0 +1,301 @@
+"""Defrag jobs on the simulated cluster, through the real client over HTTP.
+
+The clock is the simulated cluster's: tests move it with `advance` and hand it to the
+job as `now`; nothing sleeps.
+"""
+from __future__ import annotations
+
+import pytest
+
+from capacity import services
+from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.services import (
+    SAFE_MESSAGE,
+    DefragError,
+    defrag_discover,
+    defrag_job_abort,
+    defrag_job_drain,
+    defrag_job_start,
+    defrag_job_step,
+)
+from defrag_builders import make_pod
+from defrag_cluster import NS, REVISION, SERVICE, knative_service, scenario
+
+pytestmark = pytest.mark.django_db
+
+
+def start_job(world, node: str, **kwargs) -> DefragJob:
+    plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=world.gateway)
+    kwargs.setdefault("poll_interval_seconds", 2.0)
+    return defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, now=world.now(), enqueue=False,
+                            **kwargs)
+
+
+def step(world, job) -> DefragJob:
+    return defrag_job_step(job=job, gateway=world.gateway, now=world.now())
+
+
+def run_until(world, job, states, *, dt: float = 1.0, max_steps: int = 200) -> DefragJob:
+    """Step the job, moving the simulated clock by `dt` between steps, until it reaches `states`."""
+    for _ in range(max_steps):
+        job = step(world, job)
+        if job.state in states:
+            return job
+        world.advance(dt)
+    raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")
+
+
+def test_seed_scenario_three_replicas_one_orphaned_scale_reaches_four_then_safe(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    [pod] = world.kube.pods(node=node)
+    plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=world.gateway)
+    assert plan.report_lines()[:4] == [
+        "Found pods to defrag:", f"\t{NS}/{pod.metadata.name}",
+        "\t\t- 1x NVIDIA-H100-80GB-HBM3 GPUs", "\t\t- STATUS=[Running] REPLICAS=3 KPA_SCALE=3"]
+    job = defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, now=world.now(), enqueue=False,
+                           poll_interval_seconds=2.0)
+
+    job = step(world, job)                                  # record
+    [revision] = job.revisions.all()
+    assert (revision.initial_kpa_scale, revision.initial_replicas, revision.overprovision) == (3, 3, 1)
+    job = step(world, job)                                  # cordon
+    assert world.kube.node_cordoned(node)
+    job = step(world, job)                                  # orphan
+    orphaned = world.kube.core.read_namespaced_pod(pod.metadata.name, NS)
+    assert not orphaned.metadata.owner_references
+    assert "pod-template-hash" not in orphaned.metadata.labels
+    assert orphaned.status.phase == "Running"               # it keeps serving
+    assert job.state == JobState.WAITING
+
+    world.advance(0)                                        # the ReplicaSet makes a replacement
+    job = step(world, job)
+    assert job.state == JobState.WAITING
+    assert job.log[-1] == f"Revision {REVISION} - 1 extra needed - current_scale=3 replicas=3 initial_scale=3"
+
+    job = run_until(world, job, {JobState.SAFE})
+    assert world.kube.actual_scale() == 4
+    assert job.log[-2] == f"Revision {REVISION} - 1 extra needed - current_scale=4 replicas=3 initial_scale=3"
+    assert job.log[-1] == SAFE_MESSAGE
+    assert [p.metadata.name for p in world.kube.pods(node=node)] == [pod.metadata.name]  # orphan still there
+    assert {e.reason for e in world.kube.events("default")} >= {"DefragCordon", "DefragSafe"}
+    assert [e.involved_object.name for e in world.kube.events(NS, "DefragOrphan")] == [pod.metadata.name]
+    assert list(DefragAudit.objects.filter(job=job).values_list("action", flat=True)) == [
+        "job_confirm", "scales_record", "node_cordon", "pod_orphan", "job_safe"]
+
+
+def test_the_wait_costs_the_same_api_calls_per_check_whatever_the_pods(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=6, annotations={
+        "autoscaling.knative.dev/max-scale": "12"}), nodes=2))
+    node = world.kube.node_with_pods(count=3)
+    job = run_until(world, start_job(world, node), {JobState.WAITING}, dt=0)
+    before = world.gateway.calls_total()
+    job = step(world, job)
+    assert world.gateway.calls_total() - before == 2        # one PodAutoscaler, one ReplicaSet
+
+
+def test_model_scaling_down_mid_job_is_safe_on_current_replicas(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job = run_until(world, start_job(world, node), {JobState.WAITING}, dt=0)
+    # The model scales down (min-scale 3 → 1) while the job waits: initial_replicas + m is out
+    # of reach, current_replicas + m is what counts.
+    world.kube.custom.patch_namespaced_custom_object(
+        "serving.knative.dev", "v1", NS, "services", SERVICE,
+        {"spec": {"template": {"metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "1"}}}}})
+    job = run_until(world, job, {JobState.SAFE}, dt=5)
+    [revision] = job.revisions.all()
+    assert revision.current_replicas < revision.initial_replicas
+    assert job.log[-1] == SAFE_MESSAGE
+
+
+def test_two_revisions_on_one_node(defrag_world):
+    world = defrag_world(scenario(knative_service("alpha", min_scale=2), knative_service("beta", min_scale=1),
+                                  nodes=1))
+    world.kube.core.create_node(kubernetes_node("n2"))
+    world.kube.core.create_node(kubernetes_node("n3"))
+    job = start_job(world, "n1")
+    assert sorted((r["revision"], r["overprovision"]) for r in job.report["revisions"]) == [
+        ("alpha-00001", 2), ("beta-00001", 1)]
+    job = run_until(world, job, {JobState.SAFE})
+    assert {r.revision: r.current_kpa_scale for r in job.revisions.all()} == {"alpha-00001": 4, "beta-00001": 2}
+    assert job.orphans.filter(state=OrphanState.ORPHANED).count() == 3
+    assert all(p.spec.node_name != "n1" for p in world.kube.pods() if p.metadata.owner_references)
+
+
+def kubernetes_node(name: str) -> dict:
+    from defrag_builders import make_node
+
+    return make_node(name)
+
+
+def test_blockers_are_reported_before_confirmation_and_keep_the_node_unsafe(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=1), nodes=1))
+    world.kube.core.create_namespaced_pod(NS, make_pod("scratch", namespace=NS, node="n1", gpus=1))
+    world.kube.core.create_namespaced_pod(NS, make_pod("ds", namespace=NS, node="n1", gpus=0,
+                                                       owner=("DaemonSet", "dcgm-exporter")))
+    world.kube.core.create_node(kubernetes_node("n2"))
+    world.advance(10)
+    plan = defrag_discover(cluster=world.cluster, node_name="n1", gateway=world.gateway)
+    assert [(p.name, p.reason) for p in plan.blockers] == [("scratch", "bare pod (no controller would replace it)")]
+    assert [p.name for p in plan.ignored] == ["ds"]
+    assert any("scratch" in line for line in plan.report_lines())
+    job = defrag_job_start(cluster=world.cluster, node_name="n1", plan=plan, now=world.now(), enqueue=False,
+                           poll_interval_seconds=2.0)
+    job = run_until(world, job, {JobState.BLOCKED, JobState.SAFE})
+    assert job.state == JobState.BLOCKED
+    assert "scratch" in job.log[-1]
+    assert world.kube.pod_exists(NS, "scratch")            # never touched
+
+
+def test_conflicts_while_orphaning_are_retried_and_each_pod_orphaned_once(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job = run_until(world, start_job(world, node), {JobState.CORDONED}, dt=0)
+    world.control.set_faults(seed=1, conflict_rate=1.0, match={"verbs": ["patch"], "resources": ["pods"]})
+    job = step(world, job)
+    assert job.state == JobState.CORDONED and "changed while orphaning" in job.error
+    assert job.orphans.get().state == OrphanState.PLANNED
+    world.control.clear_faults()
+    job = run_until(world, job, {JobState.SAFE})
+    assert world.gateway.calls[("patch", "pods")] == 2      # the refused try and the good one
+    assert job.orphans.get().state == OrphanState.ORPHANED
+
+
+def test_api_5xx_is_recorded_and_the_job_carries_on(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job = start_job(world, node)
+    world.control.set_faults(seed=3, error_rate=1.0)
+    job = step(world, job)
+    assert job.state == JobState.CONFIRMED and "500" in job.error
+    world.control.clear_faults()
+    job = run_until(world, job, {JobState.SAFE})
+    assert world.kube.node_cordoned(node)
+
+
+class WorkerKilled(BaseException):
+    """A worker dying between a side effect and the record of it (not an Exception: nothing catches it)."""
+
+
+def crash_at(monkeypatch, n: int):
+    """Make the n-th record of a side effect (0-based) die before it is written."""
+    real = services._commit
+    calls = {"n": 0}
+
+    def commit(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] - 1 == n:
+            raise WorkerKilled
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "_commit", commit)
+    return calls
+
+
+@pytest.mark.parametrize("crash_index", range(7))
+def test_a_worker_killed_at_any_step_resumes_without_repeating_a_side_effect(defrag_world, monkeypatch,
+                                                                            crash_index):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job_id = start_job(world, node).pk
+    crash_at(monkeypatch, crash_index)
+    job = DefragJob.objects.get(pk=job_id)
+    crashed = False
+    for _ in range(100):
+        try:
+            job = step(world, job)
+        except WorkerKilled:
+            crashed = True
+            job = DefragJob.objects.get(pk=job_id)          # a new worker loads the recorded state
+        if job.state == JobState.SAFE:
+            break
+        world.advance(1)
+    assert job.state == JobState.SAFE, (job.state, job.log[-3:])
+    assert crashed or crash_index >= 6
+    assert world.gateway.calls[("patch", "nodes")] == 1                  # cordoned once
+    assert world.gateway.calls[("patch", "pods")] == 1                   # orphaned once
+    assert job.orphans.get().state == OrphanState.ORPHANED
+    assert DefragAudit.objects.filter(job=job, action="pod_orphan").count() == 1
+    assert len(world.kube.events(NS, "DefragOrphan")) == 1
+    assert len(world.kube.events("default", "DefragCordon")) == 1
+
+
+def test_abort_uncordons_and_deletes_each_orphan_once_its_revision_is_back(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job = run_until(world, start_job(world, node), {JobState.WAITING}, dt=0)
+    [orphan] = job.orphans.all()
+    job = defrag_job_abort(job=job, actor=None, now=world.now(), enqueue=False)
+    job = step(world, job)
+    assert not world.kube.node_cordoned(node)
+    # The replacement is not Ready yet: the orphan is still needed and still tracked.
+    assert world.kube.pod_exists(NS, orphan.pod_name)
+    assert job.state == JobState.ABORTING and job.orphans.get().state == OrphanState.ORPHANED
+    job = run_until(world, job, {JobState.ABORTED}, dt=2)
+    assert not world.kube.pod_exists(NS, orphan.pod_name)
+    assert job.orphans.get().state == OrphanState.GONE
+    assert world.kube.actual_scale() == 3
+
+
+def test_time_limit_fails_the_job_leaving_node_cordoned_and_orphans_serving(defrag_world):
+    # No room anywhere else: the replacement cannot be scheduled, the scale never reaches 4.
+    world = defrag_world(scenario(knative_service(min_scale=1, gpus=8), nodes=1))
+    world.kube.core.create_node(kubernetes_node("n2"))
+    world.kube.core.create_namespaced_pod(NS, make_pod("hog", namespace=NS, node="n2", gpus=8))
+    world.advance(10)
+    job = run_until(world, start_job(world, "n1", timeout_seconds=300, poll_interval_seconds=10),
+                    {JobState.WAITING}, dt=0)
+    job = run_until(world, job, {JobState.FAILED}, dt=30)
+    assert "Timed out after 300s" in job.error
+    assert (job.started_at is not None) and world.now() - job.started_at >= __import__("datetime").timedelta(
+        seconds=300)
+    assert world.kube.node_cordoned("n1")
+    [orphan] = job.orphans.all()
+    assert world.kube.core.read_namespaced_pod(orphan.pod_name, NS).status.phase == "Running"
+    assert job.is_live                                      # still holds the node and its orphan
+
+
+def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_world, django_user_model):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    [pod] = world.kube.pods(node=node)
+    job = run_until(world, start_job(world, node), {JobState.SAFE})
+
+    nobody = django_user_model.objects.create_user("viewer", is_staff=True)
+    with pytest.raises(DefragError, match="may not drain"):
+        defrag_job_drain(job=job, actor=nobody, now=world.now(), enqueue=False)
+
+    # A PDB that allows no disruption at all: the first evictions get 429.
+    world.kube.policy.create_namespaced_pod_disruption_budget(NS, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "model"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"serving.knative.dev/revision": REVISION}}}})
+    world.advance(1)
+    job = defrag_job_drain(job=job, actor=None, delete_node=True, now=world.now(), enqueue=False)
+    job = step(world, job)
+    assert job.state == JobState.DRAINING and "PodDisruptionBudget" in job.log[-1]
+    assert world.kube.pod_exists(NS, pod.metadata.name)
+    world.kube.policy.patch_namespaced_pod_disruption_budget("model", NS, {"spec": {"maxUnavailable": 1}})
+    job = run_until(world, job, {JobState.DRAINED}, dt=5)
+    assert not world.kube.pod_exists(NS, pod.metadata.name)
+    assert node not in [n.metadata.name for n in world.kube.core.list_node().items]
+    assert world.gateway.calls[("evict", "pods")] >= 2
+    assert job.orphans.get().state == OrphanState.GONE
+
+
+def test_one_live_job_per_node_and_a_per_cluster_limit(defrag_world, settings):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    start_job(world, node)
+    with pytest.raises(DefragError, match="already has a live defrag job"):
+        start_job(world, node)
+    settings.CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = 1
+    other = next(n.metadata.name for n in world.kube.core.list_node().items if n.metadata.name != node)
+    with pytest.raises(DefragError, match="the limit is 1"):
+        start_job(world, other)
+
+
+def test_discovery_of_an_unknown_node_names_it(defrag_world):
+    world = defrag_world(scenario(nodes=1))
+    with pytest.raises(DefragError, match="node 'nope' not found in cluster 'sim'"):
+        defrag_discover(cluster=world.cluster, node_name="nope", gateway=world.gateway)

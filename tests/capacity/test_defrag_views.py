@@ -1,0 +1,114 @@
+"""The GPU map, the admin's report → confirm page, drain permission, and the progress JSON."""
+from __future__ import annotations
+
+import pytest
+
+from capacity.models import DefragJob, JobState
+from defrag_builders import make_model_pod, make_node, make_pod
+
+pytestmark = pytest.mark.django_db
+
+
+def bound(pod: dict) -> dict:
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return pod
+
+
+def objects():
+    return [make_node("n1"), make_node("n2"), make_node("n3", unschedulable=True),
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-b"}},
+            bound(make_model_pod("big-1", revision="big-00001", node="n1", gpus=6)),
+            bound(make_model_pod("small-1", revision="small-00001", namespace="org-b", node="n2", gpus=1)),
+            bound(make_pod("notebook-0", node="n2", gpus=1, owner=("StatefulSet", "notebook"))),
+            *revision_objects("small-00001", "org-b", replicas=1)]
+
+
+def revision_objects(revision: str, namespace: str, *, replicas: int, template_hash: str = "547cc9b97f"):
+    """The PodAutoscaler and ReplicaSet discovery reads, matching the pre-bound pods above."""
+    rs_name = f"{revision}-deployment-{template_hash}"
+    labels = {"serving.knative.dev/revision": revision, "pod-template-hash": template_hash}
+    return [
+        {"apiVersion": "autoscaling.internal.knative.dev/v1alpha1", "kind": "PodAutoscaler",
+         "metadata": {"name": revision, "namespace": namespace},
+         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{revision}-deployment"},
+                  "protocolType": "http1"},
+         "status": {"actualScale": replicas, "desiredScale": replicas}},
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+         "metadata": {"name": rs_name, "namespace": namespace, "uid": f"uid-{rs_name}", "labels": labels},
+         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "m", "image": "m"}]}}},
+         "status": {"replicas": replicas, "readyReplicas": replicas}},
+    ]
+
+
+@pytest.fixture
+def staff(django_user_model, client):
+    user = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(user)
+    return user
+
+
+def test_gpu_map_draws_one_row_of_cells_per_node_and_offers_defrag(sim_cluster_factory, client, staff):
+    handle = sim_cluster_factory(objects(), name="sim")
+    page = client.get("/capacity/clusters/sim/gpu-map/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert html.count('class="node"') == 3
+    assert html.count("<rect") == 24                        # 3 nodes × 8 GPUs
+    assert "⛔ n3" in html                                   # cordoned is marked
+    assert "org-a/big-1 (org-a/big)" in html                 # a cell's tooltip names the pod and org/model
+    assert "defrag this node" in html and "node=n1" in html
+    assert "node=n2" not in html                             # the notebook blocks n2
+    del handle
+
+
+def test_admin_start_shows_the_report_then_confirm_creates_the_job(sim_cluster_factory, client, staff):
+    sim_cluster_factory(objects(), name="sim")
+    report = client.get("/admin/capacity/defragjob/start/?cluster=sim&node=n2")
+    html = report.content.decode()
+    assert report.status_code == 200
+    assert "Found pods to defrag:" in html and "org-b/small-1" in html
+    assert "notebook-0" in html and "StatefulSet" in html   # the blocker, before confirmation
+    assert not DefragJob.objects.exists()                    # nothing changed yet
+    done = client.post("/admin/capacity/defragjob/start/", {"cluster": "sim", "node": "n2", "confirm": "yes",
+                                                             "timeout": "600", "poll_interval": "5"})
+    job = DefragJob.objects.get()
+    assert done.status_code == 302 and done["Location"].endswith(f"/admin/capacity/defragjob/{job.pk}/change/")
+    assert (job.state, job.requested_by, job.timeout_seconds) == (JobState.CONFIRMED, staff, 600)
+    progress = client.get(f"/capacity/defrag-jobs/{job.pk}/progress.json").json()
+    assert progress["state"] == "confirmed" and "Proceed with defrag? (y/n): y" in progress["log"]
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
+    assert "progress.json" in page and "Abort…" in page
+
+
+def test_drain_page_needs_its_own_permission(sim_cluster_factory, client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    sim_cluster_factory(objects(), name="sim")
+    user = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_defragjob", "change_defragjob"]))
+    client.force_login(user)
+    from clusters.models import Cluster
+
+    job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=JobState.SAFE,
+                                   created_at="2026-01-01T00:00:00Z")
+    assert client.get(f"/admin/capacity/defragjob/{job.pk}/drain/").status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="drain_defragjob"))
+    user = django_user_model.objects.get(pk=user.pk)
+    client.force_login(user)
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/drain/")
+    assert page.status_code == 200 and "Type the node name" in page.content.decode()
+    wrong = client.post(f"/admin/capacity/defragjob/{job.pk}/drain/", {"confirm": "n2"})
+    assert wrong.status_code == 200
+    job.refresh_from_db()
+    assert job.state == JobState.SAFE                        # a wrong second confirmation does nothing
+    client.post(f"/admin/capacity/defragjob/{job.pk}/drain/", {"confirm": "n1"})
+    job.refresh_from_db()
+    assert job.state == JobState.DRAINING and job.operator == user
+
+
+def test_unknown_node_on_the_start_page_says_so(sim_cluster_factory, client, staff):
+    sim_cluster_factory(objects(), name="sim")
+    response = client.get("/admin/capacity/defragjob/start/?cluster=sim&node=ghost", follow=True)
+    assert "node &#x27;ghost&#x27; not found in cluster &#x27;sim&#x27;" in response.content.decode()

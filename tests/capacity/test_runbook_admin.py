@@ -1,0 +1,174 @@
+"""Runbook operations (seed 002) in the admin, on the simulated cluster through the real
+client: registry sync, resource specs, redeploy, unblocking a Pending revision by
+deleting the old one, deleting a model stuck deploying. Each needs its own permission
+and leaves an audit record naming the operator."""
+from __future__ import annotations
+
+import kubernetes
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook import services
+from orgs.models import Org
+from simcluster.generate import inference_service, namespace, node, pynode
+
+pytestmark = pytest.mark.django_db
+NS = "org-acme"
+A10G = "NVIDIA-A10G"
+
+
+def scenario() -> list[dict]:
+    """One GPU in all: two revisions of a 1-GPU model cannot both run (seed 002)."""
+    return [node("gpu-a10g-00", pool="a10g", product=A10G, gpus=1, cpu="32", memory="127532Mi"),
+            node("cpu-00", pool="cpu", cpu="64", memory="257000Mi"),
+            namespace(NS, org="acme"),
+            inference_service(NS, "zq86d3o", product=A10G, gpus=1, min_replicas=1, max_replicas=1),
+            pynode(NS)]
+
+
+@pytest.fixture
+def world(sim_cluster_factory):
+    handle = sim_cluster_factory(scenario())
+    handle.advance(120)
+    Org.objects.create(slug="acme", cluster=handle.cluster, namespace=NS)
+    api = kubernetes.config.new_client_from_config(config_file=handle.kubeconfig_path)
+    yield handle, kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    api.close()
+
+
+def operator(client, *codenames) -> User:
+    user = User.objects.create_user(f"op{User.objects.count()}", password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=("view_servedmodel",) + codenames))
+    client.force_login(user)
+    return user
+
+
+def revisions(crd) -> list[str]:
+    items = crd.list_namespaced_custom_object("serving.knative.dev", "v1", NS, "revisions")["items"]
+    return sorted(r["metadata"]["name"] for r in items if r["metadata"]["name"].startswith("zq86d3o"))
+
+
+def model_pods(core) -> dict[str, str]:
+    return {p.metadata.labels["serving.knative.dev/revision"]: p.status.phase
+            for p in core.list_namespaced_pod(NS, label_selector="serving.kserve.io/inferenceservice=zq86d3o").items
+            if not p.metadata.deletion_timestamp}
+
+
+def the_model(handle) -> ServedModel:
+    services.registry_sync(cluster=handle.cluster)
+    return ServedModel.objects.get(name="zq86d3o")
+
+
+def test_registry_sync_lists_models_and_pynodes_with_org_and_revisions(world):
+    handle, crd, core = world
+    rows = {(m.kind, m.name): m for m in services.registry_sync(cluster=handle.cluster)}
+    assert set(rows) == {("InferenceService", "zq86d3o"), ("pynode", "pynode")}
+    model = rows[("InferenceService", "zq86d3o")]
+    assert model.org.slug == "acme" and model.framework == "vllm" and model.ready
+    assert [(r["name"], r["ready"], r["gpus_held"]) for r in model.revisions] == \
+        [("zq86d3o-predictor-00001", True, 1)]
+    assert model.gpus_held == 1 and model.blocked == []
+
+
+def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_it(world, client):
+    handle, crd, core = world
+    model = the_model(handle)
+    user = operator(client, "redeploy_servedmodel")
+    changelist = "/admin/capacity/servedmodel/"
+    form = {"action": "redeploy", "_selected_action": [model.pk]}
+    page = client.post(changelist, form)
+    assert b"Redeploy these models?" in page.content                # confirmation first
+    assert revisions(crd) == ["zq86d3o-predictor-00001"]
+    client.post(changelist, {**form, "confirm": "yes"})
+    handle.advance(60)
+    assert revisions(crd) == ["zq86d3o-predictor-00001", "zq86d3o-predictor-00002"]
+    assert model_pods(core) == {"zq86d3o-predictor-00001": "Running", "zq86d3o-predictor-00002": "Pending"}
+
+    model = the_model(handle)
+    (blocked,) = model.blocked
+    assert blocked["old_revision"] == "zq86d3o-predictor-00001"
+    listing = client.get(changelist)
+    assert b"delete the old revision zq86d3o-predictor-00001" in listing.content
+
+    unblock = f"/admin/capacity/servedmodel/{model.pk}/unblock/zq86d3o-predictor-00001/"
+    assert client.get(unblock).status_code == 403                     # its own permission
+    user.user_permissions.add(Permission.objects.get(codename="delete_old_revision"))
+    client.force_login(User.objects.get(pk=user.pk))
+    confirm = client.get(unblock)
+    assert b"NOT graceful" in confirm.content and revisions(crd)[0] == "zq86d3o-predictor-00001"
+    client.post(unblock, {"confirm": "yes"})
+    assert revisions(crd) == ["zq86d3o-predictor-00002"]
+    handle.advance(120)
+    assert model_pods(core) == {"zq86d3o-predictor-00002": "Running"}
+
+    audit = list(RunbookAudit.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
+    assert audit == [("model_redeploy", user.username, f"{NS}/zq86d3o"),
+                     ("revision_delete_old", user.username, f"{NS}/zq86d3o-predictor-00001")]
+
+
+def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):
+    handle, crd, core = world
+    model = the_model(handle)
+    with pytest.raises(services.RunbookRefused, match="not blocking"):
+        services.revision_delete_old(model=model, revision="zq86d3o-predictor-00001", actor=None)
+    assert revisions(crd) == ["zq86d3o-predictor-00001"]
+    assert not RunbookAudit.objects.exists()
+
+
+def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world, client):
+    handle, crd, core = world
+    the_model(handle)
+    add = "/admin/capacity/resourcespec/add/"
+    values = {"cluster": handle.cluster.pk, "model": "zq86d3o", "gpu_count": "1", "gpu_product": A10G,
+              "cpu_request": "2", "cpu_limit": "4", "memory_request": "8Gi", "memory_limit": "8Gi"}
+    operator(client)
+    assert client.post(add, values).status_code == 403                # needs add_resourcespec
+    user = operator(client, "add_resourcespec")
+    response = client.post(add, values)
+    assert response.status_code == 302, response.content[:2000]
+    isvc = crd.get_namespaced_custom_object("serving.kserve.io", "v1beta1", NS, "inferenceservices", "zq86d3o")
+    resources = isvc["spec"]["predictor"]["model"]["resources"]
+    assert resources["requests"] == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    handle.advance(5)
+    assert revisions(crd)[-1] == "zq86d3o-predictor-00002"             # a new revision: a redeploy
+    spec = ResourceSpec.objects.get()
+    assert spec.created_by == user and spec.applied[0]["target"] == f"{NS}/zq86d3o"
+    audit = RunbookAudit.objects.get()
+    assert (audit.action, audit.actor, audit.new["resources"]["limits"]["cpu"]) == ("resource_spec_apply", user, "4")
+
+
+def test_a_model_stuck_deploying_is_deleted_with_what_it_left_on_confirmation(world, client):
+    handle, crd, core = world
+    stuck = inference_service(NS, "stuck", product="NVIDIA-B200", gpus=1)   # no such GPU: never Ready
+    crd.create_namespaced_custom_object("serving.kserve.io", "v1beta1", NS, "inferenceservices", stuck)
+    handle.advance(60)
+    services.registry_sync(cluster=handle.cluster)
+    stuck_row, ready_row = ServedModel.objects.get(name="stuck"), ServedModel.objects.get(name="zq86d3o")
+    assert not stuck_row.ready
+    changelist = "/admin/capacity/servedmodel/"
+    form = {"action": "delete_stuck", "_selected_action": [stuck_row.pk, ready_row.pk]}
+    operator(client)
+    client.post(changelist, {**form, "confirm": "yes"})
+    assert ServedModel.objects.get(pk=stuck_row.pk).gone is False     # no permission: nothing done
+    user = operator(client, "delete_stuck_model")
+    page = client.post(changelist, form)
+    assert b"Delete these models stuck deploying?" in page.content and b"zq86d3o" not in page.content.split(
+        b"<ul>")[1].split(b"</ul>")[0]
+    client.post(changelist, {**form, "confirm": "yes"})
+    handle.advance(60)
+    isvcs = crd.list_namespaced_custom_object("serving.kserve.io", "v1beta1", NS, "inferenceservices")["items"]
+    assert [i["metadata"]["name"] for i in isvcs] == ["zq86d3o"]      # the Ready one was left alone
+    ksvcs = crd.list_namespaced_custom_object("serving.knative.dev", "v1", NS, "services")["items"]
+    assert "stuck-predictor" not in {k["metadata"]["name"] for k in ksvcs}
+    all_revs = crd.list_namespaced_custom_object("serving.knative.dev", "v1", NS, "revisions")["items"]
+    assert not [r for r in all_revs if r["metadata"]["name"].startswith("stuck-")]
+    audit = RunbookAudit.objects.get()
+    assert (audit.action, audit.actor, audit.target) == ("model_delete_stuck", user, f"{NS}/stuck")
+    assert "InferenceService/stuck" in audit.new["deleted"]
+
+
+def test_a_ready_model_is_not_deleted_as_stuck(world):
+    handle, crd, core = world
+    with pytest.raises(services.RunbookRefused, match="is Ready"):
+        services.model_delete_stuck(model=the_model(handle), actor=None)

@@ -1,0 +1,107 @@
+"""Pure runbook planning: the registry, blocked revisions, resource specs. No database."""
+from __future__ import annotations
+
+import pytest
+
+from capacity.runbook import planning as rp
+
+GPU_SHORT = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}
+
+
+def isvc(name, ns="org-acme", *, ready=False, fmt="vllm", labels=None):
+    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "labels": labels or {}},
+            "spec": {"predictor": {"model": {"modelFormat": {"name": fmt},
+                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def revision(name, service, created, ns="org-acme"):
+    return {"metadata": {"name": name, "namespace": ns, "creationTimestamp": created,
+                         "labels": {rp.KSVC_LABEL: service}}}
+
+
+def pod(name, rev, *, node=None, gpus=1, phase="Running", conditions=(), ns="org-acme"):
+    spec = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": ns, "labels": {rp.REVISION_LABEL: rev}},
+            "spec": spec, "status": {"phase": phase, "conditions": list(conditions)}}
+
+
+def seed_002_state():
+    """The seed's example: the old revision holds the one GPU, the new one is Pending."""
+    return dict(
+        isvcs=[isvc("zq86d3o")],
+        ksvcs=[],
+        revisions=[revision("zq86d3o-predictor-00001", "zq86d3o-predictor", "2026-01-01T00:00:00Z"),
+                   revision("zq86d3o-predictor-00002", "zq86d3o-predictor", "2026-01-01T07:46:00Z")],
+        pods=[pod("old-pod", "zq86d3o-predictor-00001", node="gpu-1"),
+              pod("new-pod", "zq86d3o-predictor-00002", phase="Pending", conditions=[GPU_SHORT])],
+        namespaces=[{"metadata": {"name": "org-acme", "labels": {rp.ORG_LABEL: "acme"}}}])
+
+
+def test_the_seed_002_pending_deployment_is_detected_with_the_old_revision_to_delete():
+    (entry,) = rp.registry_build(**seed_002_state())
+    assert (entry.kind, entry.org, entry.framework, entry.knative_service) == \
+        ("InferenceService", "acme", "vllm", "zq86d3o-predictor")
+    assert entry.gpus_held == 1
+    (unblock,) = entry.unblocks
+    assert (unblock.old_revision, unblock.pending_revision, unblock.gpus_held) == \
+        ("zq86d3o-predictor-00001", "zq86d3o-predictor-00002", 1)
+    assert "Pending for lack of GPUs" in unblock.reason
+
+
+@pytest.mark.parametrize("why,change", [
+    ("pending for cpu, not GPUs", lambda s: s["pods"][1]["status"]["conditions"][0].update(
+        message="0/4 nodes are available: 4 Insufficient cpu.")),
+    ("old revision holds no GPU", lambda s: s["pods"].pop(0)),
+    ("new pod already scheduled", lambda s: s["pods"][1]["spec"].update(nodeName="gpu-2")),
+    ("the Pending one is the older", lambda s: s["revisions"].reverse() or [
+        r["metadata"].update(creationTimestamp=t) for r, t in
+        zip(s["revisions"], ["2026-01-01T00:00:00Z", "2026-01-01T07:46:00Z"])]),
+])
+def test_nothing_to_unblock_when_the_seed_conditions_do_not_hold(why, change):
+    state = seed_002_state()
+    change(state)
+    (entry,) = rp.registry_build(**state)
+    assert entry.unblocks == (), why
+
+
+def test_pynodes_are_registered_but_an_isvc_predictor_ksvc_is_not_twice():
+    state = seed_002_state()
+    state["ksvcs"] = [{"metadata": {"name": "pynode", "namespace": "org-acme",
+                                    "labels": {rp.COMPONENT_LABEL: "pynode"}}},
+                      {"metadata": {"name": "zq86d3o-predictor", "namespace": "org-acme",
+                                    "labels": {rp.ISVC_LABEL: "zq86d3o"}}}]
+    kinds = [(e.kind, e.name) for e in rp.registry_build(**state)]
+    assert kinds == [("pynode", "pynode"), ("InferenceService", "zq86d3o")]
+
+
+DEFAULTS = {"default": {"gpu_count": 1, "gpu_product": "", "cpu_request": "4", "cpu_limit": "8",
+                        "memory_request": "16Gi", "memory_limit": "32Gi"},
+            "sklearn": {"gpu_count": 0, "gpu_product": "", "cpu_request": "1", "cpu_limit": "2",
+                        "memory_request": "2Gi", "memory_limit": "4Gi"}}
+
+
+def test_an_override_wins_over_the_framework_default_field_by_field():
+    values = rp.resource_values(framework="vllm", defaults=DEFAULTS,
+                                override={"gpu_count": 2, "gpu_product": "NVIDIA-H100", "cpu_request": "",
+                                          "memory_limit": None})
+    assert values == rp.ResourceValues(2, "NVIDIA-H100", "4", "8", "16Gi", "32Gi")
+
+
+def test_missing_defaults_are_named():
+    with pytest.raises(ValueError, match="no resource defaults for framework 'onnx'.*gpu_count"):
+        rp.resource_values(framework="onnx", defaults={}, override={"cpu_request": "1"})
+
+
+def test_the_patch_sets_resources_and_the_gpu_product_and_drops_a_gpu_no_longer_wanted():
+    target = isvc("m")
+    patch = rp.resources_patch(target, rp.ResourceValues(2, "NVIDIA-H100", "4", "8", "16Gi", "32Gi"))
+    predictor = patch["spec"]["predictor"]
+    assert predictor["nodeSelector"] == {rp.PRODUCT_LABEL: "NVIDIA-H100"}
+    assert predictor["model"]["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    cpu_only = rp.resources_patch(target, rp.resource_values(framework="sklearn", defaults=DEFAULTS))
+    assert cpu_only["spec"]["predictor"]["model"]["resources"]["limits"]["nvidia.com/gpu"] is None
+    assert cpu_only["spec"]["predictor"]["nodeSelector"] == {rp.PRODUCT_LABEL: None}

@@ -1,0 +1,117 @@
+"""Admin flows: each action behind its own permission, each leaving an audit record."""
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from clusters import kube
+from config import clock
+from orgs import services
+from orgs.models import AuditRecord, Org
+from orgs.planning import MIN_SCALE
+from tests.orgs.test_services import ksvc_min_scale, make_idle, scenario
+
+pytestmark = pytest.mark.django_db(transaction=True)
+CHANGELIST = "/admin/orgs/org/"
+
+
+def operator(*codenames: str) -> User:
+    user = User.objects.create_user(f"op-{'-'.join(codenames) or 'viewer'}", password="pw", is_staff=True)
+    for codename in ("view_org", "view_dormancyswitch", *codenames):
+        user.user_permissions.add(Permission.objects.get(codename=codename, content_type__app_label="orgs"))
+    return user
+
+
+@pytest.fixture
+def cluster(sim_cluster_factory, celery_eager):
+    sim = sim_cluster_factory(scenario())
+    sim.advance(0)
+    services.orgs_sync(cluster=sim.cluster, now=clock.now())
+    return sim
+
+
+def act(client, user, action, *slugs):
+    client.force_login(user)
+    ids = [str(Org.objects.get(slug=s).id) for s in slugs]
+    return client.post(CHANGELIST, {"action": action, "_selected_action": ids}, follow=True)
+
+
+def test_changelist_shows_state_and_filters(client, cluster):
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    client.force_login(operator())
+    page = client.get(CHANGELIST + "?dormant__exact=1")
+    assert page.status_code == 200
+    assert [o.slug for o in page.context["cl"].result_list] == ["acme"]
+    detail = client.get(f"{CHANGELIST}{Org.objects.get(slug='acme').id}/change/")
+    assert b"became dormant" in detail.content, "the switch history is inline"
+
+
+def offered(client) -> set[str]:
+    form = client.get(CHANGELIST).context["action_form"]
+    return {name for name, _ in form.fields["action"].choices} if form else set()
+
+
+def test_actions_are_offered_only_with_their_permission(client, cluster):
+    client.force_login(operator())
+    assert not offered(client) & {"disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now",
+                                  "run_dormancy_sweep_now"}
+    client.force_login(operator("mark_active"))
+    assert "mark_active_now" in offered(client) and "disallow_scale_to_zero" not in offered(client)
+
+
+def test_an_action_without_its_permission_does_nothing(client, cluster):
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    act(client, operator("allow_scale_to_zero"), "disallow_scale_to_zero", "acme")
+    assert Org.objects.get(slug="acme").scale_to_zero_allowed
+    assert not AuditRecord.objects.filter(action="org_disallow_scale_to_zero").exists()
+
+
+def test_disallow_reverts_a_dormant_org_now_and_is_audited(client, cluster):
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    gw = cluster.gateway
+    assert ksvc_min_scale(gw, "pynode") == "0"
+    user = operator("disallow_scale_to_zero")
+
+    page = act(client, user, "disallow_scale_to_zero", "acme")
+
+    assert "scale to zero disallowed for 1 org(s)" in [str(m) for m in page.context["messages"]]
+    org = Org.objects.get(slug="acme")
+    assert not org.scale_to_zero_allowed and org.applied == "disabled"
+    assert ksvc_min_scale(gw, "pynode") == "1"
+    assert gw.get(kube.REVISIONS, "llm-predictor-00001", namespace="acme")["metadata"]["annotations"][MIN_SCALE] == "1"
+    record = AuditRecord.objects.get(action="org_disallow_scale_to_zero")
+    assert (record.actor, record.old, record.new) == (user, {"scale_to_zero_allowed": True},
+                                                      {"scale_to_zero_allowed": False})
+
+    allow = operator("allow_scale_to_zero")
+    act(client, allow, "allow_scale_to_zero", "acme")
+    assert Org.objects.get(slug="acme").scale_to_zero_allowed
+    assert ksvc_min_scale(gw, "pynode") == "0", "still dormant: allowed again, it scales to zero again"
+    assert AuditRecord.objects.get(action="org_allow_scale_to_zero").actor == allow
+
+
+def test_mark_active_now(client, cluster):
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    user = operator("mark_active")
+    page = act(client, user, "mark_active_now", "acme", "globex")
+    assert b"woke acme" in page.content
+    org = Org.objects.get(slug="acme")
+    assert not org.dormant and org.switches.first().actor == user and org.switches.first().cause == "admin"
+    assert ksvc_min_scale(cluster.gateway, "pynode") == "1"
+    assert AuditRecord.objects.filter(action="org_mark_active", actor=user).count() == 2
+
+
+def test_run_the_sweep_now(client, cluster):
+    make_idle("globex")
+    user = operator("run_dormancy_sweep")
+    page = act(client, user, "run_dormancy_sweep_now", "acme")
+    assert b"1 org(s) turned dormant: globex" in page.content
+    assert Org.objects.get(slug="globex").dormant
+    assert ksvc_min_scale(cluster.gateway, "pynode", ns="globex") == "0"
+    record = AuditRecord.objects.get(action="dormancy_sweep")
+    assert record.actor == user and record.new == {"dormant": ["globex"]}
+    assert Org.objects.get(slug="globex").switches.get().cause == "admin"

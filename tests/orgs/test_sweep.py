@@ -1,0 +1,126 @@
+"""The hourly dormancy sweep on PostgreSQL: one conditional UPDATE, recorded, race-safe."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+
+from config import clock
+from orgs.models import DormancySwitch, Org
+from orgs.services import dormancy_sweep, org_mark_active
+
+
+def test_runs_on_postgresql():
+    assert connection.vendor == "postgresql"
+
+
+def test_sweep_marks_idle_orgs_dormant_and_records_the_switch(make_org):
+    make_org("idle", idle_hours=30)
+    make_org("busy", idle_hours=2)
+    make_org("protected", idle_hours=30, scale_to_zero_allowed=False)
+    now = clock.now()
+
+    result = dormancy_sweep(now=now)
+
+    assert result.switched == ("idle",)
+    idle = Org.objects.get(slug="idle")
+    assert idle.dormant and idle.dormant_since == now
+    assert not Org.objects.get(slug="busy").dormant
+    assert not Org.objects.get(slug="protected").dormant
+    [switch] = DormancySwitch.objects.all()
+    assert (switch.org.slug, switch.direction, switch.cause, switch.actor) == ("idle", "dormant", "sweep", None)
+
+
+def test_a_second_sweep_changes_nothing(make_org):
+    make_org("idle", idle_hours=30)
+    dormancy_sweep(now=clock.now())
+    assert dormancy_sweep(now=clock.now()).switched == ()
+    assert DormancySwitch.objects.count() == 1
+
+
+def test_dry_run_shows_what_it_would_do_and_writes_nothing(make_org):
+    make_org("idle", idle_hours=30)
+    result = dormancy_sweep(now=clock.now(), dry_run=True)
+    assert result.switched == ("idle",)
+    assert "no activity since before" in result.lines[0]
+    assert not Org.objects.get(slug="idle").dormant
+    assert not DormancySwitch.objects.exists()
+
+
+def test_budget_limits_one_sweep_longest_idle_first(make_org):
+    for i, hours in enumerate((30, 50, 40)):
+        make_org(f"org-{i}", idle_hours=hours)
+    assert dormancy_sweep(now=clock.now(), budget=2).switched == ("org-1", "org-2")
+    assert dormancy_sweep(now=clock.now(), budget=2).switched == ("org-0",)
+
+
+def test_command_json_and_dry_run(make_org, capsys):
+    make_org("idle", idle_hours=30)
+    call_command("sweep_dormancy", "--dry-run", "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert out["dormant"] == ["idle"] and out["dry_run"] is True
+    assert not Org.objects.get(slug="idle").dormant
+    call_command("sweep_dormancy")
+    assert "1 org(s) turned dormant" in capsys.readouterr().out
+    assert Org.objects.get(slug="idle").dormant
+
+
+def _a_backend_waits_for_a_row_lock(limit_s: float = 20.0) -> bool:
+    """PostgreSQL's own view of the sweep blocked on the activity's lock (polled, no fixed sleep)."""
+    deadline = time.monotonic() + limit_s
+    probe = connections.create_connection("default")
+    try:
+        while time.monotonic() < deadline:
+            with probe.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                               "AND query LIKE %s", ["%UPDATE orgs_org o SET dormant%"])
+                if cursor.fetchone()[0]:
+                    return True
+        return False
+    finally:
+        probe.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_activity_racing_the_sweep_is_never_lost(make_org, settings):
+    """An activity whose UPDATE holds the row while the sweep runs: the sweep waits for it,
+    re-checks the condition on the new row, and the org ends active."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    org = make_org("racer", idle_hours=30)
+    now = clock.now()
+    activity_conn = connections.create_connection("default")
+    activity_conn.set_autocommit(False)
+    with activity_conn.cursor() as cursor:
+        cursor.execute("UPDATE orgs_org SET last_activity_at = %s WHERE id = %s", [now, org.id])
+    done = {}
+
+    def sweep():
+        done["result"] = dormancy_sweep(now=now)
+        connections.close_all()
+
+    sweeper = threading.Thread(target=sweep)
+    sweeper.start()
+    assert _a_backend_waits_for_a_row_lock(), "the sweep must wait for the activity's row lock"
+    assert sweeper.is_alive()
+    activity_conn.commit()
+    activity_conn.close()
+    sweeper.join(timeout=30)
+    assert done["result"].switched == ()
+    assert not Org.objects.get(id=org.id).dormant
+
+
+@pytest.mark.django_db(transaction=True)
+def test_activity_after_the_sweep_wakes_the_org(make_org, celery_eager):
+    make_org("late", idle_hours=30)
+    dormancy_sweep(now=clock.now())
+    assert Org.objects.get(slug="late").dormant
+    woke = org_mark_active(org_slug="late", cause="activity", at=clock.now() + timedelta(seconds=1))
+    assert woke
+    org = Org.objects.get(slug="late")
+    assert not org.dormant and org.dormant_since is None
+    assert list(org.switches.values_list("direction", flat=True)) == ["active", "dormant"]

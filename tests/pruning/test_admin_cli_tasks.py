@@ -1,0 +1,120 @@
+"""The operator's surfaces: admin pages and restore action, the `prune` command, the beat task."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+from kubernetes import client as k8s
+
+from clusters.models import Cluster
+from pruning.models import PruneDecision, PruneRun
+from pruning.services import PruneParams, prune_run_execute
+
+from pruning_world import World, deployment
+
+pytestmark = [pytest.mark.django_db, pytest.mark.prometheus]
+
+
+@pytest.fixture
+def world(tmp_path, prometheus_factory):
+    with World.start(tmp_path) as w:
+        w.prometheus_factory = prometheus_factory
+        w.create(deployment("web", "team-a", replicas=2, util="0"))
+        w.create(deployment("busy", "team-a", util="80"))
+        w.record_history(minutes=40)
+        prom = w.prometheus()
+        w.cluster = Cluster.objects.create(name="sim", kubeconfig_path=w.kubeconfig, prometheus_url=prom.url)
+        yield w
+
+
+def replicas(world, name="web"):
+    return k8s.AppsV1Api(world.api).read_namespaced_deployment_scale(name, "team-a").spec.replicas
+
+
+def test_run_page_charts_each_pod_and_restore_action_scales_back(world, admin_client):
+    from clusters.kube import gateway_for
+    run = prune_run_execute(kube_gateway=gateway_for(world.cluster), prometheus=world.prometheus(),
+                            now=world.now(), cluster=world.cluster, params=PruneParams(run_mode="scale-down"))
+    assert replicas(world) == 0
+
+    page = admin_client.get(f"/admin/pruning/prunerun/{run.pk}/change/").content.decode()
+    assert page.count('<svg class="prune-chart"') == run.decisions.count() == 2
+    assert "team-a/web-" in page and "owner-already-in-plan" in page
+
+    listing = admin_client.get("/admin/pruning/prunedecision/?result__exact=succeeded").content.decode()
+    assert listing.count('name="_selected_action"') == 1
+    acted = run.decisions.get(result="succeeded")
+    response = admin_client.post("/admin/pruning/prunedecision/",
+                                 {"action": "restore_selected", "_selected_action": [acted.pk]}, follow=True)
+    assert "restored 1" in response.content.decode()
+    assert replicas(world) == 2
+    acted.refresh_from_db()
+    assert (acted.restore, acted.restored_by) == ("restored", "admin")
+
+
+def test_prune_command_json_one_object_per_decision(world):
+    out = io.StringIO()
+    call_command("prune", "--cluster", "sim", "--json", "-r", "scale-down", "--at", world.now().isoformat(),
+                 "-n", "team-.*", stdout=out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == 2
+    assert {(d["decision"], d["reason"]) for d in lines} == {("prune", "idle"), ("skip", "owner-already-in-plan")}
+    acted = next(d for d in lines if d["decision"] == "prune")
+    assert acted["owner"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}
+    assert acted["result"] == "succeeded" and acted["restore_state"] == {"replicas": 2}
+    assert replicas(world) == 0
+
+
+def test_prune_command_is_a_dry_run_by_default_and_says_so(world):
+    out = io.StringIO()
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-t", "30", stdout=out)
+    assert "would scale to zero" in out.getvalue() and "(dry-run)" in out.getvalue()
+    assert replicas(world) == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-n", "team-(a"], "namespace filter 'team-(a' is not a valid regular expression"),
+    (["-m", "(?=x)"], "GPU model filter"),
+    (["--idle-threshold", "5"], "idle threshold is a fraction"),
+    (["--cluster", "nope"], "no cluster named 'nope'"),
+    (["--prometheus-url", "ftp://x"], "must start with http"),
+])
+def test_prune_command_bad_input_is_named(world, args, message):
+    with pytest.raises(CommandError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        call_command("prune", *(["--cluster", "sim"] if "--cluster" not in args else []), *args)
+
+
+def test_daemon_mode_runs_repeatedly(world):
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-d", "-c", "0", "--runs", "2",
+                 stdout=io.StringIO())
+    assert PruneRun.objects.count() == 2
+
+
+def test_beat_schedule_and_task_prune_each_cluster(world, settings, tmp_path):
+    from django_celery_beat.models import PeriodicTask
+
+    from clusters.services import schedules_install
+    from config.celery import app
+    from pruning.tasks import prune_all_clusters
+
+    schedules_install()
+    task = PeriodicTask.objects.get(task="pruning.tasks.prune_all_clusters")
+    assert task.interval.every == 180 and task.interval.period == "seconds" and task.enabled
+
+    # The product's clock, moved to the simulated cluster's time through the offset file.
+    from django.utils import timezone
+    offset = tmp_path / "offset"
+    offset.write_text(str((world.now() - timezone.now()).total_seconds()))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+    settings.PRUNER_RUN_MODE = "scale-down"
+    app.conf.task_always_eager = True
+    try:
+        assert prune_all_clusters() == 1
+    finally:
+        app.conf.task_always_eager = False
+    run = PruneRun.objects.get()
+    assert (run.cluster, run.actor, run.mode, run.acted) == (world.cluster, "", "scale-down", 1)
+    assert replicas(world) == 0
+    assert PruneDecision.objects.filter(run=run, event_sent=True).count() == 1

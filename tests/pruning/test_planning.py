@@ -1,0 +1,143 @@
+"""Pure prune planning: idle rules, owner walk, safety and budgets. No database, no HTTP."""
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from pruning import planning as p
+from pruning.query import GpuSeries
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+OLD = NOW - timedelta(hours=2)
+
+
+def make_pod(name, ns="team-a", *, gpus=1, owner=("ReplicaSet", "rs"), phase="Running",
+             created=OLD, deleting=False, labels=None):
+    return p.PodView(ns, name, f"uid-{name}", phase, created, deleting, gpus, labels or {}, owner)
+
+
+def make_obj(kind, name, ns="team-a", *, owner=None, annotations=None, labels=None,
+             replicas=1, min_replicas=None):
+    return p.ObjectView(kind, ns, name, f"uid-{kind}-{name}", annotations or {}, labels or {},
+                        owner, replicas, min_replicas)
+
+
+def gpu(pod, util, *, ns="team-a", gpu="0", complete=True):
+    return GpuSeries(ns, pod, f"{pod}-GPU-{gpu}", "NVIDIA A10G", "node-1", util, complete)
+
+
+def view(pods, objs, kserve_stop=True):
+    return p.ClusterView({(x.namespace, x.name): x for x in pods},
+                         {(o.kind, o.namespace, o.name): o for o in objs}, kserve_stop)
+
+
+DEPLOY = [make_obj("ReplicaSet", "rs", owner=("Deployment", "web")), make_obj("Deployment", "web")]
+
+
+def plan(series, v, **kw):
+    return p.plan_prune(series=series, view=v, settings=p.PruneSettings(**kw), now=NOW)
+
+
+def only(plan_):
+    assert len(plan_.decisions) == 1, plan_.explain()
+    return plan_.decisions[0]
+
+
+def test_idle_pod_of_a_deployment_is_pruned_through_its_deployment():
+    d = only(plan([gpu("pod-1", 0.0)], view([make_pod("pod-1")], DEPLOY)))
+    assert (d.decision, d.reason, d.owner.kind, d.owner.name, d.method) == \
+        ("prune", "idle", "Deployment", "web", "scale")
+    assert d.owner.api_version == "apps/v1"
+
+
+def test_one_busy_gpu_keeps_a_multi_gpu_pod():
+    pl = plan([gpu("pod-1", 0.0, gpu="0"), gpu("pod-1", 0.0, gpu="1"), gpu("pod-1", 0.4, gpu="2")],
+              view([make_pod("pod-1", gpus=3)], DEPLOY))
+    assert pl.decisions == () and pl.busy == 1 and pl.pods_seen == 1
+
+
+def test_threshold_is_strict_and_configurable():
+    v = view([make_pod("pod-1")], DEPLOY)
+    assert plan([gpu("pod-1", 0.0099)], v).to_prune
+    assert not plan([gpu("pod-1", 0.01)], v).decisions
+    assert plan([gpu("pod-1", 0.04)], v, idle_threshold=0.05).to_prune
+
+
+@pytest.mark.parametrize("pod_kw,series_kw,reason", [
+    ({"created": NOW - timedelta(minutes=34)}, {}, "too-young"),   # window 30 + grace 5
+    ({"phase": "Pending"}, {}, "pending"),
+    ({"deleting": True}, {}, "being-deleted"),
+    ({}, {"complete": False}, "gap-in-data"),
+    ({"gpus": 2}, {}, "missing-gpu-data"),
+    ({"owner": None}, {}, "no-owner"),
+    ({"owner": ("Job", "j")}, {}, "unsupported-owner"),
+    ({"owner": ("ReplicaSet", "gone")}, {}, "owner-not-found"),
+])
+def test_pods_that_are_not_idle_or_not_prunable_are_skipped_with_a_reason(pod_kw, series_kw, reason):
+    d = only(plan([gpu("pod-1", 0.0, **series_kw)], view([make_pod("pod-1", **pod_kw)], DEPLOY)))
+    assert (d.decision, d.reason) == ("skip", reason)
+
+
+def test_pod_just_past_window_plus_grace_is_old_enough():
+    v = view([make_pod("pod-1", created=NOW - timedelta(minutes=35))], DEPLOY)
+    assert only(plan([gpu("pod-1", 0.0)], v)).decision == "prune"
+
+
+def test_series_of_a_pod_the_cluster_no_longer_has():
+    assert only(plan([gpu("ghost", 0.0)], view([], DEPLOY))).reason == "pod-not-found"
+
+
+@pytest.mark.parametrize("pod,objs,kind,name,method,kserve", [
+    (make_pod("p", owner=("ReplicaSet", "bare")), [make_obj("ReplicaSet", "bare")],
+     "ReplicaSet", "bare", "scale", True),
+    (make_pod("p", owner=("StatefulSet", "db")), [make_obj("StatefulSet", "db")],
+     "StatefulSet", "db", "scale", True),
+    (make_pod("p", owner=("StatefulSet", "nb")),
+     [make_obj("StatefulSet", "nb", owner=("Notebook", "nb")), make_obj("Notebook", "nb")],
+     "Notebook", "nb", "notebook-stop", True),
+    (make_pod("p", labels={"serving.kserve.io/inferenceservice": "llm"}, owner=("ReplicaSet", "x")),
+     [make_obj("InferenceService", "llm")], "InferenceService", "llm", "kserve-stop", True),
+    (make_pod("p", labels={"serving.kserve.io/inferenceservice": "llm"}),
+     [make_obj("InferenceService", "llm")], "InferenceService", "llm", "kserve-min-replicas", False),
+    (make_pod("p", owner=("ReplicaSet", "rev-1-deployment-abc")),
+     [make_obj("ReplicaSet", "rev-1-deployment-abc", owner=("Deployment", "rev-1-deployment")),
+      make_obj("Deployment", "rev-1-deployment", owner=("Revision", "rev-1")),
+      make_obj("Revision", "rev-1", labels={"serving.knative.dev/service": "svc"}),
+      make_obj("Service", "svc")], "Service", "svc", "knative-min-scale", True),
+])
+def test_owner_walk_per_kind(pod, objs, kind, name, method, kserve):
+    d = only(plan([gpu("p", 0.0)], view([pod], objs, kserve_stop=kserve)))
+    assert (d.decision, d.owner.kind, d.owner.name, d.method) == ("prune", kind, name, method)
+
+
+def test_each_owner_is_acted_on_once_per_run():
+    pods = [make_pod(f"pod-{i}") for i in range(3)]
+    pl = plan([gpu(f"pod-{i}", 0.0) for i in range(3)], view(pods, DEPLOY))
+    assert [d.decision for d in pl.decisions] == ["prune", "skip", "skip"]
+    assert {d.reason for d in pl.decisions[1:]} == {"owner-already-in-plan"}
+
+
+def test_cap_limits_scale_downs_per_run():
+    pods, objs = [], []
+    for i in range(5):
+        pods.append(make_pod(f"p{i}", owner=("ReplicaSet", f"rs{i}")))
+        objs.append(make_obj("ReplicaSet", f"rs{i}"))
+    pl = plan([gpu(f"p{i}", 0.0) for i in range(5)], view(pods, objs), max_scale_downs=2)
+    assert len(pl.to_prune) == 2
+    assert [d.reason for d in pl.decisions if d.decision == "skip"] == ["cap-reached"] * 3
+
+
+def test_safety_opt_out_protected_namespace_org_and_already_zero():
+    objs = [make_obj("ReplicaSet", "opt", annotations={"capacity.io/prune": "false"}),
+            make_obj("ReplicaSet", "sys", ns="kube-system"),
+            make_obj("ReplicaSet", "org", ns="no-prune"),
+            make_obj("ReplicaSet", "zero", replicas=0)]
+    pods = [make_pod("a", owner=("ReplicaSet", "opt")),
+            make_pod("b", ns="kube-system", owner=("ReplicaSet", "sys")),
+            make_pod("c", ns="no-prune", owner=("ReplicaSet", "org")),
+            make_pod("d", owner=("ReplicaSet", "zero"))]
+    series = [gpu("a", 0), gpu("b", 0, ns="kube-system"), gpu("c", 0, ns="no-prune"), gpu("d", 0)]
+    pl = plan(series, view(pods, objs), org_blocked_namespaces=frozenset({"no-prune"}))
+    assert {d.pod: d.reason for d in pl.decisions} == {
+        "a": "opted-out", "b": "protected-namespace", "c": "org-disallows-scale-to-zero",
+        "d": "already-at-zero"}
+    assert not pl.to_prune

@@ -1,0 +1,101 @@
+"""The shipped demo scenario loads, settles, and shows what the demo needs to show."""
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from simcluster.control import SimControl
+from simcluster.testing import running_cluster
+
+DEMO = Path(__file__).resolve().parents[2] / "simcluster" / "scenarios" / "demo.yaml"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def gpus(pod) -> int:
+    return sum(int((c.resources.limits or {}).get("nvidia.com/gpu", 0)) for c in pod.spec.containers
+               if c.resources)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    started = time.monotonic()
+    with running_cluster(str(DEMO)) as url:
+        api = client.ApiClient(client.Configuration(host=url))
+        control = SimControl(url)
+        control.advance(60)
+        yield url, api, control, time.monotonic() - started
+        api.close()
+
+
+def test_it_starts_and_settles_quickly(demo):
+    *_, elapsed = demo
+    assert elapsed < 30
+
+
+def test_pools_orgs_and_workloads_are_there(demo):
+    _, api, _, _ = demo
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    products = Counter(n.metadata.labels.get("nvidia.com/gpu.product") for n in core.list_node().items)
+    assert products[H100] == 8 and products["NVIDIA-A10G"] == 4
+    orgs = core.list_namespace(label_selector="capacity.io/org").items
+    assert 25 <= len(orgs) <= 35
+    pynodes = custom.list_cluster_custom_object("serving.knative.dev", "v1", "services",
+                                                label_selector="capacity.io/component=pynode")["items"]
+    assert {p["metadata"]["namespace"] for p in pynodes} == {o.metadata.name for o in orgs}
+    models = Counter(i["metadata"]["namespace"] for i in custom.list_cluster_custom_object(
+        "serving.kserve.io", "v1beta1", "inferenceservices")["items"])
+    assert all(1 <= models[o.metadata.name] <= 4 for o in orgs)
+    versions = {ns.metadata.name: ns.metadata.labels.get("app.kubernetes.io/version")
+                for ns in core.list_namespace().items}
+    assert versions["knative-serving"] == "1.21.0" and versions["kserve"] == "v0.15.0"
+
+
+def test_everything_that_fits_is_running_after_a_minute(demo):
+    _, api, _, _ = demo
+    pods = client.CoreV1Api(api).list_pod_for_all_namespaces().items
+    assert pods
+    not_running = [f"{p.metadata.namespace}/{p.metadata.name}: {p.status.phase}" for p in pods
+                   if p.status.phase != "Running"]
+    assert not_running == []
+    isvcs = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "serving.kserve.io", "v1beta1", "inferenceservices")["items"]
+    not_ready = [i["metadata"]["name"] for i in isvcs
+                 if not any(c["type"] == "Ready" and c["status"] == "True"
+                            for c in i.get("status", {}).get("conditions", []))]
+    assert not_ready == []
+
+
+def test_idle_gpu_holders_export_zero_utilization(demo):
+    url, *_ = demo
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        text = response.read().decode()
+    util = next(f for f in text_string_to_metric_families(text) if f.name == "DCGM_FI_DEV_GPU_UTIL")
+    by_pod = defaultdict(list)
+    for sample in util.samples:
+        if "pod" in sample.labels:
+            by_pod[sample.labels["pod"]].append(sample.value)
+    notebook = [v for pod, v in by_pod.items() if pod.startswith("scratch-notebook")]
+    embedder = [v for pod, v in by_pod.items() if pod.startswith("batch-embedder")]
+    assert notebook == [[0.0]] and embedder == [[0.0, 0.0]]
+    assert any(max(v) > 0 for v in by_pod.values())
+
+
+def test_after_idle_models_scale_to_zero_the_h100_pool_is_fragmented(demo):
+    _, api, control, _ = demo
+    control.advance(180)
+    core = client.CoreV1Api(api)
+    used = defaultdict(int)
+    for pod in core.list_pod_for_all_namespaces().items:
+        if pod.spec.node_name and pod.spec.node_name.startswith("gpu-h100") and pod.status.phase == "Running":
+            used[pod.spec.node_name] += gpus(pod)
+    free = {f"gpu-h100-{i:02d}": 8 - used[f"gpu-h100-{i:02d}"] for i in range(8)}
+    # Room for a whole 8-GPU job in total, but on no single node.
+    assert sum(free.values()) >= 8
+    assert max(free.values()) < 8
+    assert sum(1 for n in free.values() if 6 <= n < 8) >= 2    # nodes holding one or two small pods
