@@ -81,6 +81,12 @@ class Store:
             return list(objects.values())
         return [o for (ns, _), o in objects.items() if ns == namespace]
 
+    def every(self) -> list[tuple[ResourceType, dict]]:
+        """Every stored object with its type (the garbage collector's graph)."""
+        with self.lock:
+            return [(rtype, self._objects[rtype.key][(namespace, name)])
+                    for rtype, namespace, name in self._by_uid.values()]
+
     def pods_on_node(self, node_name: str) -> list[dict]:
         return list(self._pods_by_node.get(node_name, {}).values())
 

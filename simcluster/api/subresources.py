@@ -1,12 +1,11 @@
 """The `scale`, `eviction` and `binding` subresources."""
 from __future__ import annotations
 
-import math
-
 from werkzeug.wrappers import Request, Response
 
 from .. import errors
 from ..clock import rfc3339
+from ..controllers.disruption import budget
 from ..resources import PDBS, PODS, ResourceType
 from ..selectors import selector_from_match_labels
 from ..sim import Simulation
@@ -61,37 +60,14 @@ def scale_update(sim: Simulation, route: Route, scale: dict, *, dry_run: bool) -
 
 
 # ---- eviction (policy/v1 Eviction) -----------------------------------------------------
-def _pod_healthy(pod: dict) -> bool:
-    if pod["metadata"].get("deletionTimestamp"):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def _resolve(value, total: int) -> int:
-    """An IntOrString: "30%" of `total` rounded up, as intstr.GetScaledValueFromIntOrPercent."""
-    if isinstance(value, str) and value.endswith("%"):
-        return math.ceil(int(value[:-1]) * total / 100)
-    return int(value)
-
-
 def pdb_allowance(sim: Simulation, pdb: dict) -> tuple[int, int, int]:
     """(disruptionsAllowed, desiredHealthy, currentHealthy) from the PDB's status when
     its controller has written one, computed from the pods otherwise."""
     status = pdb.get("status") or {}
     if "disruptionsAllowed" in status:
         return status["disruptionsAllowed"], status.get("desiredHealthy", 0), status.get("currentHealthy", 0)
-    spec = pdb.get("spec") or {}
-    match = selector_from_match_labels(spec.get("selector"))
-    pods = [p for p in sim.store.all(PODS, pdb["metadata"]["namespace"])
-            if match(p["metadata"].get("labels") or {})]
-    expected = len(pods)
-    healthy = sum(1 for p in pods if _pod_healthy(p))
-    if spec.get("maxUnavailable") is not None:
-        desired = expected - _resolve(spec["maxUnavailable"], expected)
-    else:
-        desired = _resolve(spec.get("minAvailable", 0), expected)
-    return max(0, healthy - desired), desired, healthy
+    _, healthy, desired, allowed = budget(pdb, sim.store.all(PODS, pdb["metadata"]["namespace"]))
+    return allowed, desired, healthy
 
 
 def evict(sim: Simulation, route: Route, request: Request) -> Response:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 
 def default_controllers() -> list:
+    from .daemonset import DaemonSetController
+    from .deployment import DeploymentController
+    from .disruption import DisruptionController
+    from .garbagecollector import GarbageCollectorController
     from .install import InstallController
     from .kserve import InferenceServiceController
     from .knative import ConfigurationController, KPAController, RevisionController, ServiceController
+    from .kubelet import KubeletController
     from .kthena import ModelServingController
     from .notebook import NotebookController
+    from .replicaset import ReplicaSetController
+    from .scheduler import SchedulerController
+    from .statefulset import StatefulSetController
     serving = [InstallController(), InferenceServiceController(), ServiceController(),
                ConfigurationController(), RevisionController(), KPAController(), NotebookController(),
                ModelServingController()]
-    return serving + []
+    workloads = [DeploymentController(), ReplicaSetController(), StatefulSetController(), DaemonSetController(),
+                 GarbageCollectorController(), DisruptionController()]
+    return serving + workloads + [SchedulerController(), KubeletController()]
