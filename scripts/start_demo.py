@@ -7,13 +7,16 @@
    cluster (sync_orgs);
 3. web (Django on http://127.0.0.1:8000/admin/), a Celery worker and beat — on Redis
    when one answers at REDIS_URL (default redis://127.0.0.1:6379/0), else on kombu's
-   filesystem transport under var/.
+   filesystem transport under var/;
+4. Prometheus scraping the simulated cluster's DCGM exporter (`/metrics`) when the
+   `prometheus` binary is installed, so the pruner reads real data; said clearly when not.
 
 Ctrl-C stops everything. Needs no root and no services.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +30,9 @@ VAR = ROOT / "var"
 PY = sys.executable
 OPERATOR = ("operator", "operator-demo")
 WEB_PORT = int(os.environ.get("DEMO_WEB_PORT", "8000"))
+PROMETHEUS_PORT = int(os.environ.get("DEMO_PROMETHEUS_PORT", "9090"))
+# Scrape as often as dcgm-exporter is usually scraped; the pruner's window is minutes.
+SCRAPE_INTERVAL = "15s"
 
 
 def redis_answers(url: str) -> bool:
@@ -47,6 +53,24 @@ def wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
         if time.monotonic() > deadline:
             sys.exit(f"the simulated cluster wrote no {path} within {seconds:.0f}s")
         time.sleep(0.2)
+
+
+def cluster_url(kubeconfig: Path) -> str:
+    import yaml
+
+    config = yaml.safe_load(kubeconfig.read_text())
+    return config["clusters"][0]["cluster"]["server"]
+
+
+def prometheus_config(sim_url: str) -> str:
+    """A scrape job for the simulated DCGM exporter; honor_labels keeps the exporter's
+    own `pod`/`namespace` labels, the scheme the pruner detects by default."""
+    target = urlparse(sim_url).netloc
+    return (f"global:\n  scrape_interval: {SCRAPE_INTERVAL}\n"
+            "scrape_configs:\n"
+            "  - job_name: dcgm-exporter\n"
+            "    honor_labels: true\n"
+            f"    static_configs:\n      - targets: ['{target}']\n")
 
 
 def main() -> None:
@@ -98,6 +122,17 @@ def main() -> None:
             f"u = U.objects.filter(username='{OPERATOR[0]}').first() or "
             f"U.objects.create_superuser('{OPERATOR[0]}', 'operator@example.com', '{OPERATOR[1]}')")],
             cwd=ROOT, env=env, check=True)
+        prometheus = shutil.which("prometheus")
+        if prometheus:
+            config = VAR / "prometheus.yml"
+            config.write_text(prometheus_config(cluster_url(kubeconfig)))
+            env["PROMETHEUS_URL"] = f"http://127.0.0.1:{PROMETHEUS_PORT}"
+            start("prometheus", prometheus, f"--config.file={config}", f"--storage.tsdb.path={VAR / 'prometheus'}",
+                  f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}")
+            metrics = f"Prometheus {env['PROMETHEUS_URL']} scraping the simulated DCGM exporter"
+        else:
+            metrics = ("OFF: no `prometheus` binary (apt-get install prometheus); the pruner has no GPU "
+                       "data and finds nothing idle")
         subprocess.run([*manage, "sync_orgs"], cwd=ROOT, env=env, check=False)
         start("web", *manage, "runserver", f"127.0.0.1:{WEB_PORT}", "--noreload")
         start("worker", PY, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2")
@@ -107,6 +142,7 @@ def main() -> None:
     admin:    http://127.0.0.1:{WEB_PORT}/admin/   user {OPERATOR[0]!r}  password {OPERATOR[1]!r}
     cluster:  simulated, kubeconfig {kubeconfig}  (kubectl --kubeconfig {kubeconfig} get pods -A)
     broker:   {broker}
+    metrics:  {metrics}
   Ctrl-C stops everything.
 """, flush=True)
         while True:

@@ -51,6 +51,8 @@ class Store:
         self._by_uid: dict[str, tuple[ResourceType, str, str]] = {}
         self._history: deque[WatchEvent] = deque(maxlen=history)
         self._compacted_rv = 0   # events at or below this rv are no longer in the history
+        # Uids of objects erased from this store: the garbage collector's "owner is gone".
+        self.removed_uids: set[str] = set()
         self.write_listeners: list[Callable[[WatchEvent], None]] = []
 
     # ---- reads ---------------------------------------------------------------------
@@ -266,6 +268,7 @@ class Store:
             raise errors.not_found(rtype.plural, meta["name"], rtype.group)
         self._unindex(rtype, current)
         self._by_uid.pop(meta.get("uid"), None)
+        self.removed_uids.add(meta.get("uid"))
         final = copy(obj)
         final["metadata"]["resourceVersion"] = self._next_rv()
         self._record("DELETED", rtype, final, current)

@@ -1,7 +1,10 @@
 """The garbage collector, after pkg/controller/garbagecollector.
 
-- A dependent whose owners are all gone is deleted (Background). An owner reference
-  is gone when no object has its uid any more.
+- A dependent whose owners are all gone is deleted (Background). An owner is gone when
+  it was erased from this cluster. A reference to an owner the scenario never had (a
+  partial `kubectl get -o json` dump, a test fixture) is left alone: the simulation
+  cannot know that owner is absent rather than just not loaded, and a rehearsal on a
+  copy of production must not lose the pods it was given.
 - A dependent that keeps at least one owner loses only the references that dangle.
 - An owner deleted with `propagationPolicy=Foreground` carries the `foregroundDeletion`
   finalizer: its dependents are deleted, and once none is left the finalizer is removed,
@@ -22,7 +25,7 @@ class GarbageCollectorController:
     def reconcile(self, sim) -> None:
         store = sim.store
         objects = store.every()
-        live_uids = {obj["metadata"]["uid"] for _, obj in objects}
+        removed = store.removed_uids
         dependents: dict[str, list[tuple[object, dict]]] = {}
         for rtype, obj in objects:
             refs = obj["metadata"].get("ownerReferences")
@@ -30,7 +33,7 @@ class GarbageCollectorController:
                 continue
             for ref in refs:
                 dependents.setdefault(ref.get("uid"), []).append((rtype, obj))
-            alive = [r for r in refs if r.get("uid") in live_uids]
+            alive = [r for r in refs if r.get("uid") not in removed]
             if len(alive) == len(refs):
                 continue
             meta = obj["metadata"]

@@ -1,0 +1,105 @@
+"""The per-cluster home dashboard, as an operator reads it."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.utils import timezone
+
+from capacity.dashboard import gpu_summary
+from capacity.models import DefragJob, JobState
+from capacity.planning import fragmentation_view
+from clusters.snapshot import snapshot_take
+from defrag_builders import make_model_pod, make_node
+from orgs.models import Org
+from pruning.models import PruneRun
+
+pytestmark = pytest.mark.django_db
+
+
+def running(pod: dict) -> dict:
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return pod
+
+
+def objects():
+    """Two H100 nodes (one 6/8 used, one empty), one A10G node (1/1 used)."""
+    return [make_node("h1"), make_node("h2"),
+            make_node("a1", gpus=1, product="NVIDIA-A10G", pool="a10g"),
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}},
+            running(make_model_pod("big-1", revision="big-00001", node="h1", gpus=6)),
+            running(make_model_pod("small-1", revision="small-00001", node="a1", gpus=1))]
+
+
+@pytest.fixture
+def staff(django_user_model, client):
+    user = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(user)
+    return user
+
+
+def cells(html: str, table_id: str) -> list[list[str]]:
+    table = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S).group(1)
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)
+            if "<td>" in row]
+
+
+def test_summary_totals_gpus_per_product_and_counts_fragments(sim_cluster_factory):
+    handle = sim_cluster_factory(objects(), name="sim")
+    view = fragmentation_view(snapshot_take(handle.gateway, now=timezone.now()))
+    summary = gpu_summary(view)
+    by_product = {p.product: p for p in summary.products}
+    h100 = by_product["NVIDIA-H100-80GB-HBM3"]
+    assert (h100.nodes, h100.total, h100.used, h100.free) == (2, 16, 6, 10)
+    assert (h100.empty_nodes, h100.fragmented_nodes, h100.stranded) == (1, 1, 2)
+    a10g = by_product["NVIDIA-A10G"]
+    assert (a10g.total, a10g.used, a10g.free, a10g.fragmented_nodes) == (1, 1, 0, 0)
+    assert (summary.total, summary.used, summary.free) == (17, 7, 10)
+
+
+def test_dashboard_shows_gpus_orgs_jobs_and_prune_runs(sim_cluster_factory, client, staff):
+    handle = sim_cluster_factory(objects(), name="sim")
+    now = timezone.now()
+    Org.objects.create(slug="quiet", cluster=handle.cluster, namespace="quiet", dormant=True, dormant_since=now)
+    Org.objects.create(slug="busy", cluster=handle.cluster, namespace="busy", last_activity_at=now)
+    DefragJob.objects.create(cluster=handle.cluster, node_name="h1", state=JobState.WAITING, created_at=now,
+                             requested_by=staff)
+    PruneRun.objects.create(cluster=handle.cluster, evaluated_at=now, pods_seen=12, idle_candidates=3)
+
+    page = client.get("/capacity/clusters/sim/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    products = {row[0]: row[1:5] for row in cells(html, "gpus-by-product")}
+    assert products["NVIDIA-H100-80GB-HBM3"] == ["2", "16", "6", "10"]
+    assert products["NVIDIA-A10G"] == ["1", "1", "1", "0"]
+    assert "<strong>1</strong> dormant of 2" in html
+    jobs = cells(html, "jobs")
+    assert jobs[0][1:4] == ["h1", "pods orphaned, waiting for replacements", "ops"]
+    runs = cells(html, "prune-runs")
+    assert runs[0][3:5] == ["12", "3"]
+    # Each candidate offers the defrag action with its confirmation page; the node a job
+    # holds is no candidate.
+    assert [row[0] for row in cells(html, "candidates")] == ["a1"]
+    assert "/admin/capacity/defragjob/start/?cluster=sim&amp;node=a1" in html
+
+
+def test_the_admin_home_lists_clusters_with_their_dashboard(sim_cluster_factory, client, staff):
+    sim_cluster_factory(objects(), name="sim")
+    html = client.get("/admin/").content.decode()
+    assert 'href="/capacity/clusters/sim/"' in html and 'href="/capacity/clusters/sim/gpu-map/"' in html
+
+
+def test_unreachable_cluster_is_said_and_the_rest_still_shows(sim_cluster_factory, client, staff):
+    handle = sim_cluster_factory(objects(), name="sim")
+    handle.server.stop()
+    page = client.get("/capacity/clusters/sim/")
+    assert page.status_code == 502
+    html = page.content.decode()
+    assert "Cannot read the cluster" in html and "dormant of 0" in html
+
+
+def test_unknown_cluster_404_and_anonymous_goes_to_login(client, django_user_model):
+    assert client.get("/capacity/clusters/nope/").status_code == 302       # not logged in → login page
+    user = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(user)
+    assert client.get("/capacity/clusters/nope/").status_code == 404
