@@ -1,0 +1,114 @@
+"""An operator defrags a fragmented node from the panel, in a real browser."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from playwright.sync_api import expect
+
+from capacity.models import DefragJob, JobState
+from clusters import kube
+from capacity.services import defrag_job_step
+from config import clock
+from tests.browser.conftest import shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+NS = "org-a"
+SERVICE = "llama"
+
+
+def scenario() -> list[dict]:
+    """Three 8-GPU H100 nodes and one model at 3 replicas: the default spread placement
+    puts one pod on each node, so every node holds a 1-GPU fragment."""
+    nodes = [{"apiVersion": "v1", "kind": "Node",
+              "metadata": {"name": f"h100-{i}", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                                                           "karpenter.sh/nodepool": "h100"}},
+              "status": {"capacity": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1000Gi", "pods": "110"},
+                         "allocatable": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1000Gi", "pods": "110"}}}
+             for i in (1, 2, 3)]
+    service = {"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+               "metadata": {"name": SERVICE, "namespace": NS},
+               "spec": {"template": {
+                   "metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "3",
+                                                "autoscaling.knative.dev/max-scale": "10"}},
+                   "spec": {"containers": [{"name": "model", "image": "registry.example.com/llama:1",
+                                            "resources": {"limits": {"nvidia.com/gpu": "1"},
+                                                          "requests": {"nvidia.com/gpu": "1"}}}]}}}}
+    return [*nodes, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}, service]
+
+
+@pytest.fixture
+def cluster(sim_cluster_factory):
+    handle = sim_cluster_factory(scenario(), name="sim")
+    handle.advance(60)   # pods scheduled, started and Ready
+    return handle
+
+
+def log_in(page, base: str, username: str, password: str) -> None:
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    expect(page.locator("#clusters-panel")).to_be_visible()
+
+
+def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live_server, cluster, browser_page,
+                                                                             django_user_model):
+    django_user_model.objects.create_superuser("oncall", "oncall@example.com", "s3cret-pass")
+    page = browser_page
+    log_in(page, live_server.url, "oncall", "s3cret-pass")
+
+    page.click("#clusters-panel >> text=GPU map")
+    expect(page.locator("svg#gpu-map g.node")).to_have_count(3)
+    shot(page, "1-gpu-map")
+
+    # The first candidate: a node whose only pod fits in the free GPUs of the others.
+    first = page.locator("a.button", has_text="defrag this node").first
+    node = re.search(r"node=([\w.-]+)", first.get_attribute("href")).group(1)
+    first.click()
+    expect(page.locator("#report")).to_contain_text("Found pods to defrag")
+    expect(page.locator("#report")).to_contain_text(f"{NS}/{SERVICE}-00001-deployment-")
+    shot(page, "2-confirm")
+    page.fill("input[name=poll_interval]", "1")
+    page.click("button[name=confirm]")
+
+    expect(page.locator("#defrag-state")).to_be_visible()
+    job = DefragJob.objects.get(node_name=node)
+    assert job.requested_by.username == "oncall"
+
+    # The worker's part, run here against the simulated clock: step the job while the
+    # cluster moves on; the open page follows on its own (it polls the job's progress).
+    for _ in range(40):
+        job = defrag_job_step(job=job, now=clock.now())
+        if job.state == JobState.SAFE:
+            break
+        cluster.advance(5)
+    assert job.state == JobState.SAFE, job.log
+    expect(page.locator("#defrag-state")).to_have_text("safe to defrag/remove node", timeout=20_000)
+    expect(page.locator("#defrag-log")).to_contain_text("Safe to defrag/remove node")
+    shot(page, "3-job-safe")
+
+    # The job is in the history, and the map marks the node as cordoned and held.
+    page.goto(f"{live_server.url}/admin/capacity/defragjob/")
+    expect(page.locator("#result_list")).to_contain_text(node)
+    page.goto(f"{live_server.url}/capacity/clusters/sim/gpu-map/")
+    expect(page.locator(f'g.node[data-node="{node}"]')).to_contain_text("⛔")
+    shot(page, "4-history-and-map")
+
+
+def test_an_operator_without_the_permission_cannot_start_a_defrag(live_server, cluster, browser_page,
+                                                                 django_user_model):
+    viewer = django_user_model.objects.create_user("viewer", "viewer@example.com", "s3cret-pass", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_defragjob"))
+    page = browser_page
+    log_in(page, live_server.url, "viewer", "s3cret-pass")
+
+    page.goto(f"{live_server.url}/capacity/clusters/sim/gpu-map/")
+    first = page.locator("a.button", has_text="defrag this node").first
+    response = page.goto(live_server.url + first.get_attribute("href"))
+    assert response.status == 403
+    shot(page, "5-forbidden")
+    assert not DefragJob.objects.exists()
+    assert not any(n.get("spec", {}).get("unschedulable") for n in cluster.gateway.list(kube.NODES))
