@@ -110,7 +110,14 @@ class ClusterSnapshot:
                    _by_node=MappingProxyType({k: tuple(v) for k, v in by_node.items()}))
 
 
+# Objects per LIST page for a whole-cluster snapshot. kubectl pages by 500, but each page
+# is a round trip and the API server re-walks the list for every page; 5,000 keeps a
+# 10,000-pod snapshot to three requests while a 100,000-pod one still pages.
+SNAPSHOT_PAGE_SIZE = 5000
+
+
 def snapshot_take(gateway: kube.KubeGateway, *, now: datetime, namespace: str | None = None) -> ClusterSnapshot:
-    nodes = [NodeView.from_object(o) for o in gateway.list(kube.NODES)]
-    pods = [PodView.from_object(o) for o in gateway.list(kube.PODS, namespace=namespace)]
+    nodes = [NodeView.from_object(o) for o in gateway.list(kube.NODES, page_size=SNAPSHOT_PAGE_SIZE)]
+    pods = [PodView.from_object(o) for o in gateway.list(kube.PODS, namespace=namespace,
+                                                          page_size=SNAPSHOT_PAGE_SIZE)]
     return ClusterSnapshot.build(taken_at=now, nodes=nodes, pods=pods)
