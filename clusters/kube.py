@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import kubernetes.client
 import kubernetes.config
 import orjson
+import prometheus_client
 import tenacity
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -35,6 +36,13 @@ from clusters.errors import (
     Unavailable,
     error_for_status,
 )
+
+# Process-wide counters for /metrics (config/observability.py): every attempt, retries
+# included, as in `KubeGateway.calls`; errors by HTTP code (0 = no answer).
+API_CALLS = prometheus_client.Counter("gpu_capacity_kube_api_calls", "Kubernetes API requests made.",
+                                      ["cluster", "verb", "resource"])
+API_ERRORS = prometheus_client.Counter("gpu_capacity_kube_api_errors", "Kubernetes API requests that failed.",
+                                       ["cluster", "verb", "resource", "code"])
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,7 @@ class KubeGateway:
         self._lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()
         self.retries: Counter[tuple[str, str]] = Counter()
+        self.errors: Counter[tuple[str, str]] = Counter()
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -235,8 +244,24 @@ class KubeGateway:
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(self._send_once, verb, resource, method, path, query, body, content_type,
+        return retrying(self._send_counted, verb, resource, method, path, query, body, content_type,
                         stream, timeout)
+
+    def _send_counted(self, verb, resource, *args):
+        """One attempt, also counted process-wide, its failure in `errors` too."""
+        API_CALLS.labels(self.name, verb, resource.name).inc()
+        try:
+            return self._send_once(verb, resource, *args)
+        except KubeError as exc:
+            self._count(self.errors, verb, resource)
+            API_ERRORS.labels(self.name, verb, resource.name, str(exc.code)).inc()
+            raise
+
+    def ping(self, *, timeout: float = 5.0) -> None:
+        """Is the API answering us? One cheap list (one namespace), no retries: a readiness
+        probe answers within its own timeout. Raises the gateway's errors."""
+        self._send_counted("list", NAMESPACES, "GET", NAMESPACES.path(), [("limit", 1)], None, None, False,
+                           timeout)
 
     def _send_once(self, verb, resource, method, path, query, body, content_type, stream, timeout):
         self._count(self.calls, verb, resource)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("VAR_DIR", default=str(BASE_DIR / "var")))
@@ -17,11 +18,36 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="insecure-dev-key-change-me" if DEBUG else "")
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
-    # A missing secret in production is a configuration error; the demo sets DJANGO_DEBUG.
-    SECRET_KEY = "insecure-dev-key-set-DJANGO_SECRET_KEY"
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set. With DJANGO_DEBUG off the secret key must come from the "
+            "environment (50+ random characters: python -c 'import secrets; print(secrets.token_urlsafe(50))'). "
+            "For a local demo set DJANGO_DEBUG=1 instead (make demo does).")
+    SECRET_KEY = "django-insecure-demo-key-only-valid-with-DJANGO_DEBUG"
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])  # https://panel.example.com
+
+# --- HTTPS: on by default when DEBUG is off (`manage.py check --deploy` is clean) ----------
+# DJANGO_HTTPS=0 only where the panel is really served over plain HTTP (tests, a laptop).
+HTTPS = env.bool("DJANGO_HTTPS", default=not DEBUG)
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=HTTPS)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS else 0)  # 1 year
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=HTTPS)
+if env.bool("DJANGO_TRUST_X_FORWARDED_PROTO", default=False):
+    # Only behind a TLS-terminating proxy that sets (and strips any client's) X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_AGE = env.int("DJANGO_SESSION_COOKIE_AGE", default=8 * 3600)  # seconds: one shift
+
+# --- The control plane's own observability (config/observability.py, config/health.py) ---
+# Bearer token for /metrics; unset = /metrics open with DEBUG on, 403 with DEBUG off.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+READYZ_TIMEOUT_SECONDS = env.float("READYZ_TIMEOUT_SECONDS", default=2.0)  # per check
 
 INSTALLED_APPS = [
     "admin_interface",
@@ -42,6 +68,9 @@ X_FRAME_OPTIONS = "SAMEORIGIN"  # django-admin-interface shows related-object po
 SILENCED_SYSTEM_CHECKS = ["security.W019"]
 
 MIDDLEWARE = [
+    # IMPORTANT: first, before any Host check or HTTPS redirect (probes and scrapes reach
+    # a pod by IP over plain HTTP; see config/health.py).
+    "config.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",  # django-admin-interface's language chooser
@@ -81,12 +110,22 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
+# LOG_FORMAT=json: one JSON object per line (config/logformat.py); default human text.
+LOG_FORMAT = env.str("LOG_FORMAT", default="text").lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be 'text' or 'json', not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "config.logformat.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+# Celery's worker replaces the root logger's handlers unless told not to: keep JSON lines JSON.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = LOG_FORMAT != "json"
 
 # --- Redis: the cross-process activity throttle and the Celery broker ----------------
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -172,6 +211,11 @@ BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default="capacity.io/servin
 # Overwrite costs an operator set by hand (pods without our marker annotation).
 BINPACK_OVERRIDE_MANUAL = env.bool("BINPACK_OVERRIDE_MANUAL", default=False)
 BINPACK_MAX_WRITES = env.int("BINPACK_MAX_WRITES", default=10_000)  # pods patched per run
+# "Delete the old revision" (seed 002) stops that revision's pods with this grace period,
+# in seconds (0..300; Knative's own is the revision timeout, 300 s), so the Pending
+# revision gets the GPUs at once. Not 0: a forced delete frees the GPU in the API while
+# the old container may still hold it.
+RUNBOOK_UNBLOCK_GRACE_SECONDS = env.int("RUNBOOK_UNBLOCK_GRACE_SECONDS", default=5)
 # Resource defaults per model framework (KServe modelFormat name; "default" for the rest).
 # A ResourceSpec in the admin overrides any of them for one model.
 RUNBOOK_RESOURCE_DEFAULTS = {

@@ -1,11 +1,18 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from config.health import healthz, readyz
+from config.observability import metrics_view
+
 # The admin home page starts with the clusters box (dashboard and GPU map links).
 admin.site.index_template = "admin/gpu_index.html"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Also answered first by config.health.ProbeMiddleware (before Host checks and redirects).
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("capacity/", include("capacity.urls")),
     path("api/orgs/", include("orgs.urls")),
 ]

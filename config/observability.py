@@ -1,0 +1,215 @@
+"""The control plane's own metrics: `/metrics` in the Prometheus text format.
+
+Three sources, merged at scrape time:
+
+* process counters kept by prometheus-client: Kubernetes API calls and errors by
+  cluster, verb and resource (`clusters.kube` counts them on every request), and Celery
+  task durations (the `task_prerun`/`task_postrun` signals below);
+* `DatabaseCollector`, which reads the database when scraped: defrag jobs by state, prune
+  decisions and actions, prune runs, dormancy switches, orgs dormant or active. Those
+  facts live in rows written by any process (web, worker, beat), so the database is the
+  one place that knows them all; aggregate queries keep a scrape cheap at any size;
+* with `PROMETHEUS_MULTIPROC_DIR` set (prometheus-client's multiprocess mode, needed
+  for gunicorn workers or a prefork Celery pool), the counters of every process
+  sharing that directory.
+
+A Celery worker serves its own process counters on `CELERY_METRICS_PORT` when set.
+
+Access: with `METRICS_TOKEN` set, `/metrics` wants `Authorization: Bearer <token>`;
+without it, `/metrics` is open only when DEBUG is on (the demo) and 403 otherwise.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+from typing import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+# Celery task run time, seconds; buckets from a quick reconcile to a long defrag step.
+TASK_DURATION = Histogram(
+    "gpu_capacity_task_duration_seconds", "Run time of Celery tasks, by task name and final state.",
+    ["task", "state"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+_task_started: dict[str, float] = {}
+_task_started_lock = threading.Lock()
+
+
+# --- Celery signals -----------------------------------------------------------------------
+def _task_prerun(task_id=None, task=None, **_) -> None:
+    with _task_started_lock:
+        _task_started[task_id] = time.perf_counter()
+
+
+def _task_postrun(task_id=None, task=None, state=None, **_) -> None:
+    with _task_started_lock:
+        started = _task_started.pop(task_id, None)
+    if started is None:
+        return
+    name = getattr(task, "name", None) or "unknown"
+    TASK_DURATION.labels(task=name, state=state or "UNKNOWN").observe(time.perf_counter() - started)
+
+
+def _worker_metrics_server(**_) -> None:
+    """Serve this worker's counters on CELERY_METRICS_PORT (unset: no server)."""
+    port = os.environ.get("CELERY_METRICS_PORT", "")
+    if not port:
+        return
+    from prometheus_client import start_http_server
+
+    start_http_server(int(port), addr=os.environ.get("CELERY_METRICS_ADDR", "0.0.0.0"),
+                      registry=_process_registry())
+    log.info("worker metrics on port %s", port)
+
+
+def _worker_process_shutdown(pid=None, **_) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())
+
+
+def connect_celery_signals() -> None:
+    """Wire the task-duration histogram and the worker's metrics server (idempotent)."""
+    from celery import signals
+
+    signals.task_prerun.connect(_task_prerun, weak=False, dispatch_uid="gpu_capacity_task_prerun")
+    signals.task_postrun.connect(_task_postrun, weak=False, dispatch_uid="gpu_capacity_task_postrun")
+    signals.worker_ready.connect(_worker_metrics_server, weak=False, dispatch_uid="gpu_capacity_worker_metrics")
+    signals.worker_process_shutdown.connect(_worker_process_shutdown, weak=False,
+                                            dispatch_uid="gpu_capacity_worker_process_shutdown")
+
+
+# --- what the database knows --------------------------------------------------------------
+class DatabaseCollector:
+    """Gauges and counters read from the database at scrape time (no state in the process)."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gpu_capacity_database_scrape_ok",
+                               "1 when the database answered the metrics queries of this scrape.")
+        try:
+            families = list(self._families())
+        except Exception as exc:  # noqa: BLE001 - a scrape reports the failure, never 500s
+            log.warning("metrics: database queries failed: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self) -> Iterator[Metric]:
+        from django.db.models import Count
+
+        from capacity.models import DefragJob, JobState
+        from clusters.models import Cluster
+        from orgs.models import DormancySwitch, Org
+        from pruning.models import PruneDecision, PruneRun
+
+        clusters = list(Cluster.objects.values_list("name", flat=True))
+
+        jobs = GaugeMetricFamily("gpu_capacity_defrag_jobs", "Defrag jobs by cluster and state.",
+                                 labels=["cluster", "state"])
+        counts = {(row["cluster__name"], row["state"]): row["n"]
+                  for row in DefragJob.objects.values("cluster__name", "state").annotate(n=Count("id"))}
+        for cluster in clusters:  # every state of every cluster, zeros included, so rates work
+            for state in JobState.values:
+                jobs.add_metric([cluster, state], counts.get((cluster, state), 0))
+        yield jobs
+
+        runs = CounterMetricFamily("gpu_capacity_prune_runs", "Prune runs by cluster, mode and outcome.",
+                                   labels=["cluster", "mode", "status"])
+        for row in PruneRun.objects.values("cluster__name", "mode", "status").annotate(n=Count("id")):
+            runs.add_metric([row["cluster__name"] or "", row["mode"], row["status"]], row["n"])
+        yield runs
+
+        decisions = CounterMetricFamily(
+            "gpu_capacity_prune_decisions",
+            "Prune decisions by cluster, decision (prune/skip) and action result "
+            "(none, dry-run, succeeded, failed).",
+            labels=["cluster", "decision", "result"])
+        for row in (PruneDecision.objects.values("run__cluster__name", "decision", "result")
+                    .annotate(n=Count("id"))):
+            decisions.add_metric([row["run__cluster__name"] or "", row["decision"], row["result"] or "none"],
+                                 row["n"])
+        yield decisions
+
+        switches = CounterMetricFamily("gpu_capacity_dormancy_switches",
+                                       "Org dormancy switches by cluster, direction and cause.",
+                                       labels=["cluster", "direction", "cause"])
+        for row in (DormancySwitch.objects.values("org__cluster__name", "direction", "cause")
+                    .annotate(n=Count("id"))):
+            switches.add_metric([row["org__cluster__name"], row["direction"], row["cause"]], row["n"])
+        yield switches
+
+        orgs = GaugeMetricFamily("gpu_capacity_orgs", "Orgs by cluster and dormancy.",
+                                 labels=["cluster", "state"])
+        org_counts = {(row["cluster__name"], row["dormant"]): row["n"]
+                      for row in Org.objects.values("cluster__name", "dormant").annotate(n=Count("id"))}
+        for cluster in clusters:
+            orgs.add_metric([cluster, "dormant"], org_counts.get((cluster, True), 0))
+            orgs.add_metric([cluster, "active"], org_counts.get((cluster, False), 0))
+        yield orgs
+
+
+# --- exposition -----------------------------------------------------------------------------
+def _process_registry():
+    """This process's counters, or every process's in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return REGISTRY
+
+
+class _Merged:
+    def __init__(self, *sources):
+        self._sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        for source in self._sources:
+            yield from source.collect()
+
+
+def metrics_text() -> bytes:
+    """The whole exposition: process (or multiprocess) counters, then the database's."""
+    return generate_latest(_Merged(_process_registry(), DatabaseCollector()))
+
+
+def bearer_token_ok(request) -> bool:
+    """The request carries `Authorization: Bearer <METRICS_TOKEN>` (compared in constant time)."""
+    from django.conf import settings
+
+    expected = settings.METRICS_TOKEN
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    scheme, _, given = header.partition(" ")
+    return bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                                               expected.encode())
+
+
+def metrics_view(request):
+    from django.conf import settings
+    from django.http import HttpResponse
+
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse("method not allowed\n", status=405, content_type="text/plain")
+    if settings.METRICS_TOKEN:
+        if not bearer_token_ok(request):
+            response = HttpResponse("a valid bearer token is required (METRICS_TOKEN)\n", status=401,
+                                    content_type="text/plain")
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+            return response
+    elif not settings.DEBUG:
+        return HttpResponse("metrics are disabled: set METRICS_TOKEN (or DJANGO_DEBUG=1 for a demo)\n",
+                            status=403, content_type="text/plain")
+    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_LATEST)
