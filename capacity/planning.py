@@ -6,7 +6,7 @@ The rules are the seed's (`/work/shared/seeds/000_c8979cc70a1e55c1.txt`) plus wh
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
@@ -162,6 +162,16 @@ def pod_classify(pod: PodView) -> tuple[str, str]:
     return Role.BLOCKER, f"owned by {owner.kind} {owner.name}"
 
 
+def blockers_remaining(pods: Iterable[PodView], *, node: str, own_orphans: Collection[str]) -> list[str]:
+    """Pods on `node` that still keep it unsafe once every revision is covered, as
+    "ns/name (why)". The job's own orphans (by uid) are not blockers: they have no
+    controller precisely because the job released them, and the job tracks them until
+    they are gone (drain evicts them, abort deletes them)."""
+    return [f"{p.namespace}/{p.name} ({why})" for p in sorted(pods, key=lambda p: (p.namespace, p.name))
+            if p.node_name == node and p.uid not in own_orphans
+            for role, why in [pod_classify(p)] if role == Role.BLOCKER]
+
+
 def defrag_plan(*, node: NodeView, pods: Iterable[PodView],
                 scales: Mapping[tuple[str, str], RevisionScale]) -> DefragPlan:
     """The discovery report of step 1: every pod on the node, and per revision its scales.
@@ -197,6 +207,24 @@ def defrag_plan(*, node: NodeView, pods: Iterable[PodView],
                                        pods=tuple(m.name for m in members)))
     return DefragPlan(node=node.name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
                       unschedulable=node.unschedulable, pods=tuple(entries), revisions=tuple(revisions))
+
+
+def replicaset_ready_pods(pods: Iterable[Mapping], *, replicaset: str) -> int:
+    """Pods (API dicts) the ReplicaSet itself controls that are Running, Ready and not
+    terminating: what a revision serves without any orphan. Read from the pods, not from
+    the ReplicaSet's `status.readyReplicas`, which still counts a just-released orphan
+    until the ReplicaSet controller next syncs (abort right after orphaning)."""
+    count = 0
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+        if owner is None or owner.get("kind") != "ReplicaSet" or owner.get("name") != replicaset:
+            continue
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+            continue
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()):
+            count += 1
+    return count
 
 
 def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial_replicas: int,

@@ -34,14 +34,17 @@ from capacity.models import (
     OrphanState,
 )
 from capacity.planning import (
+    REVISION_LABEL,
     TEMPLATE_HASH_LABEL,
     DefragPlan,
     RevisionScale,
     Role,
+    blockers_remaining,
     defrag_plan,
     orphan_patch,
     pod_classify,
     progress_line,
+    replicaset_ready_pods,
     revision_satisfied,
 )
 
@@ -400,8 +403,8 @@ def _step_wait(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None
 def _finish_safe(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
     """Every revision is over-provisioned enough. Safe, unless other pods still block the node."""
     pods = [PodView.from_object(p) for p in gateway.list(kube.PODS, field_selector=f"spec.nodeName={job.node_name}")]
-    blockers = [f"{p.namespace}/{p.name} ({why})" for p in pods
-                for role, why in [pod_classify(p)] if role == Role.BLOCKER]
+    own = set(job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).values_list("uid", flat=True))
+    blockers = blockers_remaining(pods, node=job.node_name, own_orphans=own)
     job.safe_at = now
     job.next_check_at = None
     if blockers:
@@ -544,28 +547,32 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
         job.next_check_at = now + timedelta(seconds=min(job.poll_interval_seconds, EVICTION_RETRY_SECONDS))
         _commit(job, now=now)
         return
+    audits = []
     if job.delete_node:
         try:
             gateway.delete(kube.NODES, job.node_name)
         except NotFound:
             pass  # deleted before a crash, or by someone else: the outcome wanted
-        message = f"Node {job.node_name} deleted"
-        _append_log(job, message)
-        _commit(job, now=now, audits=[dict(action="node_delete", target=f"Node/{job.node_name}")])
+        _append_log(job, f"Node {job.node_name} deleted")
+        audits.append(dict(action="node_delete", target=f"Node/{job.node_name}"))
     job.state, job.finished_at, job.next_check_at = JobState.DRAINED, now, None
     _append_log(job, f"Node {job.node_name} drained")
     _event(gateway, job, _node_ref(job), reason="DefragDrained", message=f"Node {job.node_name} drained", now=now)
+    # IMPORTANT: the node deletion and the final state in one record: a worker dying between
+    # two records would redo the (harmless, NotFound) delete and audit it twice.
     _commit(job, fields=["state", "finished_at"], now=now,
-            audits=[dict(action="job_drain", target=f"Node/{job.node_name}")])
+            audits=audits + [dict(action="job_drain", target=f"Node/{job.node_name}")])
 
 
 def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, evict: bool) -> int:
     """Evict (drain) or delete (abort) the orphans; returns how many are not gone yet."""
     waiting = 0
+    back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
             "revision"):
         target = f"Pod/{orphan.namespace}/{orphan.pod_name}"
-        if _get_pod(gateway, orphan) is None:
+        pod = _get_pod(gateway, orphan)
+        if pod is None:
             orphan.state, orphan.gone_at = OrphanState.GONE, now
             _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} gone")
             _commit(job, orphans=[orphan], now=now, audits=[dict(action="pod_gone", target=target)])
@@ -574,6 +581,15 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         if orphan.state == OrphanState.DELETING:
             continue  # terminating: wait for its grace period
         if evict:
+            message = f"Evicted by defrag job #{job.pk} (drain of {job.node_name})"
+        else:
+            message = f"Deleted by defrag job #{job.pk} (abort): its revision is back to scale"
+        action = "pod_evict" if evict else "pod_delete"
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            # Already terminating: our request went out before a worker died (or someone else
+            # deleted it). Record it now; asking again would repeat the side effect.
+            pass
+        elif evict:
             try:
                 gateway.evict(orphan.pod_name, namespace=orphan.namespace)
             except TooManyRequests as exc:
@@ -583,11 +599,14 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                 continue
             except NotFound:
                 continue  # gone meanwhile: seen as gone on the next pass
-            action, message = "pod_evict", f"Evicted by defrag job #{job.pk} (drain of {job.node_name})"
         else:
-            rs = gateway.get(kube.REPLICASETS, orphan.revision.replicaset, namespace=orphan.namespace)
-            wanted = _scale((rs.get("spec") or {}).get("replicas"))
-            ready = _scale((rs.get("status") or {}).get("readyReplicas"))
+            if orphan.revision_id not in back:
+                rs = gateway.get(kube.REPLICASETS, orphan.revision.replicaset, namespace=orphan.namespace)
+                pods = gateway.list(kube.PODS, namespace=orphan.namespace,
+                                    label_selector=f"{REVISION_LABEL}={orphan.revision.revision}")
+                back[orphan.revision_id] = (replicaset_ready_pods(pods, replicaset=orphan.revision.replicaset),
+                                            _scale((rs.get("spec") or {}).get("replicas")))
+            ready, wanted = back[orphan.revision_id]
             if ready < wanted:
                 _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} kept: revision "
                                  f"{orphan.revision.revision} has {ready}/{wanted} ready without it")
@@ -596,7 +615,6 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                 gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
             except (NotFound, Conflict):
                 continue  # gone (or replaced under the same name) meanwhile
-            action, message = "pod_delete", f"Deleted by defrag job #{job.pk} (abort): its revision is back to scale"
         orphan.state = OrphanState.DELETING
         _event(gateway, job, _pod_ref(orphan), reason="DefragEvict" if evict else "DefragDelete",
                message=message, now=now)

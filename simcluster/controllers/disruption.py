@@ -16,12 +16,19 @@ from ._util import by_namespace, int_or_percent, is_deleting, pod_ready, set_con
 DELETION_TIMEOUT = timedelta(minutes=2)
 
 
+def pdb_selector(selector: dict | None):
+    """policy/v1: an empty selector selects every pod of the namespace, a null one none."""
+    if selector is None:
+        return lambda labels: False
+    return selector_from_match_labels(selector)
+
+
 def budget(pdb: dict, pods: list[dict]) -> tuple[int, int, int, int]:
     """(expected, currentHealthy, desiredHealthy, disruptionsAllowed) of `pdb` over the
     namespace's `pods`. Percentages round up, as getExpectedScale does; a pod being
     deleted or not Ready is not healthy."""
     spec = pdb.get("spec") or {}
-    match = selector_from_match_labels(spec.get("selector"))
+    match = pdb_selector(spec.get("selector"))
     selected = [p for p in pods if match(p["metadata"].get("labels") or {})]
     disrupted = set(((pdb.get("status") or {}).get("disruptedPods") or {}).keys())
     expected = len(selected)
@@ -56,13 +63,21 @@ class DisruptionController:
                     sim.wake_at(since + DELETION_TIMEOUT)
             view = dict(pdb, status={**old, "disruptedPods": disrupted})
             expected, healthy, desired, allowed = budget(view, pods)
+            conditions = set_condition(
+                old.get("conditions"), "DisruptionAllowed", "True" if allowed > 0 else "False", now,
+                reason="SufficientPods" if allowed > 0 else "InsufficientPods")
+            for cond in conditions:
+                if cond.get("type") == "DisruptionAllowed":
+                    # metav1.Condition: `message` is required (no omitempty), so the API server
+                    # serves "" (UpdateDisruptionAllowedCondition sets none); clients that validate
+                    # the schema (kubernetes-client V1Condition) reject a condition without it.
+                    cond.setdefault("message", "")
+                    cond["observedGeneration"] = pdb["metadata"].get("generation", 1)
             status = {
                 "observedGeneration": pdb["metadata"].get("generation", 1),
                 "expectedPods": expected, "currentHealthy": healthy, "desiredHealthy": desired,
                 "disruptionsAllowed": allowed,
-                "conditions": set_condition(
-                    old.get("conditions"), "DisruptionAllowed", "True" if allowed > 0 else "False", now,
-                    reason="SufficientPods" if allowed > 0 else "InsufficientPods"),
+                "conditions": conditions,
             }
             if disrupted:
                 status["disruptedPods"] = disrupted

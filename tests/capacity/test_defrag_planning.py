@@ -10,11 +10,13 @@ from capacity.planning import (
     DefragPlan,
     RevisionScale,
     Role,
+    blockers_remaining,
     defrag_plan,
     fragmentation_view,
     orphan_patch,
     pod_classify,
     progress_line,
+    replicaset_ready_pods,
     revision_satisfied,
 )
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
@@ -167,3 +169,30 @@ def test_same_org_and_model_get_the_same_colour_on_every_node():
     rows = {r.name: r for r in fragmentation_view(snapshot(nodes, pods)).rows}
     assert rows["a"].cells[0].colour == rows["b"].cells[0].colour
     assert rows["b"].cells[1].colour != rows["b"].cells[0].colour
+
+
+def test_the_jobs_own_orphans_are_not_blockers_but_other_bare_pods_are():
+    orphan = make_pod("orphan", uid="u-orphan", labels={"serving.knative.dev/revision": REV})  # released by the job
+    stranger = make_pod("scratch", uid="u-scratch")
+    elsewhere = make_pod("away", uid="u-away", node="n2")
+    pods = [PodView.from_object(p) for p in (orphan, stranger, elsewhere)]
+    assert blockers_remaining(pods, node="n1", own_orphans={"u-orphan"}) == [
+        "org-a/scratch (bare pod (no controller would replace it))"]
+    assert len(blockers_remaining(pods, node="n1", own_orphans=set())) == 2
+
+
+def ready(pod: dict, *, is_ready: bool = True, deleting: bool = False) -> dict:
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": str(is_ready)}]}
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return pod
+
+
+def test_ready_pods_of_a_replicaset_leave_out_orphans_unready_and_terminating_pods():
+    rs = f"{REV}-deployment-547cc9b97f"
+    pods = [ready(make_model_pod("a", revision=REV)), ready(make_model_pod("b", revision=REV)),
+            ready(make_pod("orphan", labels={"serving.knative.dev/revision": REV})),
+            ready(make_model_pod("starting", revision=REV), is_ready=False),
+            ready(make_model_pod("going", revision=REV), deleting=True),
+            ready(make_model_pod("old", revision=REV, template_hash="0ld"))]
+    assert replicaset_ready_pods(pods, replicaset=rs) == 2

@@ -146,6 +146,11 @@ def test_blockers_are_reported_before_confirmation_and_keep_the_node_unsafe(defr
     assert job.state == JobState.BLOCKED
     assert "scratch" in job.log[-1]
     assert world.kube.pod_exists(NS, "scratch")            # never touched
+    # The pod the job orphaned itself has no controller either, but it is a tracked orphan, not a blocker.
+    [orphan] = job.orphans.all()
+    assert orphan.state == OrphanState.ORPHANED and orphan.pod_name not in job.log[-1]
+    assert DefragAudit.objects.get(job=job, action="job_blocked").new == {
+        "blockers": [f"{NS}/scratch (bare pod (no controller would replace it))"]}
 
 
 def test_conflicts_while_orphaning_are_retried_and_each_pod_orphaned_once(defrag_world):
@@ -281,6 +286,135 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
     assert node not in [n.metadata.name for n in world.kube.core.list_node().items]
     assert world.gateway.calls[("evict", "pods")] >= 2
     assert job.orphans.get().state == OrphanState.GONE
+
+
+def crash_on(monkeypatch, what: str):
+    """Kill the worker as it records `what` (an audit action, or the move to state `what`),
+    after the side effect it records was made. Once only: the next worker runs normally."""
+    real_audit, real_commit = services._audit, services._commit
+    fired = []
+
+    def fire():
+        if not fired:
+            fired.append(what)
+            raise WorkerKilled
+
+    def audit(job, **kwargs):
+        if kwargs["action"] == what:
+            fire()
+        return real_audit(job, **kwargs)
+
+    def commit(job, *, fields=(), orphans=(), audits=(), now):
+        if "state" in fields and job.state == what:
+            fire()
+        return real_commit(job, fields=fields, orphans=orphans, audits=audits, now=now)
+
+    monkeypatch.setattr(services, "_audit", audit)
+    monkeypatch.setattr(services, "_commit", commit)
+    return fired
+
+
+def drive(world, job_id: int, until: str, *, on_rest=None, dt: float = 1.0, max_steps: int = 200) -> DefragJob:
+    """Step job `job_id` as workers would, a killed worker's successor reloading the recorded
+    state; `on_rest(job)` is the operator acting on a resting job (drain, abort)."""
+    job = DefragJob.objects.get(pk=job_id)
+    for _ in range(max_steps):
+        try:
+            if on_rest is not None and job.state in (JobState.SAFE, JobState.WAITING, JobState.FAILED):
+                job = on_rest(job)
+            job = step(world, job)
+        except WorkerKilled:
+            job = DefragJob.objects.get(pk=job_id)
+        if job.state == until:
+            return job
+        world.advance(dt)
+    raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")
+
+
+def audit_counts(job) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for action in DefragAudit.objects.filter(job=job).values_list("action", flat=True):
+        counts[action] = counts.get(action, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("killed_at", ["scales_record", "node_cordon", "pod_orphan", JobState.WAITING, "job_safe",
+                                       "drain_request", "pod_evict", "pod_gone", "node_delete"])
+def test_a_worker_killed_in_every_step_up_to_drain_resumes_without_repeating_a_side_effect(
+        defrag_world, monkeypatch, killed_at):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    [pod] = world.kube.pods(node=node)
+    job_id = start_job(world, node).pk
+    fired = crash_on(monkeypatch, killed_at)
+
+    def drain(job):
+        if job.state == JobState.SAFE:
+            job = defrag_job_drain(job=job, actor=None, delete_node=True, now=world.now(), enqueue=False)
+        return job
+
+    job = drive(world, job_id, JobState.DRAINED, on_rest=drain, dt=2)
+    assert fired == [killed_at]
+    assert node not in [n.metadata.name for n in world.kube.core.list_node().items]
+    assert not world.kube.pod_exists(NS, pod.metadata.name)
+    assert job.orphans.get().state == OrphanState.GONE
+    assert world.gateway.calls[("patch", "nodes")] == 1                  # cordoned once
+    assert world.gateway.calls[("patch", "pods")] == 1                   # orphaned once
+    assert world.gateway.calls[("evict", "pods")] == 1                   # evicted once
+    assert audit_counts(job) == {"job_confirm": 1, "scales_record": 1, "node_cordon": 1, "pod_orphan": 1,
+                                 "job_safe": 1, "drain_request": 1, "pod_evict": 1, "pod_gone": 1,
+                                 "node_delete": 1, "job_drain": 1}
+    assert len(world.kube.events(NS, "DefragOrphan")) == 1
+    assert len(world.kube.events(NS, "DefragEvict")) == 1
+    assert len(world.kube.events("default", "DefragCordon")) == 1
+
+
+@pytest.mark.parametrize("killed_at", ["abort_request", "node_uncordon", "pod_delete", "pod_gone", JobState.ABORTED])
+def test_a_worker_killed_in_every_step_of_an_abort_resumes_without_repeating_a_side_effect(
+        defrag_world, monkeypatch, killed_at):
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job = run_until(world, start_job(world, node), {JobState.WAITING}, dt=0)
+    [orphan] = job.orphans.all()
+    fired = crash_on(monkeypatch, killed_at)
+
+    def abort(job):
+        return defrag_job_abort(job=job, actor=None, now=world.now(), enqueue=False)
+
+    job = drive(world, job.pk, JobState.ABORTED, on_rest=abort, dt=2)
+    assert fired == [killed_at]
+    assert not world.kube.node_cordoned(node)
+    assert not world.kube.pod_exists(NS, orphan.pod_name)
+    assert job.orphans.get().state == OrphanState.GONE
+    assert world.kube.actual_scale() == 3
+    assert world.gateway.calls[("patch", "nodes")] == 2                  # cordon, uncordon
+    assert world.gateway.calls[("delete", "pods")] == 1                  # the orphan, once
+    assert audit_counts(job) == {"job_confirm": 1, "scales_record": 1, "node_cordon": 1, "pod_orphan": 1,
+                                 "abort_request": 1, "node_uncordon": 1, "pod_delete": 1, "pod_gone": 1,
+                                 "job_abort": 1}
+    assert len(world.kube.events(NS, "DefragDelete")) == 1
+    assert len(world.kube.events("default", "DefragAbort")) == 1
+
+
+def test_a_timed_out_job_can_be_aborted_once_its_replacement_finds_room(defrag_world):
+    world = defrag_world(scenario(knative_service(min_scale=1, gpus=8), nodes=1))
+    world.kube.core.create_node(kubernetes_node("n2"))
+    world.kube.core.create_namespaced_pod(NS, make_pod("hog", namespace=NS, node="n2", gpus=8))
+    world.advance(10)
+    job = run_until(world, start_job(world, "n1", timeout_seconds=60, poll_interval_seconds=10),
+                    {JobState.WAITING}, dt=0)
+    job = run_until(world, job, {JobState.FAILED}, dt=30)
+    [orphan] = job.orphans.all()
+    assert orphan.state == OrphanState.ORPHANED
+    assert world.kube.pod_exists(NS, orphan.pod_name)       # still serving after the time-out
+    world.kube.core.delete_namespaced_pod("hog", NS)        # room appears on n2
+    job = defrag_job_abort(job=job, actor=None, now=world.now(), enqueue=False)
+    job = run_until(world, job, {JobState.ABORTED}, dt=5)
+    assert not world.kube.node_cordoned("n1")
+    assert not world.kube.pod_exists(NS, orphan.pod_name)
+    assert job.orphans.get().state == OrphanState.GONE
+    [replacement] = world.kube.pods(revision=REVISION)
+    assert replacement.spec.node_name == "n2" and replacement.metadata.owner_references
 
 
 def test_one_live_job_per_node_and_a_per_cluster_limit(defrag_world, settings):
