@@ -16,25 +16,28 @@ from capacity.models import DefragAudit, DefragJob, DefragOrphan, DefragRevision
 from capacity.services import DefragError, defrag_discover, defrag_job_abort, defrag_job_drain, defrag_job_start
 
 
-class RevisionInline(admin.TabularInline):
-    model = DefragRevision
+class ReadOnlyInline(admin.TabularInline):
+    """A job's rows are written by the job only: shown, never added or edited here."""
     extra = 0
     can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class RevisionInline(ReadOnlyInline):
+    model = DefragRevision
     readonly_fields = [f.name for f in DefragRevision._meta.fields]
 
 
-class OrphanInline(admin.TabularInline):
+class OrphanInline(ReadOnlyInline):
     model = DefragOrphan
-    extra = 0
-    can_delete = False
     readonly_fields = [f.name for f in DefragOrphan._meta.fields if f.name != "owner_references"]
     exclude = ["owner_references"]
 
 
-class AuditInline(admin.TabularInline):
+class AuditInline(ReadOnlyInline):
     model = DefragAudit
-    extra = 0
-    can_delete = False
     readonly_fields = [f.name for f in DefragAudit._meta.fields]
 
 
@@ -67,7 +70,10 @@ class DefragJobAdmin(admin.ModelAdmin):
         return super().changelist_view(request, extra_context=extra)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"), **(extra_context or {})}
+        # Every field is the job's own record: no Save buttons; operators act through
+        # the drain and abort pages, each with its confirmation.
+        extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"), "show_save": False,
+                 "show_save_and_continue": False, "show_save_and_add_another": False, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def _job_url(self, job: DefragJob) -> str:

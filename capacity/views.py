@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
@@ -14,6 +15,8 @@ from capacity.selectors import defrag_job_progress, fragmentation_for
 
 CELL = 18  # px per GPU cell in the map
 LABEL_WIDTH = 330  # px for the node name column
+NODES_PER_PAGE = 100  # map rows per page: a 1,000-node fleet is ten pages, not one huge SVG
+TOP_CANDIDATES = 25  # "where to defrag" rows shown (the best first)
 
 
 @staff_member_required
@@ -32,13 +35,16 @@ def gpu_map(request, cluster: str):
         view = fragmentation_for(cluster=cluster_row, now=clock.now(), pool=pool)
     except KubeError as exc:
         return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
-    width = max((len(r.cells) for r in view.rows), default=8)
+    page = Paginator(view.rows, NODES_PER_PAGE).get_page(request.GET.get("page"))
+    width = max((len(r.cells) for r in page.object_list), default=8)
     rows = [{"row": r, "y": i * (CELL + 6), "cells": [{"x": LABEL_WIDTH + j * CELL, "cell": c}
                                                        for j, c in enumerate(r.cells)]}
-            for i, r in enumerate(view.rows)]
-    legend = sorted({(c.org, c.model, c.colour) for r in view.rows for c in r.cells if c.pod})
+            for i, r in enumerate(page.object_list)]
+    legend = sorted({(c.org, c.model, c.colour) for r in page.object_list for c in r.cells if c.pod})
     return render(request, "capacity/gpu_map.html", {
-        "cluster": cluster_row, "view": view, "rows": rows, "pool": pool, "legend": legend,
+        "title": f"GPU map — {cluster_row.name}",
+        "cluster": cluster_row, "view": view, "rows": rows, "pool": pool, "legend": legend, "page": page,
+        "candidates": view.candidates[:TOP_CANDIDATES],
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
         "cell": CELL - 2, "text_x": LABEL_WIDTH + width * CELL + 8,
     })

@@ -103,3 +103,17 @@ def test_unknown_cluster_404_and_anonymous_goes_to_login(client, django_user_mod
     user = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
     client.force_login(user)
     assert client.get("/capacity/clusters/nope/").status_code == 404
+
+
+def test_gpu_map_pages_a_big_fleet_and_keeps_the_pool_filter(sim_cluster_factory, client, staff):
+    nodes = [make_node(f"h{i:03d}") for i in range(230)] + [make_node("a1", gpus=1, product="NVIDIA-A10G",
+                                                                      pool="a10g")]
+    sim_cluster_factory(nodes, name="sim")
+    first = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert first.count('class="node"') == 100
+    assert "Nodes 1–100 of 231" in first
+    last = client.get("/capacity/clusters/sim/gpu-map/?page=3").content.decode()
+    assert last.count('class="node"') == 31 and 'data-node="h229"' in last
+    assert 'data-node="a1"' in first and 'data-node="a1"' not in last     # nodes go by name
+    pool = client.get("/capacity/clusters/sim/gpu-map/?pool=a10g").content.decode()
+    assert pool.count('class="node"') == 1 and 'id="map-pages"' not in pool
