@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
 KSVC_LABEL = "serving.knative.dev/service"
 REVISION_LABEL = "serving.knative.dev/revision"
+REVISION_UID_LABEL = "serving.knative.dev/revisionUID"
 COMPONENT_LABEL = "capacity.io/component"
 ORG_LABEL = "capacity.io/org"
 MODEL_LABEL = "capacity.io/model"

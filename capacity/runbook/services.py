@@ -14,7 +14,7 @@ from django.db import transaction
 from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel
 from capacity.runbook import planning
 from clusters import kube
-from clusters.errors import KubeError, NotFound
+from clusters.errors import Conflict, KubeError, NotFound
 from clusters.models import Cluster
 from config import clock
 
@@ -130,19 +130,37 @@ def model_redeploy(*, model: ServedModel, actor) -> str:
 # --- unblock a Pending deployment ----------------------------------------------------------------
 def revision_delete_old(*, model: ServedModel, revision: str, actor) -> planning.Unblock:
     """Delete `revision` so the Pending newer revision gets its GPUs (seed 002). NOT
-    graceful: the old revision's pods stop at once. Refused unless, on a fresh read, the
-    newest revision still waits for GPUs while `revision` holds some."""
+    graceful: the old revision's pods stop at once (`RUNBOOK_UNBLOCK_GRACE_SECONDS`).
+    Refused unless, on a fresh read, the newest revision still waits for GPUs while
+    `revision` holds some."""
     gateway = kube.gateway_for(model.cluster)
     entry = _entry(model, gateway)
     unblock = next((u for u in (entry.unblocks if entry else ()) if u.old_revision == revision), None)
     if unblock is None:
         raise RunbookRefused(f"{revision} is not blocking a Pending revision of {model} any more: nothing deleted")
     rev = gateway.get(kube.REVISIONS, revision, namespace=model.namespace)
-    gateway.delete(kube.REVISIONS, revision, namespace=model.namespace, uid=rev["metadata"]["uid"],
-                   propagation="Background")
+    rev_uid = rev["metadata"]["uid"]
+    gateway.delete(kube.REVISIONS, revision, namespace=model.namespace, uid=rev_uid, propagation="Background")
+    # The garbage collector would delete the pods with their own grace period (Knative
+    # sets it to the revision timeout, 300 s by default): the GPUs would stay held, and
+    # the new revision Pending, that long. Stop them now, as the seed's `kubectl delete
+    # revision` was meant to. IMPORTANT: after the revision is gone, so that no
+    # ReplicaSet of it replaces them. A second delete only ever shortens a grace period.
+    grace = settings.RUNBOOK_UNBLOCK_GRACE_SECONDS
+    stopped = []
+    for pod in gateway.list(kube.PODS, namespace=model.namespace,
+                            label_selector=f"{planning.REVISION_UID_LABEL}={rev_uid}"):
+        meta = pod["metadata"]
+        try:
+            gateway.delete(kube.PODS, meta["name"], namespace=model.namespace, uid=meta["uid"],
+                           grace_period_seconds=grace)
+        except (NotFound, Conflict):
+            continue   # gone, or a new pod under that name: not the one we meant
+        stopped.append(meta["name"])
     _audit(action="revision_delete_old", actor=actor, cluster=model.cluster, target=f"{model.namespace}/{revision}",
            old={"revision": revision, "gpus_held": unblock.gpus_held, "pending_revision": unblock.pending_revision},
-           new={"deleted": revision, "reason": unblock.reason})
+           new={"deleted": revision, "reason": unblock.reason, "pods_stopped": stopped,
+                "grace_seconds": grace})
     return unblock
 
 

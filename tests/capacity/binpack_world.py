@@ -18,6 +18,10 @@ from simcluster.generate import node as node_doc
 
 GROUP, VERSION, PLURAL = "workload.serving.volcano.sh", "v1alpha1", "modelservings"
 POOL = "capacity.io/pool"
+# The scenario's pods name a scheduler of their own, so the cluster's default scheduler
+# leaves them Pending and `World.place` binds each where the scenario says (what a
+# second scheduler does, through the same `binding` subresource).
+PLACER = "binpack-scenario-placer"
 
 
 @dataclass
@@ -72,7 +76,7 @@ def cluster_docs(tags_nodes: dict[str, int]) -> list[dict]:
 
 def modelserving(tag: str, name: str, groups: int, *, opt_out: bool) -> dict:
     annotations = {"capacity.io/binpack": "false"} if opt_out else {}
-    template = {"spec": {"nodeSelector": {POOL: tag}, "containers": [{
+    template = {"spec": {"schedulerName": PLACER, "nodeSelector": {POOL: tag}, "containers": [{
         "name": "serve", "image": "vllm/vllm-openai:v0.6",
         "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelServing",
@@ -99,7 +103,7 @@ class World:
                                                      modelserving(tag, w, len(groups), opt_out=opt_out))
 
     def place(self, tag: str, scenario: Scenario) -> None:
-        """Bind each group's pod to its node (the pods a scheduler already bound stay)."""
+        """Bind each group's pod to its node (pods already bound stay where they are)."""
         for pod in self.core.list_namespaced_pod(tag).items:
             if pod.spec.node_name:
                 continue

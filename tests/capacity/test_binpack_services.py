@@ -22,8 +22,10 @@ NS = "team"
 
 
 def rs_doc(name: str, *, replicas: int, annotations=None, owner=None) -> dict:
+    # The ReplicaSet carries its selector's labels: a Deployment claims ReplicaSets by
+    # their own labels and releases those that do not match (as upstream does).
     meta = {"name": name, "namespace": NS, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
-            "annotations": annotations or {}}
+            "labels": {"app": name}, "annotations": annotations or {}}
     if owner:
         meta["ownerReferences"] = [owner]
     return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta,
@@ -44,8 +46,11 @@ def pod_doc(name: str, rs: dict, node: str, *, annotations=None) -> dict:
 
 
 def scenario() -> list[dict]:
-    """n1: a-0, a-1, b-0 (shared); n2: a-2 alone; n3: b-1 by-hand; n4: c-0 (opted out via its Deployment)."""
-    a, b = rs_doc("a", replicas=3), rs_doc("b", replicas=2)
+    """n1: a-0, a-1, b-0 (shared); n2: a-2 alone; n3: b-1 by-hand; n4: c-0 (opted out via its Deployment).
+
+    Replica counts match the pods each ReplicaSet owns (b: b-0, b-1 and `web`), else the
+    running ReplicaSet controller deletes or adds pods before the test starts."""
+    a, b = rs_doc("a", replicas=3), rs_doc("b", replicas=3)
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
                   "metadata": {"name": "c", "namespace": NS, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "deploy/c")),
                                "annotations": {bp.OPT_OUT: "false"}},
@@ -99,8 +104,13 @@ def test_only_pods_whose_cost_changes_are_patched(world):
     handle, core = world
     pod_deletion_costs_apply(cluster=handle.cluster)
     before = {n: cost_of(core, n) for n in ("a-0", "a-1", "a-2", "b-0")}
-    core.delete_namespaced_pod("b-0", NS, grace_period_seconds=0)  # n1 is now a's alone
+    # n1 is now a's alone. b is scaled down with it, else its ReplicaSet would replace
+    # b-0 (and the scheduler could put the new pod anywhere).
+    apps = kubernetes.client.AppsV1Api(core.api_client)
+    apps.patch_namespaced_replica_set_scale("b", NS, {"spec": {"replicas": 2}})
+    core.delete_namespaced_pod("b-0", NS, grace_period_seconds=0)
     handle.advance(0)
+    assert {p.metadata.name for p in core.list_namespaced_pod(NS).items} == {"a-0", "a-1", "a-2", "b-1", "c-0", "web"}
     calls = patches(handle)
     run, _ = pod_deletion_costs_apply(cluster=handle.cluster)
     changed = {n for n in ("a-0", "a-1", "a-2") if cost_of(core, n) != before[n]}

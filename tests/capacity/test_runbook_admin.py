@@ -105,6 +105,18 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     audit = list(RunbookAudit.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
     assert audit == [("model_redeploy", user.username, f"{NS}/zq86d3o"),
                      ("revision_delete_old", user.username, f"{NS}/zq86d3o-predictor-00001")]
+    stopped = RunbookAudit.objects.get(action="revision_delete_old").new["pods_stopped"]
+    assert [name.startswith("zq86d3o-predictor-00001-deployment-") for name in stopped] == [True]
+
+
+def test_redeploy_needs_its_permission(world, client):
+    handle, crd, core = world
+    model = the_model(handle)
+    operator(client)                                                   # may view, not redeploy
+    form = {"action": "redeploy", "_selected_action": [model.pk], "confirm": "yes"}
+    client.post("/admin/capacity/servedmodel/", form)
+    handle.advance(60)
+    assert revisions(crd) == ["zq86d3o-predictor-00001"] and not RunbookAudit.objects.exists()
 
 
 def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):
