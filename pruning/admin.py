@@ -78,7 +78,8 @@ class PruneDecisionAdmin(admin.ModelAdmin):
         from config import clock
 
         done = changed = 0
-        for decision in queryset.select_related("run__cluster"):
+        selected = list(queryset.select_related("run__cluster"))
+        for decision in selected:
             if not decision.restorable:
                 continue
             cluster = decision.run.cluster
@@ -98,4 +99,7 @@ class PruneDecisionAdmin(admin.ModelAdmin):
                 changed += 1
             else:
                 self.message_user(request, f"{decision}: {result.error}", messages.ERROR)
-        self.message_user(request, f"restored {done}; left alone {changed} changed since the prune")
+        # Django's admin shows messages through `capfirst`: lead with the count so the
+        # verbs read as written.
+        self.message_user(request, f"{len(selected)} selected: restored {done}; left alone {changed} "
+                                   "changed since the prune")

@@ -18,12 +18,14 @@ def sparkline(points: list[tuple[float, float]], *, start: float, end: float, th
         return f"{x:.1f},{y:.1f}"
 
     line = " ".join(xy(t, v) for t, v in points)
-    ty = HEIGHT - 2 - threshold * (HEIGHT - 4)
+    # format_html escapes every argument into a SafeString first, so numbers are
+    # formatted here: a format spec such as `{:.1f}` in the template would raise.
+    ty = f"{HEIGHT - 2 - max(0.0, min(threshold, 1.0)) * (HEIGHT - 4):.1f}"
     peak = max(v for _, v in points)
     return format_html(
         '<svg class="prune-chart" width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
         'aria-label="GPU utilization, max {}">'
         '<rect width="100%" height="100%" fill="#f6f6f6"/>'
-        '<line x1="0" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#c33" stroke-dasharray="3,2"/>'
+        '<line x1="0" x2="{}" y1="{}" y2="{}" stroke="#c33" stroke-dasharray="3,2"/>'
         '<polyline fill="none" stroke="#36c" stroke-width="1.5" points="{}"/></svg>',
         WIDTH, HEIGHT, WIDTH, HEIGHT, f"{peak:.3f}", WIDTH, ty, ty, line)

@@ -135,15 +135,27 @@ class GpuSeries:
     complete: bool                  # samples throughout the window, no gap
 
 
-def parse_result(samples) -> list[GpuSeries]:
+def workload_of(labels: dict, label_scheme: str = "auto") -> tuple[str, str]:
+    """(namespace, pod) a series belongs to under `label_scheme`.
+
+    "pod" reads only `pod`/`namespace`, even on a series that also has `exported_pod`: on
+    an honor_labels=false scrape those name the exporter's own pod, and that is what the
+    operator asked for. "exported" reads only the exported_* pair; "auto" prefers it."""
+    if label_scheme not in SCHEMES:
+        raise FilterError(f"label scheme must be one of {', '.join(SCHEMES)}, got {label_scheme!r}")
+    if label_scheme != "pod" and labels.get("exported_pod"):
+        return labels.get("exported_namespace", ""), labels["exported_pod"]
+    if label_scheme == "exported":
+        return "", ""
+    return labels.get("namespace", ""), labels.get("pod", "")
+
+
+def parse_result(samples, *, label_scheme: str = "auto") -> list[GpuSeries]:
     """Turn the query's vector (items with `.labels` and `.value`) into one `GpuSeries` per GPU."""
     out = []
     for item in samples:
         labels = item.labels
-        if labels.get("exported_pod"):
-            ns, pod = labels.get("exported_namespace", ""), labels["exported_pod"]
-        else:
-            ns, pod = labels.get("namespace", ""), labels.get("pod", "")
+        ns, pod = workload_of(labels, label_scheme)
         if not pod:
             continue
         value = float(item.value)

@@ -134,7 +134,7 @@ def utilization_history(*, prometheus, run, pods: list[tuple[str, str]], points:
     """(namespace, pod) -> [(unix time, utilization 0–1)] over the run's window: one range query."""
     from datetime import timedelta
 
-    from .query import utilization_history_promql
+    from .query import utilization_history_promql, workload_of
 
     if not pods:
         return {}
@@ -147,8 +147,7 @@ def utilization_history(*, prometheus, run, pods: list[tuple[str, str]], points:
     out: dict[tuple[str, str], list] = {}
     for series in result:
         labels = series.get("metric", {})
-        key = ((labels.get("exported_namespace"), labels.get("exported_pod")) if labels.get("exported_pod")
-               else (labels.get("namespace"), labels.get("pod")))
+        key = workload_of(labels, scheme)
         out.setdefault(key, []).extend((float(t), float(v)) for t, v in series.get("values", []))
     for values in out.values():
         values.sort()

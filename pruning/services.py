@@ -53,6 +53,7 @@ class PruneParams:
             raise ValueError(f"grace period must be >= 0 seconds, got {self.grace_seconds!r}")
         if self.max_scale_downs < 0:
             raise ValueError(f"cap on scale-downs must be >= 0, got {self.max_scale_downs!r}")
+        self.query()  # filters, label scheme and gap resolution fail here, before any run is recorded
 
     @classmethod
     def from_settings(cls, **overrides) -> "PruneParams":
@@ -122,7 +123,7 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     run = PruneRun.objects.create(cluster=cluster, actor=actor, mode=params.run_mode, evaluated_at=now,
                                   parameters=asdict(params), query=promql)
     try:
-        series = parse_result(prometheus.query(promql, at=now))
+        series = parse_result(prometheus.query(promql, at=now), label_scheme=query.label_scheme)
         idle_pods = _pods_under_threshold(series, params.idle_threshold)
         view = selectors.cluster_view(kube_gateway, pods_of_interest=idle_pods)
         plan = planning.plan_prune(series=series, view=view, now=now, settings=planning.PruneSettings(

@@ -62,7 +62,7 @@ def inference_service(name, ns, *, gpus=1, util="0", min_replicas=1) -> dict:
     return _isvc(ns, name, product=GPU_MODEL, gpus=gpus, min_replicas=min_replicas, utilization=util)
 
 
-_CUSTOM = {"Notebook": ("kubeflow.org", "v1", "notebooks"),
+_CUSTOM = {"Notebook": ("kubeflow.org", "v1", "notebooks"), "Service": ("serving.knative.dev", "v1", "services"),
            "InferenceService": ("serving.kserve.io", "v1beta1", "inferenceservices")}
 
 
@@ -143,3 +143,13 @@ class World:
         if transform:
             series = transform(series)
         return PrometheusGateway(self.prometheus_factory(series).url)
+
+
+def knative_service(name, ns, *, gpus=1, util="0", min_scale="1") -> dict:
+    """A GPU Knative Service (not through KServe); min-scale 1 keeps it up without traffic."""
+    template = _template(name, gpus, util)
+    del template["metadata"]["labels"]["app"]   # Knative sets app=<revision>
+    template["metadata"]["annotations"]["autoscaling.knative.dev/min-scale"] = min_scale
+    template["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": GPU_MODEL}
+    return {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+            "spec": {"template": template}}

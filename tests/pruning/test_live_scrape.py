@@ -17,6 +17,7 @@ from pruning_world import GPU_MODEL, deployment
 pytestmark = [pytest.mark.django_db, pytest.mark.prometheus, pytest.mark.slow]
 
 WINDOW_S = 8
+MAX_GAP_S = 3
 DATA_DEADLINE_S = 40.0   # bounded wait on the external Prometheus process
 
 
@@ -33,17 +34,21 @@ def test_pruner_reads_what_prometheus_scraped_from_the_exporter(prometheus_facto
             "static_configs": [{"targets": [target]}]}], scrape_interval="1s")
         prom = PrometheusGateway(prom_server.url)
         deadline = time.monotonic() + DATA_DEADLINE_S
-        query = f'min(count_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{WINDOW_S}s])) and ' \
+        # Wait until both pods have history covering the window plus the query's gap
+        # look-back (MAX_GAP_S). A range of N seconds at a 1 s scrape holds N samples
+        # (N + 1 only when a sample falls exactly on its start), so ask for a full span.
+        span = WINDOW_S + MAX_GAP_S + 1
+        query = f'min(count_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{span}s])) and ' \
                 f'count(count by (pod) (DCGM_FI_DEV_GPU_UTIL{{pod!=""}})) == 2'
         while True:
             samples = prom.query(query)
-            if samples and samples[0].value >= WINDOW_S + 1:
+            if samples and samples[0].value >= span:
                 break
             assert time.monotonic() < deadline, "Prometheus scraped too little of the exporter in time"
             time.sleep(0.5)
 
         run = prune_run_execute(kube_gateway=gateway, prometheus=prom, now=server.sim.clock.now(),
-                                params=PruneParams(window_seconds=WINDOW_S, step_seconds=1, max_gap_seconds=3,
+                                params=PruneParams(window_seconds=WINDOW_S, step_seconds=1, max_gap_seconds=MAX_GAP_S,
                                                    grace_seconds=0))
         gateway.close()
     assert run.pods_seen == 2 and run.busy_pods == 1

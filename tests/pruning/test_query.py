@@ -75,3 +75,19 @@ def test_parse_result_reads_the_gap_flag_and_both_schemes():
     assert got[("a", "gappy")].max_utilization == pytest.approx(0.25) and not got[("a", "gappy")].complete
     assert got[("a", "nan")].max_utilization is None
     assert got[("b", "q")].max_utilization == 0.5 and got[("b", "q")].gpu == "G4"
+
+
+def test_the_pod_scheme_reads_pod_labels_even_beside_exported_ones():
+    # honor_labels=false: `pod`/`namespace` are the exporter's own; asked for the "pod"
+    # scheme, the series belongs to the exporter, not to the workload in exported_pod.
+    labels = {"pod": "dcgm-exporter-x", "namespace": "gpu-operator",
+              "exported_pod": "web-1", "exported_namespace": "team-a", "UUID": "GPU-1"}
+    item = [SimpleNamespace(labels=labels, value=0.0)]
+    assert [(s.namespace, s.pod) for s in parse_result(item, label_scheme="pod")] == \
+        [("gpu-operator", "dcgm-exporter-x")]
+    assert [(s.namespace, s.pod) for s in parse_result(item, label_scheme="exported")] == [("team-a", "web-1")]
+    assert [(s.namespace, s.pod) for s in parse_result(item)] == [("team-a", "web-1")]
+    plain = [SimpleNamespace(labels={"pod": "web-1", "namespace": "team-a"}, value=0.0)]
+    assert parse_result(plain, label_scheme="exported") == []
+    with pytest.raises(FilterError, match="label scheme"):
+        parse_result(plain, label_scheme="both")

@@ -11,10 +11,12 @@ from kubernetes import client as k8s
 from prometheus_fixtures import to_exported_scheme
 
 from clusters.prometheus import PrometheusGateway
+from pruning.query import FilterError
 from pruning.models import PruneDecision, PruneRun
 from pruning.services import PruneParams, prune_decision_restore, prune_run_execute
 
-from pruning_world import World, deployment, inference_service, notebook, replicaset, statefulset
+from pruning_world import (World, deployment, inference_service, knative_service, notebook, replicaset,
+                           statefulset)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.prometheus]
 
@@ -56,6 +58,8 @@ def test_every_kind_is_scaled_to_zero_restored_and_announced(world: World):
     assert sorted(d.reason for d in owners[("Deployment", "web")]) == ["idle", "owner-already-in-plan"]
     assert [d.reason for d in owners[("Deployment", "keep")]] == ["opted-out"]
     assert ("Deployment", "multi") not in owners and ("Deployment", "busy") not in owners
+    # Both were seen, and seen busy: the multi-GPU pod's one busy GPU kept it.
+    assert run.busy_pods == 2
     assert run.status == "succeeded" and run.acted == 5 and run.failed == 0
 
     apps, custom = k8s.AppsV1Api(world.api), k8s.CustomObjectsApi(world.api)
@@ -75,6 +79,13 @@ def test_every_kind_is_scaled_to_zero_restored_and_announced(world: World):
     assert announced == {("Deployment", "web", "apps/v1"), ("ReplicaSet", "bare", "apps/v1"),
                          ("StatefulSet", "db", "apps/v1"), ("Notebook", "nb", "kubeflow.org/v1"),
                          ("InferenceService", "llm", "serving.kserve.io/v1beta1")}
+
+    # What the user sees: the pruned workloads' GPU pods are gone, the busy ones still run.
+    world.control.advance(120)
+    running = {p.metadata.name for p in k8s.CoreV1Api(world.api).list_pod_for_all_namespaces().items
+               if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
+    assert not [p for p in running if p.startswith(("web-", "bare-", "db-", "nb-", "llm-"))], sorted(running)
+    assert [p for p in running if p.startswith("busy-")] and [p for p in running if p.startswith("multi-")]
 
     # Restore puts back exactly what was taken away.
     for (kind, name), ds in acted.items():
@@ -151,7 +162,7 @@ def test_a_failing_patch_is_recorded_not_announced(world: World):
     world.create(deployment("web", "team-a", util="0"))
     world.record_history(minutes=40)
     prom = world.prometheus()
-    world.control.set_faults(seed=1, error_rate=1.0, match={"verb": "patch"})
+    world.control.set_faults(seed=1, error_rate=1.0, match={"verbs": ["patch"]})
     try:
         run = prune_run_execute(kube_gateway=world.fast_gateway(), prometheus=prom, now=world.now(),
                                 params=PruneParams(run_mode="scale-down"))
@@ -198,3 +209,75 @@ def test_api_calls_do_not_grow_with_idle_pods(world: World):
     assert run.idle_candidates == 12
     # pods, replicasets, deployments: three LISTs whatever the number of idle pods.
     assert run.kube_api_calls == world.gateway.calls_total() - before == 3
+
+
+def test_knative_service_raw_inference_service_and_multi_gpu_pods(world: World):
+    world.create(knative_service("kn", "team-c", util="0"))
+    raw = inference_service("raw", "team-c", util="0")
+    raw["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] = "RawDeployment"
+    world.create(raw)
+    world.create(deployment("pair", "team-a", gpus=2, util="0,0"))    # every GPU idle
+    world.create(deployment("half", "team-a", gpus=2, util="70,0"))   # one GPU busy
+    world.record_history(minutes=40)
+
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(run_mode="scale-down"))
+    got = {(d.owner_kind, d.owner_name): d for d in run.decisions.all()}
+    assert set(got) == {("Service", "kn"), ("InferenceService", "raw"), ("Deployment", "pair")}
+    assert all(d.result == "succeeded" and d.event_sent for d in got.values())
+    assert got[("Service", "kn")].method == "knative-min-scale"
+    assert got[("InferenceService", "raw")].method == "kserve-stop"
+    assert len(got[("Deployment", "pair")].gpus) == 2
+    assert (run.pods_seen, run.busy_pods) == (4, 1)
+
+    custom, apps = k8s.CustomObjectsApi(world.api), k8s.AppsV1Api(world.api)
+    ksvc = lambda: custom.get_namespaced_custom_object(  # noqa: E731
+        "serving.knative.dev", "v1", "team-c", "services", "kn")
+    min_scale = lambda: ksvc()["spec"]["template"]["metadata"]["annotations"][  # noqa: E731
+        "autoscaling.knative.dev/min-scale"]
+    assert min_scale() == "0"
+    assert apps.read_namespaced_deployment_scale("pair", "team-a").spec.replicas == 0
+    events = k8s.CoreV1Api(world.api).list_event_for_all_namespaces().items
+    announced = {(e.involved_object.kind, e.involved_object.name, e.involved_object.api_version)
+                 for e in events if e.reason == "GPUIdleScaledToZero"}
+    assert announced == {("Service", "kn", "serving.knative.dev/v1"),
+                         ("InferenceService", "raw", "serving.kserve.io/v1beta1"),
+                         ("Deployment", "pair", "apps/v1")}
+
+    for d in got.values():
+        assert prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice",
+                                      now=world.now()).restore == "restored"
+    assert min_scale() == "1"
+    assert apps.read_namespaced_deployment_scale("pair", "team-a").spec.replicas == 1
+
+
+HOSTILE = ['"}', '"} or vector(1)', 'team-a"} or vector(1) or {x="', '.*"} or vector(1) or {__name__=~".+',
+           '\\"} or vector(1)']
+
+
+def test_hostile_filters_match_nothing_and_invalid_ones_are_refused_before_a_run(world: World):
+    world.create(deployment("web", "team-a", util="0"))
+    world.record_history(minutes=40)
+    prom = world.prometheus()
+
+    def planned(**filters):
+        run = prune_run_execute(kube_gateway=world.gateway, prometheus=prom, now=world.now(),
+                                params=PruneParams(**filters))
+        assert run.status == "succeeded", run.errors
+        return run.pods_seen, run.planned
+
+    assert planned(namespace="team-.*") == (1, 1)
+    assert planned(model_name="NVIDIA A10G") == (1, 1)
+    for hostile in HOSTILE:
+        assert planned(namespace=hostile) == (0, 0), hostile
+        assert planned(model_name=hostile) == (0, 0), hostile
+
+    runs = PruneRun.objects.count()
+    for bad, words in (("team-(a", "namespace filter"), ("(?=x)", "namespace filter"),
+                       ("[", "namespace filter")):
+        with pytest.raises(FilterError, match=words):
+            prune_run_execute(kube_gateway=world.gateway, prometheus=prom, now=world.now(),
+                              params=PruneParams(namespace=bad))
+    with pytest.raises(FilterError, match="GPU model filter"):
+        PruneParams(model_name="a)")
+    assert PruneRun.objects.count() == runs
