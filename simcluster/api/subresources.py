@@ -5,9 +5,8 @@ from werkzeug.wrappers import Request, Response
 
 from .. import errors
 from ..clock import rfc3339
-from ..controllers.disruption import budget
+from ..controllers.disruption import budget, pdb_selector
 from ..resources import PDBS, PODS, ResourceType
-from ..selectors import selector_from_match_labels
 from ..sim import Simulation
 from ..store import copy
 from .http import dry_run, json_response, read_object
@@ -96,7 +95,7 @@ def evict(sim: Simulation, route: Route, request: Request) -> Response:
 def _check_budgets(sim: Simulation, pod: dict, dry: bool) -> None:
     labels = pod["metadata"].get("labels") or {}
     pdbs = [pdb for pdb in sim.store.all(PDBS, pod["metadata"]["namespace"])
-            if selector_from_match_labels((pdb.get("spec") or {}).get("selector"))(labels)]
+            if pdb_selector((pdb.get("spec") or {}).get("selector"))(labels)]
     if len(pdbs) > 1:
         raise errors.internal("This pod has more than one PodDisruptionBudget, which the eviction "
                               "subresource does not support.")

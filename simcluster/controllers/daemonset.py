@@ -22,6 +22,7 @@ DAEMON_TOLERATIONS = (
     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
     {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
     {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
     {"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
 )
 

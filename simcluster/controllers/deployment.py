@@ -91,16 +91,19 @@ class DeploymentController:
         if is_deleting(deployment):
             return
         template = _normalized(spec.get("template"))
+        # FindNewReplicaSet: the oldest ReplicaSet whose template equals the Deployment's.
+        owned.sort(key=lambda rs: (rs["metadata"].get("creationTimestamp") or "", rs["metadata"]["name"]))
         new_rs = next((rs for rs in owned
                        if _template_without_hash((rs.get("spec") or {}).get("template")) == template), None)
         old = [rs for rs in owned if rs is not new_rs]
         if not spec.get("paused"):
-            if new_rs is None:
-                new_rs = self._create_new(sim, deployment, old)
             strategy = (spec.get("strategy") or {}).get("type") or "RollingUpdate"
             if strategy == "Recreate":
-                self._recreate(sim, deployment, new_rs, old)
+                # rolloutRecreate: the new ReplicaSet is created only once every old pod is gone.
+                new_rs = self._recreate(sim, deployment, new_rs, old)
             else:
+                if new_rs is None:
+                    new_rs = self._create_new(sim, deployment, old)
                 self._rolling(sim, deployment, new_rs, old)
             self._cleanup(sim, deployment, [store.get(REPLICASETS, rs["metadata"]["namespace"], rs["metadata"]["name"])
                                             for rs in old])
@@ -214,13 +217,18 @@ class DeploymentController:
                 self._scale(sim, deployment, rs, _replicas(rs) - down)
                 budget -= down
 
-    def _recreate(self, sim, deployment: dict, new_rs: dict, old: list[dict]) -> None:
+    def _recreate(self, sim, deployment: dict, new_rs: dict | None, old: list[dict]) -> dict | None:
         live_old = [rs for rs in old if _replicas(rs) > 0 or int((rs.get("status") or {}).get("replicas") or 0)]
         for rs in live_old:
             self._scale(sim, deployment, rs, 0)
         if any(int((rs.get("status") or {}).get("replicas") or 0) for rs in live_old):
-            return   # wait for every old pod to be gone
-        self._scale(sim, deployment, new_rs, _replicas(deployment))
+            return new_rs   # wait for every old pod to be gone
+        if new_rs is None:
+            # The old ones, now at zero, still number the revision.
+            current = [sim.store.get(REPLICASETS, rs["metadata"]["namespace"], rs["metadata"]["name"]) or rs
+                       for rs in old]
+            return self._create_new(sim, deployment, current)
+        return self._scale(sim, deployment, new_rs, _replicas(deployment))
 
     def _cleanup(self, sim, deployment: dict, old: list[dict | None]) -> None:
         limit = (deployment.get("spec") or {}).get("revisionHistoryLimit")

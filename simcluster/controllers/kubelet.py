@@ -5,12 +5,19 @@
   pods; indices a pod already carries are kept). After the start-up delay
   (`SimSettings.startup_seconds`, or the pod's `simcluster.io/startup-seconds`) it is
   Running and Ready.
-- A pod being deleted turns not-Ready at once and is erased when its grace period ends.
+- A pod being deleted turns not-Ready at once and is erased when its containers have
+  exited: at the end of its grace period, unless it is known to exit sooner on SIGTERM
+  (`simcluster.io/shutdown-seconds`, or a Knative revision pod, whose queue-proxy
+  drains for 30 s and then lets the pod end: a 300 s grace period is only the limit).
 - Pods already Running (a scenario, a dump) are left as they are.
+- Each node's `status.nodeInfo` carries every NodeSystemInfo field, as a kubelet
+  reports it (the Go struct has no `omitempty`, so a real API server always serves them
+  all, and clients that validate the schema reject a node without them).
 """
 from __future__ import annotations
 
 import hashlib
+import uuid
 from datetime import datetime, timedelta
 
 from ..clock import parse_time, rfc3339
@@ -21,6 +28,16 @@ from ._util import (GPU, GPU_INDICES_ANNOTATION, STARTUP_ANNOTATION, TERMINAL_PH
 from .scheduler import node_ready
 
 COMPONENT = "kubelet"
+SHUTDOWN_ANNOTATION = "simcluster.io/shutdown-seconds"
+KNATIVE_REVISION_LABEL = "serving.knative.dev/revision"
+# knative.dev/serving pkg/queue/sharedmain: drainSleepDuration, the time queue-proxy keeps
+# serving after SIGTERM before the pod's containers exit (seconds).
+KNATIVE_DRAIN_SECONDS = 30.0
+# v1.NodeSystemInfo, in its field order, with what a kubelet reports when the scenario
+# does not say (ids are derived from the node's name so a scenario replays the same).
+NODE_INFO_DEFAULTS = (("machineID", None), ("systemUUID", None), ("bootID", None), ("kernelVersion", ""),
+                      ("osImage", ""), ("containerRuntimeVersion", ""), ("kubeletVersion", ""),
+                      ("kubeProxyVersion", ""), ("operatingSystem", "linux"), ("architecture", "amd64"))
 
 
 def pod_ip(pod: dict) -> str:
@@ -47,6 +64,35 @@ def startup_seconds(sim, pod: dict) -> float:
     return sim.settings.startup_seconds
 
 
+def shutdown_seconds(pod: dict) -> float | None:
+    """Seconds from the delete to the containers' exit, when shorter than the grace
+    period; None: they use all of it."""
+    meta = pod["metadata"]
+    text = (meta.get("annotations") or {}).get(SHUTDOWN_ANNOTATION)
+    if text is not None:
+        try:
+            return max(0.0, float(text))
+        except ValueError:
+            pass   # a bad annotation falls back to the default below
+    if (meta.get("labels") or {}).get(KNATIVE_REVISION_LABEL):
+        return KNATIVE_DRAIN_SECONDS
+    return None
+
+
+def complete_node_info(node: dict) -> dict | None:
+    """`status.nodeInfo` with every field present, or None when it already is."""
+    info = (node.get("status") or {}).get("nodeInfo") or {}
+    if all(key in info for key, _ in NODE_INFO_DEFAULTS):
+        return None
+    digest = hashlib.blake2b(node["metadata"]["name"].encode(), digest_size=16).hexdigest()
+    derived = {"machineID": digest, "systemUUID": str(uuid.UUID(digest)).upper(),
+               "bootID": str(uuid.UUID(digest[::-1]))}
+    complete = dict(info)
+    for key, default in NODE_INFO_DEFAULTS:
+        complete.setdefault(key, derived[key] if default is None else default)
+    return complete
+
+
 class KubeletController:
     name = "kubelet"
 
@@ -54,6 +100,11 @@ class KubeletController:
         store = sim.store
         now = sim.clock.now()
         for node in sorted(store.all(NODES), key=lambda n: n["metadata"]["name"]):
+            info = complete_node_info(node)
+            if info is not None:
+                new = copy(node)
+                new.setdefault("status", {})["nodeInfo"] = info
+                node = store.put(NODES, new)
             pods = store.pods_on_node(node["metadata"]["name"])
             if pods:
                 self._sync_node(sim, node, pods, now)
@@ -78,6 +129,11 @@ class KubeletController:
     @staticmethod
     def _terminate(sim, pod: dict, now: datetime) -> None:
         deadline = parse_time(pod["metadata"]["deletionTimestamp"])
+        shutdown = shutdown_seconds(pod)
+        if deadline is not None and shutdown is not None:
+            # deletionTimestamp is the delete plus the grace period.
+            started = deadline - timedelta(seconds=pod["metadata"].get("deletionGracePeriodSeconds") or 0)
+            deadline = min(deadline, started + timedelta(seconds=shutdown))
         if deadline is None or deadline <= now:
             sim.store.remove(PODS, pod["metadata"].get("namespace"), pod["metadata"]["name"])
             return

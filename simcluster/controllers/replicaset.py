@@ -49,6 +49,15 @@ def claim(store, rtype, owner: dict, candidates: list[dict], matches) -> list[di
             continue
         if owner_deleting or is_deleting(obj) or not matches(labels):
             continue
+        # Another owner may have adopted it earlier in this pass: upstream's adoption
+        # patch would fail its uid/resourceVersion precondition, so re-read first.
+        current = store.get(rtype, obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        if current is None or current["metadata"].get("uid") != obj["metadata"].get("uid"):
+            continue
+        if current is not obj:
+            if controller_ref(current) is not None:
+                continue
+            obj = current
         new = copy(obj)
         refs = [r for r in new["metadata"].get("ownerReferences") or () if r.get("uid") != uid]
         new["metadata"]["ownerReferences"] = refs + [owner_ref(owner)]

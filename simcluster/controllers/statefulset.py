@@ -42,7 +42,13 @@ class StatefulSetController:
     def _sync(self, sim, sts: dict, namespace_pods: list[dict]) -> None:
         spec = sts.get("spec") or {}
         name = sts["metadata"]["name"]
-        pods = claim(sim.store, PODS, sts, namespace_pods, selector_predicate(spec.get("selector")))
+        selects = selector_predicate(spec.get("selector"))
+        # ClaimPods with the isMemberOf filter: a pod must match the selector AND be named
+        # `<set>-<n>`; an owned pod that is neither is released, an orphan is left alone.
+        members = [p for p in namespace_pods if ordinal(name, p) is not None]
+        others = [p for p in namespace_pods if ordinal(name, p) is None]
+        pods = claim(sim.store, PODS, sts, members, selects)
+        claim(sim.store, PODS, sts, others, lambda labels: False)
         by_ordinal = {o: p for p in pods if (o := ordinal(name, p)) is not None}
         if not is_deleting(sts):
             wanted = 1 if spec.get("replicas") is None else int(spec["replicas"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from simcluster.controllers import default_controllers
-from simcluster.resources import (CONFIGURATIONS, DEPLOYMENTS, KSERVICES, NAMESPACES, PODAUTOSCALERS,
-                                  PODS, REVISIONS)
+from simcluster.resources import (CONFIGURATIONS, DEPLOYMENTS, KSERVICES, NAMESPACES, NODES,
+                                  PODAUTOSCALERS, PODS, REVISIONS)
 from simcluster.sim import SimSettings, Simulation
 from simcluster.store import copy
 
@@ -255,8 +255,14 @@ def test_unschedulable_pods_make_the_revision_not_ready_with_the_reason():
     sim.store.create(KSERVICES, ksvc())
     sim.run_to_rest()
     labels = sim.store.get(DEPLOYMENTS, NS, "pynode-00001-deployment")["spec"]["template"]["metadata"]["labels"]
+    # The scheduler writes the pod's PodScheduled condition itself: give it a node where a
+    # GPU pod does not fit, so that it says so.
+    sim.store.create(NODES, {"metadata": {"name": "cpu-1"}, "status": {
+        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+        "conditions": [{"type": "Ready", "status": "True"}]}})
     sim.store.create(PODS, {"metadata": {"name": "pending", "namespace": NS, "labels": labels},
-                            "spec": {"containers": []},
+                            "spec": {"containers": [{"name": "main", "image": "vllm", "resources": {
+                                "limits": {"nvidia.com/gpu": "1"}}}]},
                             "status": {"phase": "Pending", "conditions": [{
                                 "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                 "message": "0/12 nodes are available: 12 Insufficient nvidia.com/gpu."}]}})

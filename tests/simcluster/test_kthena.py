@@ -117,6 +117,10 @@ def test_an_invalid_cost_counts_as_zero(kthena):
     assert pod_names(core) == ["sample-1-decode-0-0", "sample-1-prefill-0-0"]
 
 
+# Three groups of four one-GPU pods need 12 GPUs: on an 8-GPU node one group would stay
+# Pending ("Creating"), and Kthena removes a not-Running group before any Running one,
+# whatever the costs. With room for all, the cost is what picks group 1.
+@pytest.mark.scenario(SCENARIO.replace('nvidia.com/gpu: "8"', 'nvidia.com/gpu: "16"'))
 def test_scale_up_fills_the_lowest_free_index_and_workers_are_named_by_position(kthena):
     sim, crd, core = kthena
     crd.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, sample(3, prefill=1, decode=1, workers=1))

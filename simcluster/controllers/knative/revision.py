@@ -55,6 +55,7 @@ class RevisionController:
         spec = rev.get("spec") or {}
         pod_spec = {k: v for k, v in spec.items() if k not in ("containerConcurrency", "timeoutSeconds")}
         pod_spec.setdefault("terminationGracePeriodSeconds", spec.get("timeoutSeconds", 300))
+        pod_spec["containers"] = _named_containers(pod_spec.get("containers") or [])
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _NOT_FOR_PODS}
         labels = self._pod_labels(rev)
         desired = {
@@ -179,3 +180,23 @@ def _initial_scale(annotations: dict | None) -> int:
     initial = L.scale_number(annotations, "initial-scale", 1)
     min_scale = L.scale_number(annotations, "min-scale", 0)
     return int(max(initial, min_scale))
+
+
+def _named_containers(containers: list[dict]) -> list[dict]:
+    """Knative's defaulting (applyDefaultContainerNames): an unnamed container is
+    `user-container`, or `user-container-<n>` when there are several; the API server
+    refuses a pod whose container has no name."""
+    taken = {c.get("name") for c in containers if c.get("name")}
+    named, suffix = [], 0
+    for container in containers:
+        if not container.get("name"):
+            name = "user-container"
+            if len(containers) > 1 or name in taken:
+                while f"user-container-{suffix}" in taken:
+                    suffix += 1
+                name = f"user-container-{suffix}"
+                suffix += 1
+            taken.add(name)
+            container = {**container, "name": name}
+        named.append(container)
+    return named
