@@ -111,6 +111,10 @@ def _rfc3339(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# GPUs per pod of a generated GPU workload, drawn uniformly: mostly one GPU, some whole nodes.
+GPU_SIZES = (1, 1, 1, 1, 2, 8)
+
+
 def generate(*, nodes: int, pods: int, gpu_fraction: float = 0.8, seed: int = 0) -> list[dict]:
     """Documents for a cluster of `nodes` nodes and `pods` running pods."""
     if nodes < 1 or pods < 0:
@@ -149,14 +153,16 @@ def generate(*, nodes: int, pods: int, gpu_fraction: float = 0.8, seed: int = 0)
     orgs = max(1, min(pods // 40, 2000))
     for i in range(orgs):
         docs.append(namespace(f"org-{i:04d}", org=f"org-{i:04d}"))
+    full_sizes: set[int] = set()
     placed = 0
     workload = 0
     gpu_cursor = cpu_cursor = 0
     while placed < pods:
         ns = f"org-{workload % orgs:04d}"
         replicas = min(rng.randint(1, 8), pods - placed)
-        wants_gpu = bool(free) and rng.random() < gpu_fraction
-        gpus = rng.choice((1, 1, 1, 1, 2, 8)) if wants_gpu else 0
+        sizes = [g for g in GPU_SIZES if g not in full_sizes]
+        wants_gpu = bool(free) and bool(sizes) and rng.random() < gpu_fraction
+        gpus = rng.choice(sizes) if wants_gpu else 0
         name = f"{'model' if gpus else 'web'}-{workload:05d}"
         rs_uid = str(uuid.UUID(int=rng.getrandbits(128)))
         labels = {"app": name, "capacity.io/component": "model" if gpus else "web"}
@@ -184,7 +190,9 @@ def generate(*, nodes: int, pods: int, gpu_fraction: float = 0.8, seed: int = 0)
                                 template["spec"], host[0], annotations, name, rs_uid, started))
         if not rs_pods:
             if gpus:
-                free = []      # GPUs exhausted: the rest are CPU workloads
+                # No node has room for this size any more (8-GPU pods run out first);
+                # smaller GPU pods may still fit. Once no size fits, the rest are CPU pods.
+                full_sizes.add(gpus)
                 continue
             break
         docs.append({"apiVersion": "apps/v1", "kind": "ReplicaSet",

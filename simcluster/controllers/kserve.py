@@ -147,8 +147,12 @@ class InferenceServiceController:
         labels["app"] = f"isvc.{name}"
         # Raw mode cannot scale to zero: minReplicas 0 still runs one replica.
         replicas = max(int(predictor.get("minReplicas") or 1), 1)
+        # The InferenceService's own annotations reach the pods in raw mode too (KServe
+        # builds both modes' pod metadata from the same component metadata).
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _OWN_ANNOTATIONS}
+        template_meta = {"labels": labels, **({"annotations": annotations} if annotations else {})}
         desired = {"replicas": replicas, "selector": {"matchLabels": {"app": f"isvc.{name}"}},
-                   "template": {"metadata": {"labels": labels}, "spec": self._pod_spec(isvc)}}
+                   "template": {"metadata": template_meta, "spec": self._pod_spec(isvc)}}
         existing = store.get(DEPLOYMENTS, meta["namespace"], name)
         if existing is None:
             return store.create(DEPLOYMENTS, {

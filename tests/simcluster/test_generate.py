@@ -81,3 +81,14 @@ def test_dump_to_a_stream():
     out = io.StringIO()
     dump(documents(nodes=2, pods=3), out)
     assert "kind: Pod" in out.getvalue()
+
+
+def test_smaller_gpu_pods_keep_filling_the_pools_after_whole_node_pods_no_longer_fit():
+    docs = generate(nodes=50, pods=2000, seed=1)
+    capacity = sum(int(d["status"]["capacity"].get("nvidia.com/gpu", 0)) for d in docs if d["kind"] == "Node")
+    used = sum(int(c["resources"]["limits"].get("nvidia.com/gpu", 0))
+               for d in docs if d["kind"] == "Pod" for c in d["spec"]["containers"])
+    sizes = {int(d["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0))
+             for d in docs if d["kind"] == "Pod"}
+    assert {1, 2, 8} <= sizes
+    assert used >= 0.95 * capacity, (used, capacity)   # the GPU pools end up (nearly) full

@@ -124,10 +124,14 @@ def test_stop_annotation_is_ignored_before_kserve_0_15():
 
 def test_raw_deployment_mode_makes_a_deployment_that_never_scales_to_zero():
     sim = make_sim()
-    sim.store.create(INFERENCESERVICES, isvc(annotations={"serving.kserve.io/deploymentMode": "RawDeployment"},
+    sim.store.create(INFERENCESERVICES, isvc(annotations={"serving.kserve.io/deploymentMode": "RawDeployment",
+                                                          "simcluster.io/gpu-utilization": "0"},
                                              minReplicas=2))
     sim.run_to_rest()
     assert sim.store.get(KSERVICES, NS, "llama-predictor") is None
+    # The InferenceService's annotations reach the pods in raw mode as in Knative mode.
+    template = sim.store.get(DEPLOYMENTS, NS, "llama-predictor")["spec"]["template"]
+    assert template["metadata"]["annotations"]["simcluster.io/gpu-utilization"] == "0"
     deployment = sim.store.get(DEPLOYMENTS, NS, "llama-predictor")
     assert deployment["spec"]["replicas"] == 2
     labels = deployment["spec"]["template"]["metadata"]["labels"]
