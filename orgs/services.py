@@ -104,8 +104,9 @@ WITH switched AS (
 ), recorded AS (
     INSERT INTO orgs_dormancyswitch (org_id, at, direction, cause, actor_id, patched, errors)
     SELECT id, %(now)s, 'dormant', %(cause)s, %(actor)s, '[]'::jsonb, '[]'::jsonb FROM switched
+    RETURNING id, org_id
 )
-SELECT id, slug FROM switched
+SELECT s.id, s.slug, r.id FROM switched s JOIN recorded r ON r.org_id = s.id
 """
 _SWEEP_SQLITE = f"""
 UPDATE orgs_org AS o SET dormant = 1, dormant_since = %(now)s
@@ -116,8 +117,31 @@ _BUDGET = ("AND o.id IN (SELECT i.id FROM orgs_org i WHERE NOT i.dormant AND i.s
            " AND i.last_activity_at < %(cutoff)s ORDER BY i.last_activity_at, i.id LIMIT %(budget)s)")
 
 
+class _OverBudget(Exception):
+    """The unlimited sweep statement marked more orgs than the budget: roll it back."""
+
+
+def _sweep_statement(params: dict, *, limited: bool, now: datetime, actor) -> list[tuple[int, str, int]]:
+    """Mark and record in the database; returns (org id, slug, switch id) of each org marked."""
+    budget_sql = _BUDGET if limited else ""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # One round trip: the switches' ids come back with the orgs (no second query).
+            cursor.execute(_SWEEP_PG.format(budget=budget_sql), params)
+            return cursor.fetchall()
+        cursor.execute(_SWEEP_SQLITE.format(budget=budget_sql), params)
+        marked = cursor.fetchall()
+    created = DormancySwitch.objects.bulk_create(
+        DormancySwitch(org_id=org_id, at=now, direction=DormancySwitch.Direction.TO_DORMANT,
+                       cause=params["cause"], actor=actor) for org_id, _ in marked)
+    return [(org_id, slug, switch.id) for (org_id, slug), switch in zip(marked, created)]
+
+
 def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: int | None = None) -> SweepResult:
-    """Mark orgs with no activity for ORGS_DORMANT_AFTER dormant, and queue enabling scale to zero."""
+    """Mark orgs with no activity for ORGS_DORMANT_AFTER dormant, and queue enabling scale to zero.
+
+    At most `budget` orgs (ORGS_SWEEP_BUDGET) per sweep, longest idle first; 0 marks none,
+    as the dry run says."""
     budget = settings.ORGS_SWEEP_BUDGET if budget is None else budget
     if dry_run:
         rows = Org.objects.values_list("id", "slug", "last_activity_at", "dormant", "scale_to_zero_allowed")
@@ -132,27 +156,26 @@ def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: 
     params = {"now": ops.adapt_datetimefield_value(now), "cutoff": ops.adapt_datetimefield_value(cutoff),
               "cause": DormancySwitch.Cause.ADMIN if actor else DormancySwitch.Cause.SWEEP,
               "actor": actor.pk if actor else None, "budget": budget}
-    budget_sql = _BUDGET if budget else ""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(_SWEEP_PG.format(budget=budget_sql), params)
-                switched = cursor.fetchall()
-            else:
-                cursor.execute(_SWEEP_SQLITE.format(budget=budget_sql), params)
-                switched = cursor.fetchall()
-                DormancySwitch.objects.bulk_create(
-                    DormancySwitch(org_id=org_id, at=now, direction=DormancySwitch.Direction.TO_DORMANT,
-                                   cause=params["cause"], actor=actor) for org_id, _ in switched)
-        slugs = tuple(sorted(slug for _, slug in switched))
+        switched: list[tuple[int, str, int]] = []
+        if budget:
+            # The budget's ordered sub-select costs about a quarter of the sweep, and it only
+            # bites when more orgs are due than the budget allows (a clock jump). So the plain
+            # statement runs first in a savepoint; only when it marked more than `budget` is it
+            # rolled back and the ordered, limited one run instead (longest idle first).
+            try:
+                with transaction.atomic():
+                    switched = _sweep_statement(params, limited=False, now=now, actor=actor)
+                    if len(switched) > budget:
+                        raise _OverBudget
+            except _OverBudget:
+                switched = _sweep_statement(params, limited=True, now=now, actor=actor)
+        slugs = tuple(sorted(slug for _, slug, _ in switched))
         if actor is not None:
             audit(action="dormancy_sweep", actor=actor, org=None, old={}, new={"dormant": list(slugs)}, at=now)
-        ids = [org_id for org_id, _ in switched]
-        if ids:
-            switch_ids = dict(DormancySwitch.objects.filter(org_id__in=ids, at=now,
-                                                            direction=DormancySwitch.Direction.TO_DORMANT)
-                              .values_list("org_id", "id"))
-            transaction.on_commit(lambda: [_enqueue_apply(i, switch_ids.get(i), urgent=False) for i in ids])
+        if switched:
+            pairs = [(org_id, switch_id) for org_id, _, switch_id in switched]
+            transaction.on_commit(lambda: [_enqueue_apply(i, s, urgent=False) for i, s in pairs])
     return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs,
                        lines=tuple(f"{s}: dormant" for s in slugs))
 

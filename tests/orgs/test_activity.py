@@ -101,3 +101,28 @@ def test_waking_queues_the_disable_at_high_priority_and_the_sweep_at_normal(
         dormancy_sweep(now=clock.now())
     assert sent == [(sleepy.id, tasks.HIGH_PRIORITY), (idle.id, tasks.NORMAL_PRIORITY)]
     assert tasks.HIGH_PRIORITY < tasks.NORMAL_PRIORITY, "Redis serves the lower number first"
+
+
+def test_warmup_answers_like_djangos_dispatch_and_reaches_every_receiver(make_org, redis_cache):
+    """The throttled fast path of `warmup` must not change what `send()` does or returns."""
+    from orgs.signals import _record_warmup
+
+    org = make_org("acme", idle_hours=5)
+    assert warmup.send(sender=None, org_slug="acme") == [(_record_warmup, None)]
+    stamp(org, 3)
+    assert warmup.send(sender=None, org_slug="acme") == [(_record_warmup, None)], "throttled: same answer"
+    assert Org.objects.get(id=org.id).last_activity_at < clock.now() - timedelta(hours=2), "and no second write"
+
+    heard = []
+
+    def listener(sender, org_slug, **kwargs):
+        heard.append(org_slug)
+        return "heard"
+
+    warmup.connect(listener)
+    try:
+        assert warmup.send(sender=None, org_slug="acme") == [(_record_warmup, None), (listener, "heard")]
+    finally:
+        warmup.disconnect(listener)
+    assert heard == ["acme"], "another receiver hears a throttled activity too"
+    assert warmup.send(sender=None, org_slug="acme") == [(_record_warmup, None)]

@@ -115,3 +115,43 @@ def test_run_the_sweep_now(client, cluster):
     record = AuditRecord.objects.get(action="dormancy_sweep")
     assert record.actor == user and record.new == {"dormant": ["globex"]}
     assert Org.objects.get(slug="globex").switches.get().cause == "admin"
+
+
+ACTIONS = {"disallow_scale_to_zero": "disallow_scale_to_zero", "allow_scale_to_zero": "allow_scale_to_zero",
+           "mark_active_now": "mark_active", "run_dormancy_sweep_now": "run_dormancy_sweep"}
+
+
+@pytest.mark.parametrize("action", sorted(ACTIONS))
+def test_each_action_needs_its_own_permission_not_any_other(client, cluster, make_org, action):
+    """A user holding every other action's permission still cannot run this one."""
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    # Every action would change something: acme is dormant (wake, disallow), globex is idle
+    # (sweep), initech is protected (allow).
+    make_idle("globex")
+    make_org("initech", cluster=cluster.cluster, scale_to_zero_allowed=False)
+    others = [codename for name, codename in ACTIONS.items() if name != action]
+    user = operator(*others)
+    state = lambda: sorted(Org.objects.values_list("slug", "dormant", "scale_to_zero_allowed", "applied"))  # noqa: E731
+    before, audits = state(), AuditRecord.objects.count()
+
+    page = act(client, user, action, "acme", "globex", "initech")
+
+    assert page.status_code == 200
+    assert state() == before, f"{action} ran without orgs.{ACTIONS[action]}"
+    assert AuditRecord.objects.count() == audits
+    assert ksvc_min_scale(cluster.gateway, "pynode") == "0"
+
+
+def test_the_change_form_cannot_flip_what_only_actions_may_change(client, cluster):
+    """scale_to_zero_allowed and the dormancy state are read-only in the form: changing them
+    goes through the audited, permission-checked actions."""
+    org = Org.objects.get(slug="acme")
+    client.force_login(operator("change_org"))
+    page = client.post(f"{CHANGELIST}{org.id}/change/", {
+        "slug": org.slug, "cluster": org.cluster_id, "namespace": org.namespace,
+        "dormant": "on", "scale_to_zero_allowed": "",
+        "switches-TOTAL_FORMS": "0", "switches-INITIAL_FORMS": "0"})
+    assert page.status_code == 302, page.content[:2000]
+    org.refresh_from_db()
+    assert org.scale_to_zero_allowed and not org.dormant

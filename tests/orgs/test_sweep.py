@@ -59,6 +59,21 @@ def test_budget_limits_one_sweep_longest_idle_first(make_org):
     assert dormancy_sweep(now=clock.now(), budget=2).switched == ("org-0",)
 
 
+def test_over_budget_the_sweep_records_only_the_orgs_it_marked(make_org):
+    for i, hours in enumerate((30, 50, 40, 60)):
+        make_org(f"org-{i}", idle_hours=hours)
+    assert dormancy_sweep(now=clock.now(), budget=3).switched == ("org-1", "org-2", "org-3")
+    assert sorted(DormancySwitch.objects.values_list("org__slug", flat=True)) == ["org-1", "org-2", "org-3"]
+    assert sorted(Org.objects.filter(dormant=True).values_list("slug", flat=True)) == ["org-1", "org-2", "org-3"]
+
+
+def test_a_zero_budget_marks_no_org_as_the_dry_run_says(make_org):
+    make_org("idle", idle_hours=30)
+    assert dormancy_sweep(now=clock.now(), budget=0, dry_run=True).switched == ()
+    assert dormancy_sweep(now=clock.now(), budget=0).switched == ()
+    assert not Org.objects.get(slug="idle").dormant and not DormancySwitch.objects.exists()
+
+
 def test_command_json_and_dry_run(make_org, capsys):
     make_org("idle", idle_hours=30)
     call_command("sweep_dormancy", "--dry-run", "--json")

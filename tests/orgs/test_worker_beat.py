@@ -1,0 +1,243 @@
+"""The hourly sweep through a real Celery worker and beat, on real Redis and PostgreSQL.
+
+`celery -A config worker` and `celery -A config beat` run as subprocesses against this
+test's PostgreSQL database (a transactional test, so they see committed rows), a Redis
+database number of the test's own as broker, and a simulated cluster registered as a
+`Cluster` row. Time is injected through CLOCK_OFFSET_FILE: writing one number moves the
+worker's and beat's "now" an hour ahead, and beat must fire the sweep on that clock.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from clusters import kube
+from clusters.services import schedules_install
+from config import clock
+from orgs import services
+from orgs.models import DormancySwitch, Org
+from orgs.planning import MIN_SCALE
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CELERY = Path(sys.executable).with_name("celery")
+SWEEP_TASK = "orgs.tasks.dormancy_sweep"
+POLL_LIMIT_S = 60.0
+
+SCENARIO = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: knative-serving, labels: {app.kubernetes.io/version: "1.21.0"}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: acme, labels: {capacity.io/org: acme}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: initech, labels: {capacity.io/org: initech}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: globex, labels: {capacity.io/org: globex}}
+---
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: pynode, namespace: acme, labels: {capacity.io/component: pynode}}
+spec:
+  template:
+    metadata: {annotations: {autoscaling.knative.dev/min-scale: "1"}}
+    spec: {containers: [{image: "pynode:1"}]}
+---
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: pynode, namespace: initech, labels: {capacity.io/component: pynode}}
+spec:
+  template:
+    metadata: {annotations: {autoscaling.knative.dev/min-scale: "1"}}
+    spec: {containers: [{image: "pynode:1"}]}
+---
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: pynode, namespace: globex, labels: {capacity.io/component: pynode}}
+spec:
+  template:
+    metadata: {annotations: {autoscaling.knative.dev/min-scale: "1"}}
+    spec: {containers: [{image: "pynode:1"}]}
+"""
+
+
+@pytest.fixture
+def broker_url(redis_url):
+    """A Redis database number no one else uses right now, claimed for this test, emptied after."""
+    base = redis_url.rsplit("/", 1)[0]
+    start = os.getpid() % 15
+    for step in range(15):
+        db = 1 + (start + step) % 15  # db 0 holds the tests' caches
+        client = redis.Redis.from_url(f"{base}/{db}")
+        if client.dbsize() == 0 and client.set("capacity-test:claim", os.getpid(), nx=True, ex=600):
+            break
+        client.close()
+    else:
+        pytest.fail("no free Redis database number (1-15) for the worker's broker")
+    yield f"{base}/{db}"
+    client.flushdb()
+    client.close()
+
+
+def _database_url() -> str:
+    db = django_settings.DATABASES["default"]
+    assert db["ENGINE"].endswith("postgresql"), "the worker test runs on PostgreSQL"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class Processes:
+    def __init__(self, tmp_path: Path, env: dict):
+        self.tmp_path, self.env, self.procs = tmp_path, env, {}
+
+    def start(self, name: str, *args: str) -> None:
+        log = open(self.tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.procs[name] = (subprocess.Popen([str(CELERY), "-A", "config", *args], cwd=ROOT, env=self.env,
+                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
+
+    def log(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name} ---\n{self.log(name)[-4000:]}" for name in self.procs)
+
+    def check_alive(self) -> None:
+        for name, (proc, _) in self.procs.items():
+            if proc.poll() is not None:
+                pytest.fail(f"celery {name} exited with {proc.returncode}\n{self.logs()}")
+
+    def stop(self) -> None:
+        for proc, _ in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, log in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the worker and nothing else
+                proc.wait(timeout=10)
+            log.close()
+
+
+@pytest.fixture
+def celery_processes(tmp_path, broker_url):
+    offset_file = tmp_path / "clock-offset"
+    offset_file.write_text("0")
+    env = {key: value for key, value in os.environ.items() if key not in ("KUBECONFIG", "KUBE_CONTEXT")}
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": broker_url,
+        "CELERY_BROKER_URL": broker_url,
+        "CLOCK_OFFSET_FILE": str(offset_file),
+        "CELERY_BEAT_MAX_INTERVAL": "1",   # seconds: beat looks at the (moved) clock every second
+        "CELERY_TASK_ALWAYS_EAGER": "0",
+        "KUBE_IN_CLUSTER": "0",
+        "KUBE_RETRY_BACKOFF": "0.05",
+        "KUBE_RETRY_BACKOFF_MAX": "0.5",
+        "VAR_DIR": str(tmp_path / "var"),
+        "LOG_LEVEL": "INFO",
+    })
+    processes = Processes(tmp_path, env)
+    processes.offset_file = offset_file
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+def wait_for(predicate, what: str, processes: Processes, limit_s: float = POLL_LIMIT_S):
+    """Bounded polling of the real worker and beat (they run on their own)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        processes.check_alive()
+        time.sleep(0.2)
+    pytest.fail(f"not within {limit_s:.0f} s: {what}\n{processes.logs()}")
+
+
+def test_beat_fires_the_hourly_sweep_on_the_injected_clock_and_the_worker_scales_to_zero(
+        sim_cluster_factory, celery_processes):
+    from django_celery_beat.models import PeriodicTask
+
+    sim = sim_cluster_factory(SCENARIO)
+    gw = sim.gateway
+    services.orgs_sync(cluster=sim.cluster, now=clock.now())
+    real_now = clock.now()
+    Org.objects.filter(slug="acme").update(last_activity_at=real_now - timedelta(hours=25))
+    # Idle 23.5 h by the wall clock: only the worker's injected clock makes it 24.5 h.
+    Org.objects.filter(slug="initech").update(last_activity_at=real_now - timedelta(hours=23, minutes=30))
+    Org.objects.filter(slug="globex").update(last_activity_at=real_now - timedelta(hours=2))
+
+    # The schedules as migrate installs them; only the sweep runs here, and it last ran now,
+    # so by the wall clock its next run is an hour away.
+    schedules_install()
+    PeriodicTask.objects.exclude(task=SWEEP_TASK).update(enabled=False)
+    PeriodicTask.objects.filter(task=SWEEP_TASK).update(enabled=True, last_run_at=real_now, total_run_count=0)
+    sweep = PeriodicTask.objects.get(task=SWEEP_TASK)
+    assert (sweep.interval.every, sweep.interval.period) == (3600, "seconds")
+
+    procs = celery_processes
+    procs.start("worker", "worker", "--pool=solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-n", f"orgs-test-{os.getpid()}@%h", "--loglevel=INFO")
+    procs.start("beat", "beat", "--loglevel=DEBUG", "--pidfile=", "-s", str(procs.tmp_path / "beat-schedule"))
+    wait_for(lambda: "ready." in procs.log("worker"), "the worker is ready", procs)
+    # CELERY_BEAT_MAX_INTERVAL reaches beat (Celery itself ignores that name; config/beat.py applies it).
+    wait_for(lambda: "Ticking with max interval->1.00 second" in procs.log("beat"), "beat ticks every second", procs)
+    # Beat has read the schedule and is ticking on the real clock: the sweep is not due.
+    wait_for(lambda: "DatabaseScheduler: Fetching database schedule" in procs.log("beat"), "beat read the schedule",
+             procs)
+    assert not Org.objects.filter(dormant=True).exists()
+    assert "Sending due task orgs: dormancy sweep" not in procs.log("beat")
+
+    # Move worker and beat past the next hourly run (one hour and a minute ahead).
+    procs.offset_file.write_text(str(3600 + 60))
+
+    wait_for(lambda: Org.objects.filter(slug="acme", dormant=True).exists(), "acme turns dormant", procs)
+    wait_for(lambda: (gw.get(kube.KNATIVE_SERVICES, "pynode", namespace="acme")["spec"]["template"]["metadata"]
+                      ["annotations"].get(MIN_SCALE) == "0"), "acme's pynode gets min-scale 0", procs)
+    wait_for(lambda: DormancySwitch.objects.filter(org__slug="initech", applied_at__isnull=False).exists(),
+             "initech's switch is applied", procs)
+    wait_for(lambda: DormancySwitch.objects.filter(org__slug="acme", applied_at__isnull=False).exists(),
+             "acme's switch is applied", procs)
+
+    assert "Sending due task orgs: dormancy sweep (orgs.tasks.dormancy_sweep)" in procs.log("beat")
+    acme = Org.objects.get(slug="acme")
+    assert acme.applied == "enabled" and acme.last_error == ""
+    # The sweep ran at the injected time: dormant since an hour ahead of the wall clock.
+    assert acme.dormant_since - real_now >= timedelta(hours=1)
+    [switch] = acme.switches.all()
+    assert (switch.direction, switch.cause, switch.actor) == ("dormant", "sweep", None)
+    assert switch.patched == ["ksvc acme/pynode: min-scale 1 → 0"] and switch.errors == []
+
+    initech = Org.objects.get(slug="initech")
+    assert initech.dormant, "the worker's sweep reads the injected clock: 23.5 h + 1 h is over 24 h"
+    assert gw.get(kube.KNATIVE_SERVICES, "pynode", namespace="initech")["spec"]["template"]["metadata"][
+        "annotations"][MIN_SCALE] == "0"
+    globex = Org.objects.get(slug="globex")
+    assert not globex.dormant and not globex.switches.exists()
+    assert gw.get(kube.KNATIVE_SERVICES, "pynode", namespace="globex")["spec"]["template"]["metadata"][
+        "annotations"][MIN_SCALE] == "1", "an active org keeps its floor"
+
+    procs.stop()  # beat writes its schedule state on the way out
+    sweep.refresh_from_db()
+    assert sweep.total_run_count == 1, "one hour moved: the hourly sweep fired once"
+    assert sweep.last_run_at - real_now >= timedelta(hours=1)
