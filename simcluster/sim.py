@@ -49,6 +49,11 @@ class SimSettings:
     default_target_concurrency: float = 100.0
     # Wall-clock seconds between controller passes when the clock runs (--speed).
     tick_seconds: float = 0.2
+    # Bearer tokens: token -> {user: NAME, groups: [..]} (see api/auth.py for who else is known).
+    tokens: dict = field(default_factory=dict)
+    # A request without credentials: "admin" (full access, like the old insecure port),
+    # "rbac" (system:anonymous, authorized by RBAC) or "reject" (401).
+    anonymous_access: str = "admin"
     extra: dict = field(default_factory=dict)
 
 

@@ -10,7 +10,7 @@ from werkzeug.wrappers import Request, Response
 from .. import errors
 from ..faults import Faults
 from ..sim import Simulation
-from . import discovery, handlers, routing, simcontrol, subresources, tables, watch
+from . import auth, discovery, handlers, routing, simcontrol, subresources, tables, watch
 from .http import error_response, json_response
 
 log = logging.getLogger("simcluster.api")
@@ -44,6 +44,7 @@ class ApiServer:
     def __init__(self, sim: Simulation, *, faults: Faults | None = None):
         self.sim = sim
         self.faults = faults or Faults()
+        self.auth = auth.Authorizer(sim)   # bearer tokens and RBAC (see auth.py)
         # Set when the server stops, so open watches end instead of holding threads.
         self.stopping = threading.Event()
 
@@ -60,23 +61,29 @@ class ApiServer:
 
     def dispatch(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
-        if path == "/version":
-            return json_response(discovery.version())
-        if path == "/api":
-            return json_response(discovery.api_versions(request.host))
-        if path == "/apis":
-            return json_response(discovery.api_group_list())
         if path in ("/healthz", "/readyz", "/livez"):
             return Response("ok", content_type="text/plain")
         if path.startswith("/simcluster/") or path == "/metrics":
             return simcontrol.handle(self.sim, self.faults, request)
+        # IMPORTANT: authenticate before serving anything else (401 for a bad token).
+        user = request.environ[auth.USER_KEY] = self.auth.authenticate(request)
+        if path == "/version":
+            return json_response(discovery.version())
+        if path == "/api":
+            self.auth.require_authenticated(user, path)
+            return json_response(discovery.api_versions(request.host))
+        if path == "/apis":
+            self.auth.require_authenticated(user, path)
+            return json_response(discovery.api_group_list())
         if path.startswith("/apis/") and path.count("/") == 2:
+            self.auth.require_authenticated(user, path)
             group = discovery.api_group(path.split("/")[2])
             if group is None:
                 raise errors.resource_not_found()
             return json_response(group)
         route = routing.parse(path)
         if route.rtype is None:
+            self.auth.require_authenticated(user, path)
             if request.method != "GET":
                 raise errors.method_not_allowed(f"{request.method} is not allowed on {path}")
             return json_response(discovery.api_resource_list(route.group, route.version))
@@ -84,6 +91,7 @@ class ApiServer:
 
     def serve_resource(self, request: Request, route: routing.Route) -> Response:
         verb = _verb(request.method, route, request)
+        self.auth.authorize(request.environ[auth.USER_KEY], verb, route)
         decision = self.faults.decide(verb, route.rtype.plural, route.name)
         if decision.latency_seconds:
             time.sleep(decision.latency_seconds)   # the injected latency itself, not a test wait
