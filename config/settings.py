@@ -72,6 +72,8 @@ MIDDLEWARE = [
     # a pod by IP over plain HTTP; see config/health.py).
     "config.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # The panel's CSS/JS under gunicorn, from STATIC_ROOT (`collectstatic` in the image).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",  # django-admin-interface's language chooser
     "django.middleware.common.CommonMiddleware",

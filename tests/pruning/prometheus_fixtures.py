@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -67,12 +68,14 @@ def write_openmetrics(series: list[Series], path: Path) -> None:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, *, scrape_configs: list | None = None, scrape_interval: str = "15s"):
+    def __init__(self, workdir: Path, *, scrape_configs: list | None = None, scrape_interval: str = "15s",
+                 tls: tuple[Path, Path] | None = None):
         self.workdir = Path(workdir)
         self.data = self.workdir / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls   # (certificate, key): serve HTTPS, as a production Prometheus would
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.config = self.workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -90,16 +93,23 @@ class PrometheusServer:
 
     def start(self) -> "PrometheusServer":
         log = open(self.workdir / "prometheus.log", "wb")
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self.data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
-             "--web.enable-lifecycle"], stdout=log, stderr=subprocess.STDOUT)
+        args = [PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self.data}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
+                "--web.enable-lifecycle"]
+        context = None
+        if self.tls:
+            web = self.workdir / "web.yml"
+            web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(self.tls[0]),
+                                                                 "key_file": str(self.tls[1])}}))
+            args.append(f"--web.config.file={web}")
+            context = ssl.create_default_context(cafile=str(self.tls[0]))
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + READY_DEADLINE_S
         while time.monotonic() < deadline:  # waiting on an external process, bounded
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {(self.workdir / 'prometheus.log').read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1, context=context) as r:
                     if r.status == 200:
                         return self
             except OSError:
