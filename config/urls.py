@@ -9,6 +9,8 @@ admin.site.index_template = "admin/gpu_index.html"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # django-admin-interface's language chooser posts here (Django's set_language view).
+    path("i18n/", include("django.conf.urls.i18n")),
     # Also answered first by config.health.ProbeMiddleware (before Host checks and redirects).
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
