@@ -11,30 +11,17 @@ too.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-_db = Path(tempfile.mkdtemp(prefix="dashboard-bench-")) / "db.sqlite3"
-os.environ["DATABASE_URL"] = f"sqlite:///{_db}"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)
-os.environ.pop("KUBECONFIG", None)
+import _django
 
-import django  # noqa: E402
+_django.setup("dashboard-bench")
+
 import orjson  # noqa: E402
-
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
-
-call_command("migrate", verbosity=0)
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.test import Client  # noqa: E402

@@ -10,30 +10,14 @@
 """
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "capacity"))
-_db = Path(tempfile.mkdtemp(prefix="defrag-bench-")) / "db.sqlite3"
-os.environ["DATABASE_URL"] = f"sqlite:///{_db}"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# Settings refuse to start without a key when DEBUG is off (as the sibling benches do).
-os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)
-os.environ.pop("KUBECONFIG", None)
+import _django
 
-import django  # noqa: E402
-
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
-
-call_command("migrate", verbosity=0)
+_django.setup("defrag-bench", extra_paths=["tests/capacity"])
 
 from capacity.models import JobState  # noqa: E402
 from capacity.planning import revision_satisfied  # noqa: E402

@@ -12,30 +12,16 @@ cache), so the calls measured are the ones product code makes all day: throttled
 """
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import timeit
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-_tmp = Path(tempfile.mkdtemp(prefix="orgs-activity-bench-"))
-os.environ["DATABASE_URL"] = f"sqlite:///{_tmp / 'db.sqlite3'}"
-os.environ["REDIS_URL"] = ""  # the throttled path never reaches the cache: in-process fast path
-os.environ["VAR_DIR"] = str(_tmp)
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)
-os.environ.pop("KUBECONFIG", None)
+import _django
+
+# The throttled path never reaches the cache: REDIS_URL empty keeps the in-process fast path.
+_django.setup("orgs-activity-bench", env={"REDIS_URL": ""})
 
 import django  # noqa: E402
-
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
 from django.dispatch import Signal  # noqa: E402
-
-call_command("migrate", verbosity=0)
 
 from clusters.models import Cluster  # noqa: E402
 from config import clock  # noqa: E402

@@ -7,36 +7,12 @@ import json
 
 import pytest
 
-from conftest import KUBECTL
+from conftest import KUBECTL, NODES_AND_NAMESPACE
 
 NS = "team-a"
 COST = "controller.kubernetes.io/pod-deletion-cost"
 
-SCENARIO = """
-apiVersion: v1
-kind: Namespace
-metadata: {name: team-a, labels: {capacity.io/org: team-a}}
----
-apiVersion: v1
-kind: Node
-metadata:
-  name: gpu-1
-  labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
-status:
-  capacity: {cpu: "64", memory: 512Gi, nvidia.com/gpu: "8", pods: "110"}
-  allocatable: {cpu: "64", memory: 512Gi, nvidia.com/gpu: "8", pods: "110"}
-  conditions: [{type: Ready, status: "True"}]
----
-apiVersion: v1
-kind: Node
-metadata:
-  name: gpu-2
-  labels: {nvidia.com/gpu.product: NVIDIA-A10G}
-status:
-  capacity: {cpu: "16", memory: 64Gi, nvidia.com/gpu: "1", pods: "110"}
-  allocatable: {cpu: "16", memory: 64Gi, nvidia.com/gpu: "1", pods: "110"}
-  conditions: [{type: Ready, status: "True"}]
----
+SCENARIO = NODES_AND_NAMESPACE + """---
 apiVersion: serving.knative.dev/v1
 kind: Service
 metadata: {name: pynode, namespace: team-a, labels: {capacity.io/component: pynode}}
