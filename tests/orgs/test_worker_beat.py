@@ -34,47 +34,22 @@ CELERY = Path(sys.executable).with_name("celery")
 SWEEP_TASK = "orgs.tasks.dormancy_sweep"
 POLL_LIMIT_S = 60.0
 
-SCENARIO = """
-apiVersion: v1
-kind: Namespace
-metadata: {name: knative-serving, labels: {app.kubernetes.io/version: "1.21.0"}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: acme, labels: {capacity.io/org: acme}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: initech, labels: {capacity.io/org: initech}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: globex, labels: {capacity.io/org: globex}}
----
-apiVersion: serving.knative.dev/v1
-kind: Service
-metadata: {name: pynode, namespace: acme, labels: {capacity.io/component: pynode}}
-spec:
-  template:
-    metadata: {annotations: {autoscaling.knative.dev/min-scale: "1"}}
-    spec: {containers: [{image: "pynode:1"}]}
----
-apiVersion: serving.knative.dev/v1
-kind: Service
-metadata: {name: pynode, namespace: initech, labels: {capacity.io/component: pynode}}
-spec:
-  template:
-    metadata: {annotations: {autoscaling.knative.dev/min-scale: "1"}}
-    spec: {containers: [{image: "pynode:1"}]}
----
-apiVersion: serving.knative.dev/v1
-kind: Service
-metadata: {name: pynode, namespace: globex, labels: {capacity.io/component: pynode}}
-spec:
-  template:
-    metadata: {annotations: {autoscaling.knative.dev/min-scale: "1"}}
-    spec: {containers: [{image: "pynode:1"}]}
-"""
+ORGS = ("acme", "initech", "globex")
+
+
+def scenario() -> list[dict]:
+    """Knative 1.21, and per org a namespace with a pynode at min-scale "1"."""
+    docs = [{"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": "knative-serving", "labels": {"app.kubernetes.io/version": "1.21.0"}}}]
+    for org in ORGS:
+        docs.append({"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": org, "labels": {"capacity.io/org": org}}})
+        docs.append({"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+                     "metadata": {"name": "pynode", "namespace": org,
+                                  "labels": {"capacity.io/component": "pynode"}},
+                     "spec": {"template": {"metadata": {"annotations": {MIN_SCALE: "1"}},
+                                           "spec": {"containers": [{"image": "pynode:1"}]}}}})
+    return docs
 
 
 @pytest.fixture
@@ -178,7 +153,7 @@ def test_beat_fires_the_hourly_sweep_on_the_injected_clock_and_the_worker_scales
         sim_cluster_factory, celery_processes):
     from django_celery_beat.models import PeriodicTask
 
-    sim = sim_cluster_factory(SCENARIO)
+    sim = sim_cluster_factory(scenario())
     gw = sim.gateway
     services.orgs_sync(cluster=sim.cluster, now=clock.now())
     real_now = clock.now()
