@@ -97,6 +97,12 @@ def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live
     expect(page.locator(f'g.node[data-node="{node}"]')).to_contain_text("⛔")
     shot(page, "4-history-and-map")
 
+    # The cluster's dashboard counts the GPUs and lists the job.
+    page.goto(f"{live_server.url}/capacity/clusters/sim/")
+    expect(page.locator("#gpus-by-product")).to_contain_text("NVIDIA-H100-80GB-HBM3")
+    expect(page.locator("#jobs")).to_contain_text(node)
+    shot(page, "5-dashboard")
+
 
 def test_an_operator_without_the_permission_cannot_start_a_defrag(live_server, cluster, browser_page,
                                                                  django_user_model):
@@ -109,6 +115,6 @@ def test_an_operator_without_the_permission_cannot_start_a_defrag(live_server, c
     first = page.locator("a.button", has_text="defrag this node").first
     response = page.goto(live_server.url + first.get_attribute("href"))
     assert response.status == 403
-    shot(page, "5-forbidden")
+    shot(page, "6-forbidden")
     assert not DefragJob.objects.exists()
     assert not any(n.get("spec", {}).get("unschedulable") for n in cluster.gateway.list(kube.NODES))
