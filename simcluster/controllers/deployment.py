@@ -243,9 +243,12 @@ class DeploymentController:
     @staticmethod
     def _write_status(sim, deployment: dict, new_rs: dict | None, old: list[dict]) -> None:
         store = sim.store
-        current = [store.get(REPLICASETS, rs["metadata"]["namespace"], rs["metadata"]["name"])
-                   for rs in ([new_rs] if new_rs else []) + old]
-        current = [rs for rs in current if rs is not None]
+
+        def fresh(rs: dict | None) -> dict | None:   # as stored after this pass's writes
+            return rs and store.get(REPLICASETS, rs["metadata"]["namespace"], rs["metadata"]["name"])
+
+        new_now = fresh(new_rs)
+        current = [rs for rs in [new_now, *map(fresh, old)] if rs is not None]
 
         def total(field: str) -> int:
             return sum(int((rs.get("status") or {}).get(field) or 0) for rs in current)
@@ -253,8 +256,7 @@ class DeploymentController:
         wanted = _replicas(deployment)
         _, max_unavailable = _surge_and_unavailable(deployment)
         replicas, available = total("replicas"), total("availableReplicas")
-        updated = int(((store.get(REPLICASETS, new_rs["metadata"]["namespace"], new_rs["metadata"]["name"])
-                        or {}).get("status") or {}).get("replicas") or 0) if new_rs else 0
+        updated = int(((new_now or {}).get("status") or {}).get("replicas") or 0)
         now = sim.clock.now()
         old_status = deployment.get("status") or {}
         conditions = old_status.get("conditions")

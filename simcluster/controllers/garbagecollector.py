@@ -26,13 +26,17 @@ class GarbageCollectorController:
         store = sim.store
         objects = store.every()
         removed = store.removed_uids
-        dependents: dict[str, list[tuple[object, dict]]] = {}
+        # Owners deleted with Foreground wait for their dependents: index only those.
+        waiting_owners = {obj["metadata"]["uid"]: (rtype, obj) for rtype, obj in objects
+                          if is_deleting(obj) and FOREGROUND in (obj["metadata"].get("finalizers") or ())}
+        dependents: dict[str, list[tuple[object, dict]]] = {uid: [] for uid in waiting_owners}
         for rtype, obj in objects:
             refs = obj["metadata"].get("ownerReferences")
             if not refs:
                 continue
             for ref in refs:
-                dependents.setdefault(ref.get("uid"), []).append((rtype, obj))
+                if ref.get("uid") in dependents:
+                    dependents[ref["uid"]].append((rtype, obj))
             alive = [r for r in refs if r.get("uid") not in removed]
             if len(alive) == len(refs):
                 continue
@@ -44,18 +48,17 @@ class GarbageCollectorController:
             new = copy(obj)
             new["metadata"]["ownerReferences"] = alive
             store.put(rtype, new)
-        for rtype, owner in objects:
-            meta = owner["metadata"]
-            if not is_deleting(owner) or FOREGROUND not in (meta.get("finalizers") or ()):
-                continue
-            waiting = [(t, d) for t, d in dependents.get(meta["uid"], ())
-                       if store.get(t, d["metadata"].get("namespace"), d["metadata"]["name"]) is not None]
-            for dtype, dependent in waiting:
-                if not is_deleting(dependent):
-                    store.delete(dtype, dependent["metadata"].get("namespace"), dependent["metadata"]["name"],
-                                 propagation="Foreground")
-            if not any(store.get(t, d["metadata"].get("namespace"), d["metadata"]["name"]) is not None
-                       for t, d in waiting):
+        for uid, (rtype, owner) in waiting_owners.items():
+            remaining = False
+            for dtype, dependent in dependents[uid]:
+                dmeta = dependent["metadata"]
+                current = store.get(dtype, dmeta.get("namespace"), dmeta["name"])
+                if current is None:
+                    continue
+                if not is_deleting(current):
+                    store.delete(dtype, dmeta.get("namespace"), dmeta["name"], propagation="Foreground")
+                remaining = remaining or store.get(dtype, dmeta.get("namespace"), dmeta["name"]) is not None
+            if not remaining:
                 new = copy(owner)
-                new["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != FOREGROUND]
+                new["metadata"]["finalizers"] = [f for f in owner["metadata"]["finalizers"] if f != FOREGROUND]
                 store.put(rtype, new)

@@ -5,6 +5,8 @@ job as `now`; nothing sleeps.
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from capacity import services
@@ -243,17 +245,23 @@ def test_abort_uncordons_and_deletes_each_orphan_once_its_revision_is_back(defra
     assert world.kube.actual_scale() == 3
 
 
-def test_time_limit_fails_the_job_leaving_node_cordoned_and_orphans_serving(defrag_world):
-    # No room anywhere else: the replacement cannot be scheduled, the scale never reaches 4.
+def world_without_room(defrag_world):
+    """One 8-GPU model pod on n1, and n2 full with a hog: the replacement of an orphan
+    cannot be scheduled anywhere, so the scale never reaches initial + m."""
     world = defrag_world(scenario(knative_service(min_scale=1, gpus=8), nodes=1))
     world.kube.core.create_node(kubernetes_node("n2"))
     world.kube.core.create_namespaced_pod(NS, make_pod("hog", namespace=NS, node="n2", gpus=8))
     world.advance(10)
+    return world
+
+
+def test_time_limit_fails_the_job_leaving_node_cordoned_and_orphans_serving(defrag_world):
+    world = world_without_room(defrag_world)
     job = run_until(world, start_job(world, "n1", timeout_seconds=300, poll_interval_seconds=10),
                     {JobState.WAITING}, dt=0)
     job = run_until(world, job, {JobState.FAILED}, dt=30)
     assert "Timed out after 300s" in job.error
-    assert (job.started_at is not None) and world.now() - job.started_at >= __import__("datetime").timedelta(
+    assert (job.started_at is not None) and world.now() - job.started_at >= timedelta(
         seconds=300)
     assert world.kube.node_cordoned("n1")
     [orphan] = job.orphans.all()
@@ -397,10 +405,7 @@ def test_a_worker_killed_in_every_step_of_an_abort_resumes_without_repeating_a_s
 
 
 def test_a_timed_out_job_can_be_aborted_once_its_replacement_finds_room(defrag_world):
-    world = defrag_world(scenario(knative_service(min_scale=1, gpus=8), nodes=1))
-    world.kube.core.create_node(kubernetes_node("n2"))
-    world.kube.core.create_namespaced_pod(NS, make_pod("hog", namespace=NS, node="n2", gpus=8))
-    world.advance(10)
+    world = world_without_room(defrag_world)
     job = run_until(world, start_job(world, "n1", timeout_seconds=60, poll_interval_seconds=10),
                     {JobState.WAITING}, dt=0)
     job = run_until(world, job, {JobState.FAILED}, dt=30)
