@@ -1,13 +1,14 @@
 #!/bin/sh
 # Installs the system packages the tests use, only those missing, and only as root with
-# apt-get. Otherwise it says what is missing: the tests then start what they can
-# (pytest-postgresql / pytest-redis) and fail loudly under CI=true.
+# apt-get. Otherwise it says what is missing. No server is started here: the tests start
+# their own PostgreSQL (tests/pgserver.py, as the postgres user when root) and Redis when
+# none answers, and fail loudly under CI=true when they cannot.
 set -u
 missing=""
 have() { command -v "$1" >/dev/null 2>&1; }
 
 have redis-server || missing="$missing redis-server"
-have pg_ctl || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$missing postgresql"
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
 have kubectl || missing="$missing kubernetes-client"
 have prometheus || missing="$missing prometheus"
 have chromium || have chromium-browser || missing="$missing chromium"

@@ -1,8 +1,8 @@
 """Shared test infrastructure: real PostgreSQL, real Redis, simulated clusters.
 
 - The Django test database is PostgreSQL: `TEST_DATABASE_URL` (default
-  postgres://postgres@127.0.0.1:5432/gpu_capacity), else one started here with
-  pytest-postgresql's executor. When neither works the run fails with CI=true; outside
+  postgres://postgres@127.0.0.1:5432/gpu_capacity), else a private server started here
+  (`tests/pgserver.py`: its own data directory, as the `postgres` user when run as root). When neither works the run fails with CI=true; outside
   CI it falls back to SQLite with a warning. Each pytest process gets its own test
   database name, so engineers running tests side by side do not collide.
 - Redis: `TEST_REDIS_URL` (default redis://127.0.0.1:6379/0), else one started with
@@ -19,7 +19,6 @@ import itertools
 import os
 import shutil
 import socket
-import tempfile
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -58,28 +57,19 @@ def _pg_reachable(url: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory) -> str | None:
+def postgres_url() -> str | None:
     """A reachable PostgreSQL server URL, started here when none runs."""
     if _pg_reachable(PG_URL):
         return PG_URL
-    pg_ctl = shutil.which("pg_ctl") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))), None)
-    if not pg_ctl:
-        _unavailable("PostgreSQL", "no pg_ctl found (make test installs postgresql)")
-        return None
-    from pytest_postgresql.executors import PostgreSQLExecutor
+    from tests.pgserver import PostgresUnavailable, start_private_postgres
 
-    port = _free_port()
-    datadir = tmp_path_factory.mktemp("pgdata")
-    executor = PostgreSQLExecutor(executable=str(pg_ctl), host="127.0.0.1", port=port, user="postgres",
-                                  dbname="postgres", startparams="-w", datadir=str(datadir / "data"),
-                                  unixsocketdir=tempfile.gettempdir(), logfile=str(datadir / "log"))
     try:
-        executor.start()
-    except Exception as exc:  # noqa: BLE001 - reported below, loudly in CI
-        _unavailable("PostgreSQL", repr(exc))
+        server = start_private_postgres(port=_free_port())
+    except PostgresUnavailable as exc:
+        _unavailable("PostgreSQL", str(exc))
         return None
-    pytest.postgres_executor = executor  # stopped at session end
-    return f"postgres://postgres@127.0.0.1:{port}/gpu_capacity"
+    pytest.postgres_server = server  # stopped at session end
+    return server.url("gpu_capacity")
 
 
 @pytest.fixture(scope="session")
@@ -105,9 +95,9 @@ def django_db_modify_db_settings(postgres_url) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    executor = getattr(pytest, "postgres_executor", None)
-    if executor is not None:
-        executor.stop()
+    server = getattr(pytest, "postgres_server", None)
+    if server is not None:
+        server.stop()
     executor = getattr(pytest, "redis_executor", None)
     if executor is not None:
         executor.stop()
