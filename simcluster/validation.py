@@ -14,6 +14,8 @@ from . import errors
 from .resources import ResourceType
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# pkg/apis/policy/validation: the values spec.unhealthyPodEvictionPolicy may take.
+UNHEALTHY_POD_EVICTION_POLICIES = ("AlwaysAllow", "IfHealthyBudget")
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -114,5 +116,11 @@ def validate(rtype: ResourceType, obj: dict, old: dict | None) -> None:
         value = annotations[DELETION_COST]
         if problem := deletion_cost_error(value):
             causes.append((f"metadata.annotations[{DELETION_COST}]", f"Invalid value: {_q(value)}: {problem}"))
+    if rtype.group == "policy" and rtype.plural == "poddisruptionbudgets":
+        policy = (obj.get("spec") or {}).get("unhealthyPodEvictionPolicy")
+        if policy is not None and policy not in UNHEALTHY_POD_EVICTION_POLICIES:
+            supported = ", ".join(_q(p) for p in UNHEALTHY_POD_EVICTION_POLICIES)
+            causes.append(("spec.unhealthyPodEvictionPolicy",
+                           f"Unsupported value: {_q(policy)}: supported values: {supported}"))
     if causes:
         raise errors.invalid(rtype.kind, name, causes, rtype.group)

@@ -5,7 +5,8 @@ from werkzeug.wrappers import Request, Response
 
 from .. import errors
 from ..clock import rfc3339
-from ..controllers.disruption import budget, pdb_selector
+from ..controllers._util import pod_ready, set_condition
+from ..controllers.disruption import pdb_selector
 from ..resources import PDBS, PODS, ResourceType
 from ..sim import Simulation
 from ..store import copy
@@ -59,14 +60,34 @@ def scale_update(sim: Simulation, route: Route, scale: dict, *, dry_run: bool) -
 
 
 # ---- eviction (policy/v1 Eviction) -----------------------------------------------------
-def pdb_allowance(sim: Simulation, pdb: dict) -> tuple[int, int, int]:
-    """(disruptionsAllowed, desiredHealthy, currentHealthy) from the PDB's status when
-    its controller has written one, computed from the pods otherwise."""
-    status = pdb.get("status") or {}
-    if "disruptionsAllowed" in status:
-        return status["disruptionsAllowed"], status.get("desiredHealthy", 0), status.get("currentHealthy", 0)
-    _, healthy, desired, allowed = budget(pdb, sim.store.all(PODS, pdb["metadata"]["namespace"]))
-    return allowed, desired, healthy
+# pkg/registry/core/pod/storage/eviction.go (Kubernetes 1.32): the eviction handler's
+# decisions, in its order. It reads the PDB's status as the disruption controller last
+# wrote it; it never computes a budget from the pods itself.
+MAX_DISRUPTED_POD_SIZE = 2000   # MaxDisruptedPodSize: unconfirmed evictions a PDB may hold
+ALWAYS_ALLOW = "AlwaysAllow"    # spec.unhealthyPodEvictionPolicy (GA in 1.31); default IfHealthyBudget
+
+
+def _can_ignore_pdb(pod: dict) -> bool:
+    """canIgnorePDB: terminal, Pending and terminating pods are deleted without asking
+    any budget (a Pending pod disrupts nothing that is serving)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed", "Pending") or bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def _too_many_requests(cause: str, retry_after: int = 0) -> errors.ApiError:
+    details: dict = {"causes": [{"reason": "DisruptionBudget", "message": cause}]}
+    headers = {}
+    if retry_after:
+        details["retryAfterSeconds"] = retry_after
+        headers["Retry-After"] = str(retry_after)
+    return errors.ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                           details=details, headers=headers)
+
+
+def _forbidden(pdb: dict, why: str) -> errors.ApiError:
+    name = pdb["metadata"]["name"]
+    return errors.ApiError(403, "Forbidden", f'poddisruptionbudgets.policy "{name}" is forbidden: {why}',
+                           details={"name": name, "group": "policy", "kind": "poddisruptionbudgets"})
 
 
 def evict(sim: Simulation, route: Route, request: Request) -> Response:
@@ -81,18 +102,15 @@ def evict(sim: Simulation, route: Route, request: Request) -> Response:
     store = sim.store
     with store.lock:
         pod = store.require(PODS, route.namespace, route.name)
-        phase = (pod.get("status") or {}).get("phase")
-        # As registry/core/pod/storage/eviction.go: terminal, pending and terminating
-        # pods are deleted without asking any budget.
-        if phase not in ("Succeeded", "Failed", "Pending") and not pod["metadata"].get("deletionTimestamp"):
+        if not _can_ignore_pdb(pod):
             _check_budgets(sim, pod, dry)
         if not dry:
-            store.delete(PODS, route.namespace, route.name, grace_seconds=options.get("gracePeriodSeconds"),
-                         preconditions=options.get("preconditions"))
+            _delete_evicted(sim, pod, options)
     return json_response(_SUCCESS, 201)
 
 
 def _check_budgets(sim: Simulation, pod: dict, dry: bool) -> None:
+    """Raise unless the pod's budget lets it go; spend one disruption when it must."""
     labels = pod["metadata"].get("labels") or {}
     pdbs = [pdb for pdb in sim.store.all(PDBS, pod["metadata"]["namespace"])
             if pdb_selector((pdb.get("spec") or {}).get("selector"))(labels)]
@@ -102,21 +120,68 @@ def _check_budgets(sim: Simulation, pod: dict, dry: bool) -> None:
     if not pdbs:
         return
     pdb = pdbs[0]
-    allowed, desired, healthy = pdb_allowance(sim, pdb)
-    if allowed < 1:
-        raise errors.ApiError(429, "TooManyRequests",
-                              "Cannot evict pod as it would violate the pod's disruption budget.",
-                              details={"causes": [{"reason": "DisruptionBudget",
-                                                   "message": f"The disruption budget {pdb['metadata']['name']} "
-                                                              f"needs {desired} healthy pods and has {healthy} currently"}]})
-    if dry or "disruptionsAllowed" not in (pdb.get("status") or {}):
+    spec, status = pdb.get("spec") or {}, pdb.get("status") or {}
+    if not pod_ready(pod):
+        # A Running pod that is not Ready counts for no healthy pod: letting it go takes
+        # nothing from the budget, so no disruption is spent on it.
+        if spec.get("unhealthyPodEvictionPolicy") == ALWAYS_ALLOW:
+            return
+        desired, healthy = status.get("desiredHealthy", 0), status.get("currentHealthy", 0)
+        if healthy >= desired > 0:   # IfHealthyBudget: only while the guarded app is whole
+            return
+    _check_and_decrement(sim, pod, pdb, dry)
+
+
+def _check_and_decrement(sim: Simulation, pod: dict, pdb: dict, dry: bool) -> None:
+    name, status = pdb["metadata"]["name"], pdb.get("status") or {}
+    # A budget the disruption controller has not yet computed for its current spec
+    # (no status at all counts as generation 0) says "come back later".
+    if status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+        raise _too_many_requests(f"The disruption budget {name} is still being processed by the server.", 10)
+    allowed = status.get("disruptionsAllowed", 0)
+    if allowed < 0:
+        raise _forbidden(pdb, "pdb disruptions allowed is negative")
+    if len(status.get("disruptedPods") or {}) > MAX_DISRUPTED_POD_SIZE:
+        raise _forbidden(pdb, "DisruptedPods map too big - too many evictions not confirmed by PDB controller")
+    if allowed == 0:
+        raise _too_many_requests(f"The disruption budget {name} needs {status.get('desiredHealthy', 0)} healthy "
+                                 f"pods and has {status.get('currentHealthy', 0)} currently")
+    if dry:
         return
-    # Count the disruption now, as the eviction handler does, so a second eviction
-    # before the PDB controller's next pass cannot spend the same allowance.
+    # Count the disruption now, so a second eviction before the controller's next pass
+    # cannot spend the same allowance; the controller drops the entry once the pod is gone.
+    now = sim.clock.now()
     new = copy(pdb)
     new["status"]["disruptionsAllowed"] = allowed - 1
-    new["status"].setdefault("disruptedPods", {})[pod["metadata"]["name"]] = rfc3339(sim.clock.now())
+    if allowed - 1 == 0:
+        conditions = set_condition(new["status"].get("conditions"), "DisruptionAllowed", "False", now,
+                                   reason="InsufficientPods")
+        for cond in conditions:   # metav1.Condition's message is required: served as ""
+            cond.setdefault("message", "")
+        new["status"]["conditions"] = conditions
+    new["status"].setdefault("disruptedPods", {})[pod["metadata"]["name"]] = rfc3339(now)
     sim.store.update(PDBS, new, subresource="status", check_rv=False)
+
+
+def _delete_evicted(sim: Simulation, pod: dict, options: dict) -> None:
+    """addConditionAndDeletePod: the caller's preconditions are checked against the pod
+    as it is, the pod is marked DisruptionTarget (PodDisruptionConditions, GA in 1.31),
+    then deleted."""
+    meta, preconditions = pod["metadata"], options.get("preconditions") or {}
+    if preconditions.get("uid") and preconditions["uid"] != meta["uid"]:
+        raise errors.conflict("Pod", meta["name"], "", f"the UID in the precondition ({preconditions['uid']}) does "
+                              f"not match the UID in record ({meta['uid']}). The object might have been deleted "
+                              "and then recreated")
+    if preconditions.get("resourceVersion") and preconditions["resourceVersion"] != meta["resourceVersion"]:
+        raise errors.conflict("Pod", meta["name"], "", f"the ResourceVersion in the precondition "
+                              f"({preconditions['resourceVersion']}) does not match the ResourceVersion in record "
+                              f"({meta['resourceVersion']}). The object might have been modified")
+    new = copy(pod)
+    status = new.setdefault("status", {})
+    status["conditions"] = set_condition(status.get("conditions"), "DisruptionTarget", "True", sim.clock.now(),
+                                         reason="EvictionByEvictionAPI", message="Eviction API: evicting")
+    sim.store.put(PODS, new)
+    sim.store.delete(PODS, meta.get("namespace"), meta["name"], grace_seconds=options.get("gracePeriodSeconds"))
 
 
 # ---- binding (core/v1 Binding) ---------------------------------------------------------
