@@ -68,7 +68,11 @@ class DefragJob(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        permissions = [("drain_defragjob", "Can drain (evict and delete) a defragged node")]
+        permissions = [
+            ("drain_defragjob", "Can drain (evict and delete) a defragged node"),
+            # The dashboard and GPU map name orgs, models and nodes: more than staff status allows.
+            ("view_cluster_contents", "Can view a cluster's contents (dashboard, GPU map)"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["cluster", "node_name"], condition=models.Q(state__in=LIVE_STATES),
                                     name="capacity_one_live_defrag_job_per_node"),

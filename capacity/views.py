@@ -1,7 +1,9 @@
-"""The GPU map and the job progress endpoint (staff only)."""
+"""The GPU map and the job progress endpoint (staff with a capacity view permission)."""
 from __future__ import annotations
 
 from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, render
@@ -18,14 +20,30 @@ LABEL_WIDTH = 330  # px for the node name column
 NODES_PER_PAGE = 100  # map rows per page: a 1,000-node fleet is ten pages, not one huge SVG
 TOP_CANDIDATES = 25  # "where to defrag" rows shown (the best first)
 
+# Staff status opens the admin, not the cluster: the dashboard and the GPU map name
+# orgs, models and nodes, so they want this permission, checked before any API call.
+CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
+
+
+def cluster_contents_required(view):
+    """Anonymous → the login page; staff without the permission → 403, before the view runs."""
+    return staff_member_required(permission_required(CLUSTER_CONTENTS_PERMISSION, raise_exception=True)(view))
+
+
+def _may_view_jobs(user) -> bool:
+    # The admin lets a user who may change a job also view it: the same rule here.
+    return user.has_perm("capacity.view_defragjob") or user.has_perm("capacity.change_defragjob")
+
 
 @staff_member_required
 def job_progress(request, pk: int):
+    if not _may_view_jobs(request.user):
+        raise PermissionDenied("viewing defrag jobs needs the capacity.view_defragjob permission")
     job = get_object_or_404(DefragJob.objects.select_related("cluster"), pk=pk)
     return JsonResponse(defrag_job_progress(job=job))
 
 
-@staff_member_required
+@cluster_contents_required
 def gpu_map(request, cluster: str):
     cluster_row = Cluster.objects.filter(name=cluster).first()
     if cluster_row is None:

@@ -1,9 +1,8 @@
-"""The home dashboard per cluster (staff only): GPUs by product, fragmentation, dormant
+"""The home dashboard per cluster (staff with `capacity.view_cluster_contents`): GPUs by product, fragmentation, dormant
 orgs, defrag jobs, last prune runs. Two Kubernetes API calls and a few small queries,
 whatever the size of the cluster."""
 from __future__ import annotations
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404
 from django.shortcuts import render
 
@@ -16,12 +15,13 @@ from pruning.models import PruneRun
 from capacity.dashboard import gpu_summary
 from capacity.models import RUNNING_STATES, DefragJob
 from capacity.selectors import fragmentation_for
+from capacity.views import cluster_contents_required
 
 RECENT = 5  # recent jobs and prune runs shown
 REFRESH_SECONDS = 10  # the page reloads its content on its own while it is open
 
 
-@staff_member_required
+@cluster_contents_required
 def dashboard(request, cluster: str):
     cluster_row = Cluster.objects.filter(name=cluster).first()
     if cluster_row is None:

@@ -8,6 +8,11 @@ from clusters.models import Cluster
 register = template.Library()
 
 
-@register.inclusion_tag("capacity/clusters_panel.html")
-def clusters_panel():
+@register.inclusion_tag("capacity/clusters_panel.html", takes_context=True)
+def clusters_panel(context):
+    # Only those who may open the dashboard and GPU map are offered links to them.
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    if user is None or not user.has_perm("capacity.view_cluster_contents"):
+        return {"clusters": [], "hidden": True}
     return {"clusters": list(Cluster.objects.order_by("name"))}

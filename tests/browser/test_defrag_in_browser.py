@@ -107,7 +107,8 @@ def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live
 def test_an_operator_without_the_permission_cannot_start_a_defrag(live_server, cluster, browser_page,
                                                                  django_user_model):
     viewer = django_user_model.objects.create_user("viewer", "viewer@example.com", "s3cret-pass", is_staff=True)
-    viewer.user_permissions.add(Permission.objects.get(codename="view_defragjob"))
+    viewer.user_permissions.add(Permission.objects.get(codename="view_defragjob"),
+                                Permission.objects.get(codename="view_cluster_contents"))
     page = browser_page
     log_in(page, live_server.url, "viewer", "s3cret-pass")
 
