@@ -20,6 +20,7 @@ from . import errors
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"   # server-side apply: api/handlers.py and fieldmanager.py
 PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH)
 CUSTOM_RESOURCE_PATCH_TYPES = (JSON_PATCH, MERGE_PATCH)
 
@@ -50,7 +51,7 @@ def apply_patch(current: dict, body: bytes, content_type: str, *, builtin: bool 
     content_type = (content_type or "").split(";")[0].strip()
     accepted = PATCH_TYPES if builtin else CUSTOM_RESOURCE_PATCH_TYPES
     if content_type not in accepted:
-        raise errors.unsupported_media_type(content_type, list(accepted))
+        raise errors.unsupported_media_type(content_type, [*accepted, APPLY_PATCH])
     patch = _decode(body)
     if content_type == JSON_PATCH:
         return _json_patch(current, patch)

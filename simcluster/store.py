@@ -208,6 +208,11 @@ class Store:
             if subresource == "status":
                 new = copy(old)
                 new["status"] = obj.get("status", {})
+                if "managedFields" in meta:   # the API handler worked out ownership of the status write
+                    if meta["managedFields"]:
+                        new["metadata"]["managedFields"] = meta["managedFields"]
+                    else:
+                        new["metadata"].pop("managedFields", None)
             else:
                 new = obj
                 new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind

@@ -10,7 +10,7 @@ from werkzeug.wrappers import Request, Response
 from .. import errors
 from ..faults import Faults
 from ..sim import Simulation
-from . import auth, discovery, handlers, routing, simcontrol, subresources, tables, watch
+from . import auth, discovery, handlers, openapi, routing, simcontrol, subresources, tables, watch
 from .http import error_response, json_response
 
 log = logging.getLogger("simcluster.api")
@@ -72,9 +72,20 @@ class ApiServer:
         if path == "/api":
             self.auth.require_authenticated(user, path)
             return json_response(discovery.api_versions(request.host))
+        unserved = self.sim.settings.unserved_groups
+        if path.startswith("/apis/") and path.split("/")[2] in unserved:
+            # kube-apiserver: no handler claims an uninstalled group, so its NotFoundHandler
+            # answers in plain text (not a Status object), whatever the verb.
+            return Response("404 page not found\n", status=404, content_type="text/plain; charset=utf-8")
         if path == "/apis":
             self.auth.require_authenticated(user, path)
-            return json_response(discovery.api_group_list())
+            listing = discovery.api_group_list()
+            listing["groups"] = [g for g in listing["groups"] if g["name"] not in unserved]
+            return json_response(listing)
+        if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
+            # system:discovery lets every authenticated user read the OpenAPI documents.
+            self.auth.require_authenticated(user, path)
+            return self.serve_openapi(path)
         if path.startswith("/apis/") and path.count("/") == 2:
             self.auth.require_authenticated(user, path)
             group = discovery.api_group(path.split("/")[2])
@@ -88,6 +99,15 @@ class ApiServer:
                 raise errors.method_not_allowed(f"{request.method} is not allowed on {path}")
             return json_response(discovery.api_resource_list(route.group, route.version))
         return self.serve_resource(request, route)
+
+    @staticmethod
+    def serve_openapi(path: str) -> Response:
+        if path == "/openapi/v3":
+            return json_response(openapi.root())
+        body = openapi.document(path[len("/openapi/v3/"):])
+        if body is None:
+            raise errors.resource_not_found()
+        return Response(body, content_type="application/json")
 
     def serve_resource(self, request: Request, route: routing.Route) -> Response:
         verb = _verb(request.method, route, request)

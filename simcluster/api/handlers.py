@@ -7,10 +7,11 @@ import bisect
 import orjson
 from werkzeug.wrappers import Request, Response
 
-from .. import errors
-from ..patching import apply_patch
+from .. import errors, fieldmanager
+from ..patching import APPLY_PATCH, apply_patch
 from ..resources import NAMESPACES, PODS, RESOURCE_TYPES, ResourceType
 from ..sim import Simulation
+from ..store import copy
 from . import subresources
 from .http import dry_run, json_response, read_object
 from .routing import Route
@@ -133,11 +134,19 @@ def _prepare_for_create(rtype: ResourceType, body: dict) -> None:
         body["status"] = {"phase": "Pending"}
 
 
+def manager(request: Request) -> str:
+    """Who a write is recorded under in metadata.managedFields."""
+    field_manager = request.args.get("fieldManager")
+    fieldmanager.check_field_manager(field_manager, required=False)
+    return fieldmanager.manager_of(field_manager, request.headers.get("User-Agent"))
+
+
 def create(sim: Simulation, route: Route, request: Request) -> Response:
     body = read_object(request)
     _check_type(route.rtype, body)
     _check_namespace(route, body)
     _prepare_for_create(route.rtype, body)
+    fieldmanager.record_update(route.rtype, None, body, manager=manager(request), now=sim.clock.now())
     with sim.store.lock:
         require_namespace(sim, route.namespace)
         created = sim.store.create(route.rtype, body, dry_run=dry_run(request))
@@ -153,26 +162,45 @@ def _check_name(route: Route, body: dict) -> None:
 def update(sim: Simulation, route: Route, request: Request) -> Response:
     body = read_object(request)
     if route.subresource == "scale":
-        return json_response(subresources.scale_update(sim, route, body, dry_run=dry_run(request)))
+        return json_response(subresources.scale_update(sim, route, body, dry_run=dry_run(request),
+                                                       manager=manager(request)))
     _check_type(route.rtype, body)
     _check_namespace(route, body)
     _check_name(route, body)
-    return json_response(_store_update(sim, route, body, dry_run(request), check_rv=True))
+    return json_response(_store_update(sim, route, body, dry_run(request), check_rv=True, manager=manager(request)))
 
 
-def _store_update(sim: Simulation, route: Route, obj: dict, dry: bool, *, check_rv: bool) -> dict:
-    if route.subresource == "status":
-        return sim.store.update(route.rtype, obj, subresource="status", check_rv=check_rv, dry_run=dry)
-    if route.subresource is not None:
+def _store_update(sim: Simulation, route: Route, obj: dict, dry: bool, *, check_rv: bool, manager: str) -> dict:
+    if route.subresource not in (None, "status"):
         raise errors.method_not_allowed(f"updates are not supported on {route.rtype.plural}/{route.subresource}")
-    return sim.store.update(route.rtype, obj, preserve_status="status" in route.rtype.subresources,
-                            check_rv=check_rv, dry_run=dry)
+    with sim.store.lock:
+        old = sim.store.require(route.rtype, route.namespace, route.name)
+        if route.subresource == "status":
+            # Ownership is worked out on the object as the status write leaves it.
+            view = copy(old)
+            view["status"] = obj.get("status", {})
+            view["metadata"].pop("managedFields", None)
+            if "managedFields" in (obj.get("metadata") or {}):
+                view["metadata"]["managedFields"] = obj["metadata"]["managedFields"]
+            fieldmanager.record_update(route.rtype, old, view, manager=manager, now=sim.clock.now(),
+                                       subresource="status")
+            obj = dict(obj, metadata=dict(obj.get("metadata") or {},
+                                          managedFields=view["metadata"].get("managedFields") or []))
+            return sim.store.update(route.rtype, obj, subresource="status", check_rv=check_rv, dry_run=dry)
+        fieldmanager.record_update(route.rtype, old, obj, manager=manager, now=sim.clock.now())
+        return sim.store.update(route.rtype, obj, preserve_status="status" in route.rtype.subresources,
+                                check_rv=check_rv, dry_run=dry)
 
 
 def patch(sim: Simulation, route: Route, request: Request) -> Response:
     body = request.get_data(cache=True)
     content_type = request.headers.get("Content-Type", "")
+    if content_type.split(";")[0].strip() == APPLY_PATCH:
+        return server_side_apply(sim, route, request)
+    if "force" in request.args:
+        raise errors.bad_request("force is only allowed with server-side apply (application/apply-patch+yaml)")
     dry = dry_run(request)
+    who = manager(request)
     builtin = is_builtin(route.rtype) or route.subresource == "scale"
     # The lock makes read-patch-write atomic, so a patch never fails on a concurrent write
     # (kube-apiserver retries such patches itself).
@@ -183,14 +211,46 @@ def patch(sim: Simulation, route: Route, request: Request) -> Response:
             patched = apply_patch(scale, body, content_type, builtin=builtin)
             if not isinstance(patched, dict):
                 raise errors.request_entity_invalid("the patched Scale is not a JSON object")
-            return json_response(subresources.scale_update(sim, route, patched, dry_run=dry))
+            return json_response(subresources.scale_update(sim, route, patched, dry_run=dry, manager=who))
         patched = apply_patch(current, body, content_type, builtin=builtin)
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
             raise errors.request_entity_invalid("the patched object is not a JSON object with metadata")
         _check_name(route, patched)
         if route.rtype.namespaced and patched["metadata"].get("namespace") != route.namespace:
             raise errors.bad_request("the namespace of the object cannot be changed by a patch")
-        return json_response(_store_update(sim, route, patched, dry, check_rv=True))
+        return json_response(_store_update(sim, route, patched, dry, check_rv=True, manager=who))
+
+
+def _bool_param(request: Request, name: str) -> bool:
+    raw = request.args.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0", ""):
+        raise errors.bad_request(f"{name} must be true or false, got {raw!r}")
+    return raw in ("true", "1")
+
+
+def server_side_apply(sim: Simulation, route: Route, request: Request) -> Response:
+    """PATCH with application/apply-patch+yaml: create or merge the caller's fields
+    (see simcluster/fieldmanager.py for what ownership covers)."""
+    if route.subresource is not None:
+        raise errors.bad_request(f"server-side apply to {route.rtype.plural}/{route.subresource} is not modelled "
+                                 "by simcluster; apply to the object itself")
+    field_manager = request.args.get("fieldManager")
+    fieldmanager.check_field_manager(field_manager, required=True)
+    force = _bool_param(request, "force")
+    dry = dry_run(request)
+    applied = fieldmanager.parse_applied(request.get_data(cache=True), route.rtype, route.name)
+    _check_namespace(route, applied)
+    now = sim.clock.now()
+    with sim.store.lock:
+        live = sim.store.get(route.rtype, route.namespace, route.name)
+        if live is None:
+            require_namespace(sim, route.namespace)
+            obj = fieldmanager.apply(route.rtype, None, applied, manager=field_manager, force=force, now=now)
+            _prepare_for_create(route.rtype, obj)
+            return json_response(sim.store.create(route.rtype, obj, dry_run=dry), 201)
+        merged = fieldmanager.apply(route.rtype, live, applied, manager=field_manager, force=force, now=now)
+        return json_response(sim.store.update(route.rtype, merged, preserve_status="status" in route.rtype.subresources,
+                                              check_rv=True, dry_run=dry))
 
 
 # ---- deletes -----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from werkzeug.wrappers import Request, Response
 
 from .. import errors
 from ..clock import rfc3339
+from ..fieldmanager import record_scale
 from ..controllers._util import pod_ready, set_condition
 from ..controllers.disruption import pdb_selector
 from ..resources import PDBS, PODS, ResourceType
@@ -41,7 +42,7 @@ def scale_of(rtype: ResourceType, obj: dict) -> dict:
     }
 
 
-def scale_update(sim: Simulation, route: Route, scale: dict, *, dry_run: bool) -> dict:
+def scale_update(sim: Simulation, route: Route, scale: dict, *, dry_run: bool, manager: str | None = None) -> dict:
     if scale.get("kind") not in (None, "Scale"):
         raise errors.bad_request(f"the kind in the data ({scale.get('kind')}) does not match the expected kind (Scale)")
     replicas = (scale.get("spec") or {}).get("replicas")
@@ -55,6 +56,8 @@ def scale_update(sim: Simulation, route: Route, scale: dict, *, dry_run: bool) -
             raise errors.conflict(route.rtype.plural, route.name, route.rtype.group)
         new = copy(current)
         new.setdefault("spec", {})["replicas"] = replicas
+        if manager is not None:
+            record_scale(route.rtype, current, new, manager=manager, now=sim.clock.now())
         stored = sim.store.update(route.rtype, new, preserve_status=True, dry_run=dry_run)
     return scale_of(route.rtype, stored)
 
