@@ -109,6 +109,8 @@ RESOURCES: tuple[Resource, ...] = (
     PODAUTOSCALERS, INFERENCESERVICES, NOTEBOOKS, MODELSERVINGS,
 )
 _BY_KIND = {(r.api_version, r.kind): r for r in RESOURCES}
+# Not a resource: the discovery document `GET /apis`, named for the call counters only.
+DISCOVERY = Resource("", "v1", "APIGroupList", "apis", namespaced=False)
 
 
 def resource_for(api_version: str, kind: str) -> Resource:
@@ -262,6 +264,18 @@ class KubeGateway:
         probe answers within its own timeout. Raises the gateway's errors."""
         self._send_counted("list", NAMESPACES, "GET", NAMESPACES.path(), [("limit", 1)], None, None, False,
                            timeout)
+
+    def api_groups(self) -> dict[str, list[str]]:
+        """The API groups the server serves and their versions, preferred first, as its
+        discovery document `GET /apis` says (the core group "" is always served and not
+        listed). Every authenticated user may read it (the built-in system:discovery role)."""
+        listing = self._send("get", DISCOVERY, "GET", "/apis")
+        served: dict[str, list[str]] = {}
+        for group in listing.get("groups") or ():
+            preferred = (group.get("preferredVersion") or {}).get("version")
+            versions = [v.get("version") for v in group.get("versions") or () if v.get("version")]
+            served[group.get("name", "")] = sorted(versions, key=lambda v: v != preferred)
+        return served
 
     def _send_once(self, verb, resource, method, path, query, body, content_type, stream, timeout):
         self._count(self.calls, verb, resource)

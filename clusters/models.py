@@ -27,6 +27,18 @@ class Cluster(models.Model):
                                       help_text="KServe version last seen (label of the kserve namespace).")
     versions_seen_at = models.DateTimeField(null=True, blank=True,
                                             help_text="When the versions above were read.")
+    api_groups = models.JSONField(
+        default=dict, blank=True,
+        help_text="The API groups the product acts on that the cluster serves, with their versions "
+                  "(discovery GET /apis); a group not listed means no such workloads on this cluster.")
+    api_groups_seen_at = models.DateTimeField(null=True, blank=True,
+                                              help_text="When discovery was last read successfully.")
+    api_groups_error = models.TextField(blank=True, help_text="The last failure reading discovery, if any.")
+    knative_lever = models.CharField(
+        max_length=40, blank=True,
+        help_text="How scale to zero switches models on this cluster: the PodAutoscaler annotation "
+                  "(replaces no pod) or the Revision annotation (restarts the model's pods).")
+    knative_lever_reason = models.TextField(blank=True, help_text="The evidence the lever was chosen by.")
     from_environment = models.BooleanField(
         default=False, help_text="Managed from the environment (KUBECONFIG…); edits are overwritten.")
     created_at = models.DateTimeField(auto_now_add=True, help_text="When the row was created.")

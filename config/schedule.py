@@ -32,6 +32,20 @@ SCHEDULES: tuple[Periodic, ...] = (
         description="Find and repair scale-to-zero settings that did not hold (drift).",
     ),
     Periodic(
+        name="orgs: scale-to-zero retry",
+        task="orgs.tasks.scale_to_zero_retry",
+        every_seconds=60,
+        description="Apply again every org whose wanted scale-to-zero setting is not the applied one "
+                    "(a lost queue message, a partial apply): a wake lands within 2 minutes.",
+    ),
+    Periodic(
+        name="clusters: API discovery",
+        task="clusters.tasks.discovery_refresh_all",
+        every_seconds=300,
+        description="Read which API groups the product acts on each cluster serves (KServe, Knative, "
+                    "Kubeflow, Kthena, metrics); a group not served means no such workloads.",
+    ),
+    Periodic(
         name="pruning: idle-GPU prune",
         task="pruning.tasks.prune_all_clusters",
         every_seconds=180,

@@ -23,17 +23,37 @@ class DormancySwitchInline(admin.TabularInline):
 @admin.register(Org)
 class OrgAdmin(admin.ModelAdmin):
     list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "last_activity_at",
-                    "dormant_since", "applied", "has_drift", "reconciled_at")
+                    "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
     list_filter = ("dormant", "scale_to_zero_allowed", "applied", "cluster")
     search_fields = ("slug", "namespace")
-    readonly_fields = ("dormant", "dormant_since", "last_activity_at", "applied", "drift", "last_error",
-                       "reconciled_at", "mechanism", "created_at", "scale_to_zero_allowed")
+    readonly_fields = ("dormant", "dormant_since", "last_activity_at", "scale_to_zero_state", "applied", "pending",
+                       "drift", "last_error", "reconciled_at", "mechanism", "knative_lever", "created_at",
+                       "scale_to_zero_allowed")
     inlines = [DormancySwitchInline]
     actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now"]
 
     @admin.display(boolean=True, description="drift")
     def has_drift(self, org: Org) -> bool:
         return bool(org.drift or org.last_error)
+
+    @admin.display(description="scale to zero on the cluster")
+    def scale_to_zero_state(self, org: Org) -> str:
+        """What really holds, not what is meant: the org row is the intent."""
+        wanted = org.wanted
+        if org.pending:
+            return f"partial: {wanted} not yet on {len(org.pending)} part(s), retried every minute"
+        if org.applied == wanted:
+            return f"{wanted} on all workloads"
+        if not org.applied:
+            return f"not applied yet ({wanted} wanted)"
+        return f"{org.applied} holds; {wanted} wanted, being applied"
+
+    @admin.display(description="Knative lever of the cluster")
+    def knative_lever(self, org: Org) -> str:
+        cluster = org.cluster
+        if not cluster.knative_lever:
+            return "not chosen yet (chosen at the first apply)"
+        return f"{cluster.knative_lever}: {cluster.knative_lever_reason}"
 
     def _has(self, request, codename: str) -> bool:
         return request.user.has_perm(f"orgs.{codename}")
@@ -54,9 +74,8 @@ class OrgAdmin(admin.ModelAdmin):
         now = clock.now()
         for org in queryset.select_related("cluster"):
             outcome = services.org_scale_to_zero_allow(org=org, allowed=allowed, actor=request.user, now=now)
-            if outcome is not None and outcome.errors:
-                self.message_user(request, f"{org}: {len(outcome.errors)} workload(s) failed, the reconcile will "
-                                           f"retry: {outcome.errors[0]}", messages.WARNING)
+            if outcome is not None and not outcome.complete:
+                self.message_user(request, f"{outcome.summary()}; retried every minute", messages.WARNING)
             elif outcome is not None:
                 self.message_user(request, f"{org}: {len(outcome.patched)} workload(s) patched")
         self.message_user(request, f"scale to zero {'allowed' if allowed else 'disallowed'} for "
@@ -73,8 +92,12 @@ class OrgAdmin(admin.ModelAdmin):
     @admin.action(permissions=["mark_active"], description="Mark active now")
     def mark_active_now(self, request, queryset) -> None:
         now = clock.now()
-        woke = [org.slug for org in queryset if services.org_mark_active_now(org=org, actor=request.user, now=now)]
+        results = [services.org_mark_active_now(org=org, actor=request.user, now=now) for org in queryset]
+        woke = [r.org for r in results if r.woke]
         self.message_user(request, f"marked active; woke {', '.join(woke) or 'none (all were active)'}")
+        for result in results:
+            if result.queued is False:
+                self.message_user(request, result.describe(), messages.WARNING)
 
     @admin.action(permissions=["run_dormancy_sweep"], description="Run the dormancy sweep now (all orgs)")
     def run_dormancy_sweep_now(self, request, queryset) -> None:
@@ -85,10 +108,10 @@ class OrgAdmin(admin.ModelAdmin):
 
 @admin.register(AuditRecord)
 class AuditRecordAdmin(admin.ModelAdmin):
-    list_display = ("at", "action", "actor", "org")
+    list_display = ("at", "action", "cause", "actor", "org")
     list_filter = ("action",)
-    search_fields = ("org__slug", "action")
-    readonly_fields = ("at", "action", "actor", "org", "old", "new")
+    search_fields = ("org__slug", "action", "cause")
+    readonly_fields = ("at", "action", "cause", "actor", "org", "old", "new")
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -25,10 +25,15 @@ class Org(models.Model):
                                help_text="The scale-to-zero setting last seen holding on every workload.")
     drift = models.JSONField(default=list, blank=True,
                              help_text="Workloads found not holding the wanted setting at the last reconcile.")
+    pending = models.JSONField(
+        default=list, blank=True,
+        help_text="What did not take the wanted setting at the last apply (a partial apply), and why; "
+                  "retried every minute until empty.")
     last_error = models.TextField(blank=True, help_text="The last Kubernetes failure while applying the setting.")
     reconciled_at = models.DateTimeField(null=True, blank=True, help_text="When the setting was last checked.")
     mechanism = models.CharField(max_length=120, blank=True,
-                                 help_text="How models are switched on this cluster (by Knative version).")
+                                 help_text="How models are switched on this cluster (by Knative version; "
+                                           "the cluster page says why).")
     created_at = models.DateTimeField(auto_now_add=True, help_text="When the org was registered.")
 
     class Meta:
@@ -88,6 +93,8 @@ class AuditRecord(models.Model):
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="Who did it; empty for the schedule.")
     action = models.CharField(max_length=60, help_text="What was done, e.g. org_disallow_scale_to_zero.")
+    cause = models.CharField(max_length=200, blank=True,
+                             help_text="Why it was done: the switch, the first apply, a drift repair, a retry…")
     org = models.ForeignKey(Org, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit",
                             help_text="The org it was done to, if one.")
     old = models.JSONField(default=dict, blank=True, help_text="The values before.")

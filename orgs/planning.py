@@ -2,16 +2,26 @@
 
 No ORM, no HTTP, no clock: callers pass the objects they read and `now`.
 
-- pynodes: Knative Services labelled `capacity.io/component=pynode` → the template's
-  `autoscaling.knative.dev/min-scale` ("0" enable, "1" disable). A template change
-  makes a new Revision, as the seed says.
-- models: InferenceServices → their predictor Knative Service's routed Revisions.
-  Knative ≥ 1.21 copies the Revision's autoscaling annotations onto the PodAutoscaler
-  on every reconcile (a direct PA patch is reverted), so the Revision is patched; on
-  older Knative the PA is patched directly (the seed's way). Unknown version: both,
-  which holds under either behaviour. No redeploy either way.
-- Disabling returns a model to its own floor (`spec.predictor.minReplicas`, at least 1)
-  so that scale to zero never lowers what a model asked for.
+The rule: the org switch owns only the scaling it adds. Enabling sets min-scale "0";
+disabling returns each workload to its owner's floor and nothing above it:
+- a model (InferenceService): its `spec.predictor.minReplicas` ("0" stays "0"), "1"
+  where the owner set nothing (KServe's own default);
+- a pynode (Knative Service labelled `capacity.io/component=pynode`): the template's
+  min-scale before the product first set it to "0", recorded at that moment in the
+  Service's `capacity.io/owner-min-scale` annotation (metadata, so recording makes no
+  Revision) and removed again on restore; "" there means the owner set none.
+Disabling patches only a "0" it finds where the floor is higher (the product's own
+"0"); any other value is the owner's business and is left alone.
+
+How models are switched (the lever) follows the Knative version the cluster states:
+- Knative >= 1.21 copies a Revision's autoscaling annotations onto its PodAutoscaler on
+  every reconcile (a direct PA patch is reverted), so the Revision is patched; that
+  changes the Deployment's pod template, so Knative replaces the model's pods.
+- Knative < 1.21 keeps a direct PodAutoscaler patch, and that replaces no pod.
+- Unknown version (a `devel` label, a digest-pinned image): the PodAutoscaler, the lever
+  that replaces no pod. Observed on Knative 1.15: a Revision patch rolled the pods and
+  the PA did not follow, a PA patch held (../shared/REALTIER.md). A Revision is never
+  patched on a guess.
 """
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ from datetime import datetime, timedelta
 
 MIN_SCALE = "autoscaling.knative.dev/min-scale"
 MIN_SCALE_LEGACY = "autoscaling.knative.dev/minScale"
+OWNER_MIN_SCALE = "capacity.io/owner-min-scale"
 PYNODE_SELECTOR = "capacity.io/component=pynode"
 ORG_LABEL = "capacity.io/org"
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
@@ -33,45 +44,95 @@ VIA_PODAUTOSCALER = "podautoscaler-patch"
 
 
 def parse_version(text: str | None) -> tuple[int, ...]:
-    """ "1.21.0", "v1.20", "knative-v1.21.1" → (1, 21, 0) …; unparseable → ()."""
+    """ "1.21.0", "v1.20", "knative-v1.21.1" → (1, 21, 0) …; unparseable ("devel") → ()."""
     match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
     if not match:
         return ()
     return tuple(int(part) for part in match.groups() if part is not None)
 
 
+@dataclass(frozen=True)
+class Lever:
+    """How models are switched on a cluster, and the evidence it was chosen by."""
+
+    target: str             # VIA_REVISION or VIA_PODAUTOSCALER
+    version: str            # as the cluster states it; "" unknown
+    reason: str
+    restarts_pods: bool
+
+    def describe(self) -> str:
+        shown = self.version or "unknown"
+        restart = ", restarts model pods" if self.restarts_pods else ""
+        return f"models via {self.target} (Knative {shown}{restart}); pynodes via template"
+
+
+def knative_lever(*, version: str, source: str = "", looked_at: tuple[str, ...] = ()) -> Lever:
+    parsed = parse_version(version)
+    where = f" ({source})" if source else ""
+    if parsed and parsed >= (1, 21):
+        return Lever(VIA_REVISION, version, f"Knative {version}{where} copies a Revision's autoscaling annotations "
+                     "onto its PodAutoscaler, so a PodAutoscaler patch would be reverted: the Revision is patched, "
+                     "and each switch restarts the model's pods (a new ReplicaSet).", True)
+    if parsed:
+        return Lever(VIA_PODAUTOSCALER, version, f"Knative {version}{where} keeps a direct PodAutoscaler patch: "
+                     "the PodAutoscaler is patched and no pod is replaced.", False)
+    seen = "; ".join(looked_at) or "nothing on the cluster states it"
+    return Lever(VIA_PODAUTOSCALER, "", f"Knative version unknown ({seen}): the PodAutoscaler is patched, which "
+                 "replaces no pod. A Revision patch would restart every model pod, so it is not used on a guess.",
+                 False)
+
+
 def model_mechanisms(knative_version: str | None) -> tuple[str, ...]:
-    version = parse_version(knative_version)
-    if not version:
-        return (VIA_REVISION, VIA_PODAUTOSCALER)  # unknown: both levers, right under either rule
-    return (VIA_REVISION,) if version >= (1, 21) else (VIA_PODAUTOSCALER,)
+    return (knative_lever(version=knative_version or "").target,)
 
 
 def describe_mechanism(knative_version: str | None) -> str:
-    shown = knative_version or "unknown"
-    return f"models via {' + '.join(model_mechanisms(knative_version))} (Knative {shown}); pynodes via template"
+    return knative_lever(version=knative_version or "").describe()
 
 
 @dataclass(frozen=True)
 class Patch:
     """One workload to patch: its resource ("ksvc", "revision", "podautoscaler"), where,
-    the min-scale it has and the one it gets, and why."""
+    the min-scale it has and the one it gets (None: no value, Knative's default), and why.
+    For a pynode, `record` is the owner's value to write down ("" = none) and
+    `clear_record` removes that note once the owner's value is back."""
 
     target: str
     namespace: str
     name: str
     current: str | None
-    wanted: str
+    wanted: str | None
     reason: str
+    key: str = MIN_SCALE
+    record: str | None = None
+    clear_record: bool = False
+
+    @property
+    def changes_scale(self) -> bool:
+        return self.current != self.wanted
 
     def merge_patch(self) -> dict:
-        annotations = {MIN_SCALE: self.wanted}
-        if self.target == "ksvc":
-            return {"spec": {"template": {"metadata": {"annotations": annotations}}}}
-        return {"metadata": {"annotations": annotations}}
+        body: dict = {}
+        if self.changes_scale:
+            annotations = {self.key: self.wanted}
+            if self.target == "ksvc":
+                body["spec"] = {"template": {"metadata": {"annotations": annotations}}}
+            else:
+                body["metadata"] = {"annotations": annotations}
+        if self.record is not None or self.clear_record:
+            notes = body.setdefault("metadata", {}).setdefault("annotations", {})
+            notes[OWNER_MIN_SCALE] = None if self.clear_record else self.record
+        return body
 
     def describe(self) -> str:
-        return f"{self.target} {self.namespace}/{self.name}: min-scale {self.current or 'unset'} → {self.wanted}"
+        text = f"{self.target} {self.namespace}/{self.name}: min-scale {self.current or 'unset'} → {self.wanted or 'unset'}"
+        if not self.changes_scale:
+            text = f"{self.target} {self.namespace}/{self.name}: min-scale stays {self.current or 'unset'}"
+        if self.record is not None:
+            text += f" (owner's value {self.record or 'unset'} recorded)"
+        if self.clear_record:
+            text += " (owner's value restored)"
+        return text
 
 
 @dataclass(frozen=True)
@@ -79,9 +140,11 @@ class ScaleToZeroPlan:
     namespace: str
     setting: str
     patches: tuple[Patch, ...]
-    holding: tuple[str, ...]   # workloads already right
-    skipped: tuple[str, ...]   # workloads that cannot scale to zero, and why
+    holding: tuple[str, ...]      # workloads already right
+    skipped: tuple[str, ...]      # workloads that cannot scale to zero, and why
     mechanism: str
+    notes: tuple[str, ...] = ()       # kinds this cluster does not serve: none of those here
+    incomplete: tuple[str, ...] = ()  # what could not be planned (a read failed), and why
 
     @property
     def in_place(self) -> bool:
@@ -102,18 +165,41 @@ def current_min_scale(annotations: dict) -> str | None:
     return annotations.get(MIN_SCALE_LEGACY) if value is None else value
 
 
+def _key(annotations: dict) -> str:
+    """Patch the key the owner used: Knative refuses both spellings on one object."""
+    return MIN_SCALE_LEGACY if MIN_SCALE not in annotations and MIN_SCALE_LEGACY in annotations else MIN_SCALE
+
+
 def _name(obj: dict) -> str:
     return (obj.get("metadata") or {}).get("name", "")
 
 
 def model_floor(isvc: dict) -> str:
-    """What a model holds when scale to zero is disabled: its own minReplicas, at least 1."""
+    """What a model holds when scale to zero is disabled: its own minReplicas ("0" stays
+    "0"), "1" where the owner set none or set something that is not a whole number >= 0."""
     raw = ((isvc.get("spec") or {}).get("predictor") or {}).get("minReplicas")
+    if isinstance(raw, bool) or raw is None:
+        return "1"
     try:
-        floor = int(raw) if raw is not None else 1
+        floor = int(raw)
     except (TypeError, ValueError):
-        floor = 1
-    return str(max(1, floor))
+        return "1"
+    return str(floor) if floor >= 0 else "1"
+
+
+def pynode_floor(ksvc: dict, *, applied: str) -> str | None:
+    """The owner's min-scale of a pynode (None: the owner set none).
+
+    The recorded value when there is one; else the template's value, except a "0" on an
+    org the product last held enabled: that "0" was written before owners' values were
+    recorded, and the safe reading is the warm one, "1"."""
+    notes = _annotations(ksvc)
+    if OWNER_MIN_SCALE in notes:
+        return notes[OWNER_MIN_SCALE] or None
+    current = current_min_scale(_annotations(ksvc, template=True))
+    if current == "0" and applied == ENABLED:
+        return "1"
+    return current
 
 
 def routed_revisions(ksvc: dict) -> list[str]:
@@ -128,48 +214,120 @@ def routed_revisions(ksvc: dict) -> list[str]:
 
 def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inference_services: list[dict],
                        knative_services: list[dict], revisions: list[dict], podautoscalers: list[dict],
-                       knative_version: str | None) -> ScaleToZeroPlan:
-    """The patches that bring every pynode and model of a namespace to `setting`."""
+                       knative_version: str | None = None, lever: Lever | None = None, applied: str = "",
+                       unserved: tuple[str, ...] = (), unreadable: dict[str, str] | None = None) -> ScaleToZeroPlan:
+    """The patches that bring every pynode and model of a namespace to `setting`.
+
+    `applied` is the setting last seen holding on the org ("" never); `unserved` names the
+    kinds the cluster does not serve ("inferenceservices", "knative services",
+    "podautoscalers", "revisions"), `unreadable` the kinds whose read failed, with why."""
     if setting not in (ENABLED, DISABLED):
         raise ValueError(f"setting must be {ENABLED!r} or {DISABLED!r}, not {setting!r}")
+    lever = lever or knative_lever(version=knative_version or "")
+    unreadable = unreadable or {}
     patches: list[Patch] = []
     holding: list[str] = []
     skipped: list[str] = []
+    notes: list[str] = []
+    incomplete: list[str] = []
 
-    def consider(target: str, name: str, current: str | None, wanted: str, reason: str) -> None:
+    def consider(target: str, obj: dict, wanted: str | None, reason: str) -> None:
+        annotations = _annotations(obj)
+        current = current_min_scale(annotations)
         if current == wanted:
-            holding.append(f"{target} {namespace}/{name}")
+            holding.append(f"{target} {namespace}/{_name(obj)}")
         else:
-            patches.append(Patch(target, namespace, name, current, wanted, reason))
+            patches.append(Patch(target, namespace, _name(obj), current, wanted, reason, key=_key(annotations)))
 
-    for ksvc in sorted(pynodes, key=_name):
-        wanted = "0" if setting == ENABLED else "1"
-        consider("ksvc", _name(ksvc), current_min_scale(_annotations(ksvc, template=True)), wanted,
-                 f"pynode: scale to zero {setting}")
+    def restore(target: str, obj: dict, floor: str, reason: str) -> None:
+        """Disabling: only the product's own "0" goes back to the floor."""
+        annotations = _annotations(obj)
+        current = current_min_scale(annotations)
+        if current == "0" and floor != "0":
+            patches.append(Patch(target, namespace, _name(obj), current, floor, reason, key=_key(annotations)))
+        else:
+            holding.append(f"{target} {namespace}/{_name(obj)}")
 
-    ksvc_by_name = {_name(k): k for k in knative_services}
-    rev_by_name = {_name(r): r for r in revisions}
-    pa_by_name = {_name(p): p for p in podautoscalers}
-    mechanisms = model_mechanisms(knative_version)
-    for isvc in sorted(inference_services, key=_name):
-        name = _name(isvc)
-        if _annotations(isvc).get(DEPLOYMENT_MODE) in RAW_MODES:
-            skipped.append(f"inferenceservice {namespace}/{name}: raw deployment mode cannot scale to zero")
-            continue
-        wanted = "0" if setting == ENABLED else model_floor(isvc)
-        ksvc = ksvc_by_name.get(f"{name}-predictor") or ksvc_by_name.get(f"{name}-predictor-default")
-        if ksvc is None:
-            skipped.append(f"inferenceservice {namespace}/{name}: no predictor Knative Service yet")
-            continue
-        for rev_name in routed_revisions(ksvc):
+    if "knative services" in unserved:
+        notes.append("Knative Serving is not served on this cluster: no pynodes or models to switch")
+    elif "knative services" in unreadable:
+        incomplete.append(f"pynodes and models of {namespace}: cannot read Knative Services: "
+                          f"{unreadable['knative services']}")
+    else:
+        for ksvc in sorted(pynodes, key=_name):
+            patch = _pynode_patch(ksvc, namespace=namespace, setting=setting, applied=applied)
+            if patch is None:
+                holding.append(f"ksvc {namespace}/{_name(ksvc)}")
+            else:
+                patches.append(patch)
+
+    lever_kind = "revisions" if lever.target == VIA_REVISION else "podautoscalers"
+    if "inferenceservices" in unserved:
+        notes.append("KServe is not served on this cluster: no models to switch")
+    elif "knative services" in unserved or "knative services" in unreadable:
+        pass  # said above
+    elif "inferenceservices" in unreadable:
+        incomplete.append(f"models of {namespace}: cannot read InferenceServices: {unreadable['inferenceservices']}")
+    elif inference_services and lever_kind in unserved:
+        skipped.append(f"models of {namespace}: {lever_kind} are not served on this cluster, so models cannot be "
+                       "switched; they stay at their own floor")
+    elif inference_services and (lever_kind in unreadable or "revisions" in unreadable):
+        kind = lever_kind if lever_kind in unreadable else "revisions"
+        incomplete.append(f"models of {namespace}: cannot read {kind}: {unreadable[kind]}")
+    else:
+        ksvc_by_name = {_name(k): k for k in knative_services}
+        rev_by_name = {_name(r): r for r in revisions}
+        pa_by_name = {_name(p): p for p in podautoscalers}
+        for isvc in sorted(inference_services, key=_name):
+            name = _name(isvc)
+            if _annotations(isvc).get(DEPLOYMENT_MODE) in RAW_MODES:
+                skipped.append(f"inferenceservice {namespace}/{name}: raw deployment mode cannot scale to zero")
+                continue
+            ksvc = ksvc_by_name.get(f"{name}-predictor") or ksvc_by_name.get(f"{name}-predictor-default")
+            if ksvc is None:
+                skipped.append(f"inferenceservice {namespace}/{name}: no predictor Knative Service yet")
+                continue
+            floor = model_floor(isvc)
             reason = f"model {name}: scale to zero {setting}"
-            if VIA_REVISION in mechanisms and rev_name in rev_by_name:
-                consider("revision", rev_name, current_min_scale(_annotations(rev_by_name[rev_name])), wanted, reason)
-            if VIA_PODAUTOSCALER in mechanisms and rev_name in pa_by_name:
-                consider("podautoscaler", rev_name, current_min_scale(_annotations(pa_by_name[rev_name])), wanted,
-                         reason)
+            for rev_name in routed_revisions(ksvc):
+                revision, pa = rev_by_name.get(rev_name), pa_by_name.get(rev_name)
+                target = revision if lever.target == VIA_REVISION else pa
+                if target is not None:
+                    target_kind = "revision" if lever.target == VIA_REVISION else "podautoscaler"
+                    if setting == ENABLED:
+                        consider(target_kind, target, "0", reason)
+                    else:
+                        restore(target_kind, target, floor, reason)
+                if setting == DISABLED and lever.target == VIA_PODAUTOSCALER and revision is not None:
+                    # A "0" on the Revision of an awake model can only be an earlier Revision
+                    # patch; left there, a Knative that copies it to the PA keeps the model
+                    # cold. Undoing it restarts the model's pods, which warm is worth.
+                    annotations = _annotations(revision)
+                    if current_min_scale(annotations) == "0" and floor != "0":
+                        patches.append(Patch("revision", namespace, rev_name, "0", floor,
+                                             f"model {name}: undo an earlier Revision patch (restarts its pods)",
+                                             key=_key(annotations)))
     return ScaleToZeroPlan(namespace=namespace, setting=setting, patches=tuple(patches), holding=tuple(holding),
-                           skipped=tuple(skipped), mechanism=describe_mechanism(knative_version))
+                           skipped=tuple(skipped), mechanism=lever.describe(), notes=tuple(notes),
+                           incomplete=tuple(incomplete))
+
+
+def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str) -> Patch | None:
+    template = _annotations(ksvc, template=True)
+    current = current_min_scale(template)
+    recorded = OWNER_MIN_SCALE in _annotations(ksvc)
+    name, key = _name(ksvc), _key(template)
+    reason = f"pynode: scale to zero {setting}"
+    if setting == ENABLED:
+        if current == "0" and recorded:
+            return None
+        owner = pynode_floor(ksvc, applied=applied)
+        return Patch("ksvc", namespace, name, current, "0", reason, key=key,
+                     record=None if recorded else (owner or ""))
+    floor = pynode_floor(ksvc, applied=applied)
+    if not recorded and current == floor:
+        return None
+    return Patch("ksvc", namespace, name, current, floor, reason, key=key, clear_record=recorded)
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils.text import slugify
 
-from clusters import kube
+from django.db.models import Exists, OuterRef, Q
+
+from clusters import discovery, kube
 from clusters.errors import Conflict, KubeError, NotFound
 from clusters.models import Cluster
-from clusters.selectors import namespace_version
 from config import clock
 from orgs import planning
 from orgs.models import AuditRecord, DormancySwitch, Org
@@ -25,27 +26,63 @@ logger = logging.getLogger(__name__)
 
 TARGETS = {"ksvc": kube.KNATIVE_SERVICES, "revision": kube.REVISIONS, "podautoscaler": kube.PODAUTOSCALERS}
 CONFLICT_RETRIES = 3   # a 409 on a merge patch is a race with a controller: try again at once
+# The retry task (config/schedule.py "orgs: scale-to-zero retry") runs every RETRY_EVERY and
+# leaves alone an org whose switch is younger than RETRY_GRACE (its queued apply is normally
+# done within a second): an org whose wanted setting is not the applied one is applied again
+# within RETRY_EVERY + RETRY_GRACE of its switch, whatever became of the queue message.
+RETRY_EVERY = timedelta(seconds=60)
+RETRY_GRACE = timedelta(seconds=30)
+RETRY_BUDGET = 200   # orgs per retry run; the rest wait a minute
+RETRY_PROMISE = "within 2 minutes"
 
 
-def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: datetime) -> AuditRecord:
-    return AuditRecord.objects.create(action=action, actor=actor, org=org, old=old, new=new, at=at)
+def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: datetime, cause: str = "") -> AuditRecord:
+    return AuditRecord.objects.create(action=action, actor=actor, org=org, old=old, new=new, at=at,
+                                      cause=cause[:200])
 
 
-def _enqueue_apply(org_id: int, switch_id: int | None, *, urgent: bool) -> None:
-    """Queue the cluster work; a broker failure is logged, and the reconcile repairs it."""
+def _enqueue_apply(org_id: int, switch_id: int | None, *, urgent: bool) -> str:
+    """Queue the cluster work. Returns "" when queued, else why not: the org row holds the
+    intent and the retry task applies it (RETRY_PROMISE), so a broker failure loses nothing."""
     from orgs.tasks import HIGH_PRIORITY, NORMAL_PRIORITY, org_scale_to_zero_apply
 
     try:
         org_scale_to_zero_apply.apply_async(args=[org_id], kwargs={"switch_id": switch_id},
                                             priority=HIGH_PRIORITY if urgent else NORMAL_PRIORITY)
-    except Exception as exc:  # noqa: BLE001 - the database state is right; the reconcile will act
-        logger.error("could not queue scale-to-zero apply for org %s: %s", org_id, exc)
+    except Exception as exc:  # noqa: BLE001 - the database state is right; the retry task will act
+        logger.error("could not queue scale-to-zero apply for org %s: %s; the retry task applies it %s",
+                     org_id, exc, RETRY_PROMISE)
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 # --- activity -------------------------------------------------------------------------------
-def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | None = None) -> bool:
+@dataclass(frozen=True)
+class MarkActiveResult:
+    """What recording an activity did: whether the org woke, and whether its wake reached
+    the queue (None: nothing to queue, or queued when the caller's transaction commits)."""
+
+    org: str
+    woke: bool
+    queued: bool | None = None
+    queue_error: str = ""
+
+    def describe(self) -> str:
+        if not self.woke:
+            return f"{self.org}: activity recorded (it was awake)"
+        if self.queued is False:
+            return (f"{self.org}: activity recorded; it was dormant and is marked active, but the scale-to-zero "
+                    f"disable could not be queued ({self.queue_error}); the retry task applies it {RETRY_PROMISE} "
+                    "once the queue answers")
+        if self.queued:
+            return f"{self.org}: activity recorded; it was dormant, scale to zero disable queued at high priority"
+        return f"{self.org}: activity recorded; it was dormant and is marked active"
+
+
+def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | None = None,
+                    enqueue: bool = True) -> MarkActiveResult:
     """Record activity now; a dormant org becomes active at once and its scale to zero
-    is disabled at high priority. Returns True when the org woke up."""
+    is disabled at high priority (queued; `enqueue=False`: the caller applies it)."""
     now = at or clock.now()
     # The common case, one UPDATE: an active org only gets its activity time. Its row
     # lock makes a concurrent sweep re-check the condition and leave the org alone.
@@ -53,8 +90,9 @@ def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | Non
         if actor is not None:
             org = Org.objects.get(slug=org_slug)
             audit(action="org_mark_active", actor=actor, org=org, old={"dormant": False},
-                  new={"dormant": False, "last_activity_at": now.isoformat()}, at=now)
-        return False
+                  new={"dormant": False, "last_activity_at": now.isoformat()}, at=now, cause=cause)
+        return MarkActiveResult(org=org_slug, woke=False)
+    queue_errors: list[str] = []
     with transaction.atomic():
         try:
             org = Org.objects.select_for_update().get(slug=org_slug)
@@ -66,15 +104,20 @@ def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | Non
         if woke:
             org.dormant, org.dormant_since = False, None
         org.save(update_fields=["last_activity_at", "dormant", "dormant_since"])
-        switch = None
         if woke:
             switch = DormancySwitch.objects.create(org=org, at=now, direction=DormancySwitch.Direction.TO_ACTIVE,
                                                    cause=cause, actor=actor)
             org_id, switch_id = org.id, switch.id
-            transaction.on_commit(lambda: _enqueue_apply(org_id, switch_id, urgent=True))
+            if enqueue:
+                transaction.on_commit(lambda: queue_errors.append(_enqueue_apply(org_id, switch_id, urgent=True)))
         if actor is not None:
-            audit(action="org_mark_active", actor=actor, org=org, old=old, new={"dormant": False}, at=now)
-    return woke
+            audit(action="org_mark_active", actor=actor, org=org, old=old, new={"dormant": False}, at=now,
+                  cause=cause)
+    if not (woke and enqueue):
+        return MarkActiveResult(org=org_slug, woke=woke)
+    if not queue_errors:  # the caller's own transaction holds the commit, and the queueing
+        return MarkActiveResult(org=org_slug, woke=True)
+    return MarkActiveResult(org=org_slug, woke=True, queued=not queue_errors[0], queue_error=queue_errors[0])
 
 
 # --- the dormancy sweep -------------------------------------------------------------------------
@@ -85,6 +128,7 @@ class SweepResult:
     dry_run: bool
     switched: tuple[str, ...]
     lines: tuple[str, ...] = ()
+    switches: tuple[tuple[int, int], ...] = ()   # (org id, switch id) of each org marked
 
     def as_dict(self) -> dict:
         return {"now": self.now.isoformat(), "cutoff": self.cutoff.isoformat(), "dry_run": self.dry_run,
@@ -137,8 +181,10 @@ def _sweep_statement(params: dict, *, limited: bool, now: datetime, actor) -> li
     return [(org_id, slug, switch.id) for (org_id, slug), switch in zip(marked, created)]
 
 
-def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: int | None = None) -> SweepResult:
-    """Mark orgs with no activity for ORGS_DORMANT_AFTER dormant, and queue enabling scale to zero.
+def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: int | None = None,
+                   enqueue: bool = True) -> SweepResult:
+    """Mark orgs with no activity for ORGS_DORMANT_AFTER dormant, and queue enabling scale to zero
+    (`enqueue=False`: the caller applies it, as the CLI does to report what was applied).
 
     At most `budget` orgs (ORGS_SWEEP_BUDGET) per sweep, longest idle first; 0 marks none,
     as the dry run says."""
@@ -173,11 +219,12 @@ def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: 
         slugs = tuple(sorted(slug for _, slug, _ in switched))
         if actor is not None:
             audit(action="dormancy_sweep", actor=actor, org=None, old={}, new={"dormant": list(slugs)}, at=now)
-        if switched:
+        if switched and enqueue:
             pairs = [(org_id, switch_id) for org_id, _, switch_id in switched]
             transaction.on_commit(lambda: [_enqueue_apply(i, s, urgent=False) for i, s in pairs])
     return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs,
-                       lines=tuple(f"{s}: dormant" for s in slugs))
+                       lines=tuple(f"{s}: dormant" for s in slugs),
+                       switches=tuple(sorted((org_id, switch_id) for org_id, _, switch_id in switched)))
 
 
 # --- scale to zero on the cluster ---------------------------------------------------------------
@@ -188,6 +235,15 @@ class Workloads:
     knative_services: list[dict] = field(default_factory=list)
     revisions: list[dict] = field(default_factory=list)
     podautoscalers: list[dict] = field(default_factory=list)
+    unserved: tuple[str, ...] = ()                       # kinds the cluster does not serve
+    unreadable: dict[str, str] = field(default_factory=dict)   # kinds whose read failed, and why
+
+
+# What the planner calls each kind, the attribute it lands in, and its resource.
+_KINDS = (("knative services", "knative_services", kube.KNATIVE_SERVICES),
+          ("inferenceservices", "inference_services", kube.INFERENCESERVICES),
+          ("revisions", "revisions", kube.REVISIONS),
+          ("podautoscalers", "podautoscalers", kube.PODAUTOSCALERS))
 
 
 def _by_namespace(items: list[dict]) -> dict[str, list[dict]]:
@@ -197,32 +253,80 @@ def _by_namespace(items: list[dict]) -> dict[str, list[dict]]:
     return grouped
 
 
-def workloads_read(gateway: kube.KubeGateway, *, namespace: str | None) -> dict[str, Workloads]:
-    """The pynodes and models (and what serves them) of one namespace, or of all."""
-    ksvcs = gateway.list(kube.KNATIVE_SERVICES, namespace=namespace)
-    isvcs = gateway.list(kube.INFERENCESERVICES, namespace=namespace)
-    revisions = gateway.list(kube.REVISIONS, namespace=namespace)
-    pas = gateway.list(kube.PODAUTOSCALERS, namespace=namespace)
-    result: dict[str, Workloads] = {}
-    for attr, items in (("knative_services", ksvcs), ("inference_services", isvcs), ("revisions", revisions),
-                        ("podautoscalers", pas)):
+@dataclass
+class ClusterWorkloads:
+    """What `workloads_read` found, by namespace, and which kinds were not served or read."""
+
+    by_namespace: dict[str, Workloads]
+    unserved: tuple[str, ...] = ()
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+    def of(self, namespace: str) -> Workloads:
+        found = self.by_namespace.get(namespace) or Workloads()
+        found.unserved, found.unreadable = self.unserved, dict(self.unreadable)
+        return found
+
+
+def workloads_read(gateway: kube.KubeGateway, *, namespace: str | None, cluster: Cluster,
+                   now: datetime | None = None) -> ClusterWorkloads:
+    """The pynodes and models (and what serves them) of one namespace, or of all.
+
+    A kind the cluster does not serve (no KServe, say) is "none here", not a failure; a
+    kind whose read fails is named in `unreadable` and the rest is still read, so what
+    can be applied is."""
+    now = now or clock.now()
+    served = discovery.served_groups(cluster=cluster, now=now, gateway=gateway)
+    unserved: list[str] = []
+    unreadable: dict[str, str] = {}
+    by_namespace: dict[str, Workloads] = {}
+    for kind, attr, resource in _KINDS:
+        try:
+            items = discovery.list_if_served(gateway, resource, cluster=cluster, now=now, served=served,
+                                             namespace=namespace)
+        except KubeError as exc:
+            unreadable[kind] = str(exc)
+            continue
+        if items is None:
+            unserved.append(kind)
+            continue
         for ns, group in _by_namespace(items).items():
-            setattr(result.setdefault(ns, Workloads()), attr, group)
-    for ns, workloads in result.items():
+            setattr(by_namespace.setdefault(ns, Workloads()), attr, group)
+    for workloads in by_namespace.values():
         workloads.pynodes = [k for k in workloads.knative_services
                              if (k["metadata"].get("labels") or {}).get("capacity.io/component") == "pynode"]
-    return result
+    return ClusterWorkloads(by_namespace=by_namespace, unserved=tuple(unserved), unreadable=unreadable)
 
 
 @dataclass
 class ApplyOutcome:
     org: str
     setting: str
+    kind: str = "holding"   # "first apply", "switch", "drift repair", "holding"
+    cause: str = ""
     patched: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     drift: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    old: dict = field(default_factory=dict)
+    new: dict = field(default_factory=dict)
+    mechanism: str = ""
     first_error: KubeError | None = None
+
+    @property
+    def complete(self) -> bool:
+        return not self.errors and not self.pending
+
+    def summary(self) -> str:
+        """One line: what was applied, and what not."""
+        what = f"{self.org}: scale to zero {self.setting}"
+        if self.complete:
+            done = f"{len(self.patched)} workload(s) patched" if self.patched else "already holding, nothing patched"
+            return f"{what} applied ({self.kind}): {done}"
+        reason = (self.pending or self.errors)[0]
+        return (f"{what} NOT fully applied ({self.kind}): {len(self.patched)} patched, "
+                f"{len(self.pending)} pending; first: {reason}")
 
 
 def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
@@ -236,40 +340,63 @@ def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
                 raise
 
 
-def _knative_version(gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> str:
-    version = namespace_version(gateway, "knative-serving") or ""
-    if version != cluster.knative_version:
-        cluster.knative_version, cluster.versions_seen_at = version, now
-        cluster.save(update_fields=["knative_version", "versions_seen_at"])
-    return version
+def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> planning.Lever:
+    """Read the Knative version the cluster states, choose the lever by it and record both
+    (with the evidence) on the cluster row, where the panel shows them."""
+    stated = discovery.knative_version_read(gateway)
+    lever = planning.knative_lever(version=stated.version, source=stated.source, looked_at=stated.looked_at)
+    fields = {"knative_version": stated.version[:40], "knative_lever": lever.target,
+              "knative_lever_reason": lever.reason}
+    changed = {k: v for k, v in fields.items() if getattr(cluster, k) != v}
+    if changed:
+        for key, value in changed.items():
+            setattr(cluster, key, value)
+        cluster.versions_seen_at = now
+        cluster.save(update_fields=[*changed, "versions_seen_at"])
+    return lever
 
 
-def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, version: str,
+def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, lever: planning.Lever,
                 outcome: ApplyOutcome) -> planning.ScaleToZeroPlan:
     plan = planning.plan_scale_to_zero(
         namespace=org.namespace, setting=outcome.setting, pynodes=workloads.pynodes,
         inference_services=workloads.inference_services, knative_services=workloads.knative_services,
-        revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, knative_version=version)
-    outcome.skipped = list(plan.skipped)
+        revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, lever=lever, applied=org.applied,
+        unserved=workloads.unserved, unreadable=workloads.unreadable)
+    outcome.skipped, outcome.notes, outcome.mechanism = list(plan.skipped), list(plan.notes), plan.mechanism
+    outcome.pending = list(plan.incomplete)
     if org.applied == outcome.setting:
         # We believed the setting held: anything to patch now is drift (reverted, failed, or new).
         outcome.drift += [{"workload": f"{p.target} {p.namespace}/{p.name}", "found": p.current,
-                           "wanted": p.wanted} for p in plan.patches]
+                           "wanted": p.wanted} for p in plan.patches if p.changes_scale]
     for patch in plan.patches:
         try:
             _patch(gateway, patch)
             outcome.patched.append(patch.describe())
+            workload = f"{patch.target} {patch.namespace}/{patch.name}"
+            outcome.old.setdefault(workload, patch.current or "unset")
+            outcome.new[workload] = patch.wanted or "unset"
         except NotFound:
             outcome.skipped.append(f"{patch.target} {patch.namespace}/{patch.name}: gone before the patch")
         except KubeError as exc:
             outcome.errors.append(f"{patch.describe()}: {exc}")
+            outcome.pending.append(f"{patch.target} {patch.namespace}/{patch.name}: {exc}")
             outcome.first_error = outcome.first_error or exc
     return plan
 
 
+def _kind_of_apply(org: Org, setting: str, switch_id: int | None) -> str:
+    if switch_id is not None:
+        return "switch"
+    if not org.applied:
+        return "first apply"
+    return "switch" if org.applied != setting else "drift repair"
+
+
 def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_id: int | None = None,
-                            workloads: Workloads | None = None) -> ApplyOutcome:
-    """Bring the org's pynodes and models to the setting its row wants, and record it.
+                            workloads: Workloads | None = None, cause: str = "", actor=None) -> ApplyOutcome:
+    """Bring the org's pynodes and models to the setting its row wants, and record it:
+    the org's state, the switch's record, and an audit row with `cause` for every patch.
 
     IMPORTANT: the org row is re-read before acting and again after; if an activity (or
     the sweep) changed what it wants meanwhile, the work is redone for the new state,
@@ -278,60 +405,106 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
     now = now or clock.now()
     org = Org.objects.select_related("cluster").get(id=org_id)
     outcome = ApplyOutcome(org=org.slug, setting=org.wanted)
-    version = ""
+    if switch_id is not None and not cause:
+        switch = DormancySwitch.objects.filter(id=switch_id).first()
+        if switch is not None:
+            cause = f"switch #{switch.id}: {switch.get_direction_display()} ({switch.get_cause_display()})"
+    first_kind = _kind_of_apply(org, org.wanted, switch_id)
+    outcome.kind = first_kind
+    outcome.cause = cause or first_kind
     try:
         gateway = kube.gateway_for(org.cluster)
-        version = _knative_version(gateway, org.cluster, now)
+        lever = cluster_knative_lever(gateway=gateway, cluster=org.cluster, now=now)
         for _ in range(3):
             outcome.setting = org.wanted
             current = workloads if workloads is not None else \
-                workloads_read(gateway, namespace=org.namespace).get(org.namespace, Workloads())
+                workloads_read(gateway, namespace=org.namespace, cluster=org.cluster, now=now).of(org.namespace)
             workloads = None  # a second round reads afresh
-            _apply_once(org, current, gateway, version, outcome)
+            _apply_once(org, current, gateway, lever, outcome)
             org = Org.objects.select_related("cluster").get(id=org_id)
             if org.wanted == outcome.setting:
                 break
+            outcome.kind, outcome.cause = "switch", "the org switched while it was applied"
     except KubeError as exc:
         outcome.errors.append(f"{org.namespace}: {exc}")
+        outcome.pending.append(f"namespace {org.namespace}: {exc}")
         outcome.first_error = outcome.first_error or exc
-    _record_outcome(org, outcome, now=now, version=version, switch_id=switch_id)
+    if outcome.kind == "drift repair" and not outcome.drift and not outcome.pending:
+        outcome.kind = "holding" if not outcome.patched else outcome.kind
+    _record_outcome(org, outcome, now=now, switch_id=switch_id, actor=actor)
     return outcome
 
 
-def _record_outcome(org: Org, outcome: ApplyOutcome, *, now: datetime, version: str, switch_id: int | None) -> None:
-    fields = {"reconciled_at": now, "last_error": "\n".join(outcome.errors)[:4000],
-              "mechanism": planning.describe_mechanism(version) if version else org.mechanism,
-              "drift": outcome.drift}
-    if not outcome.errors:
+def _record_outcome(org: Org, outcome: ApplyOutcome, *, now: datetime, switch_id: int | None, actor) -> None:
+    fields = {"reconciled_at": now, "last_error": "\n".join(outcome.errors)[:4000], "drift": outcome.drift,
+              "pending": outcome.pending}
+    if outcome.mechanism:
+        fields["mechanism"] = outcome.mechanism[:120]
+    if outcome.complete:
         fields["applied"] = outcome.setting
     Org.objects.filter(id=org.id).update(**fields)
     if switch_id is not None:
-        switch_fields = {"patched": outcome.patched, "errors": outcome.errors}
-        if not outcome.errors:
+        switch_fields = {"patched": outcome.patched, "errors": outcome.errors + [
+            f"not applied: {p}" for p in outcome.pending if not any(p.split(":")[0] in e for e in outcome.errors)]}
+        if outcome.complete:
             switch_fields["applied_at"] = now
         DormancySwitch.objects.filter(id=switch_id).update(**switch_fields)
     if outcome.drift:
-        audit(action="scale_to_zero_drift_repaired" if not outcome.errors else "scale_to_zero_drift_found",
-              actor=None, org=org, old={d["workload"]: d["found"] for d in outcome.drift},
-              new={d["workload"]: d["wanted"] for d in outcome.drift}, at=now)
+        audit(action="scale_to_zero_drift_repaired" if outcome.complete else "scale_to_zero_drift_found",
+              actor=actor, org=org, old={d["workload"]: d["found"] for d in outcome.drift},
+              new={d["workload"]: d["wanted"] for d in outcome.drift}, at=now, cause=outcome.cause)
+    elif outcome.patched or not outcome.complete:
+        new = dict(outcome.new)
+        if not outcome.complete:
+            new["not applied"] = outcome.pending
+        audit(action="scale_to_zero_applied" if outcome.complete else "scale_to_zero_apply_incomplete",
+              actor=actor, org=org, old={**outcome.old, "setting": org.applied or "never applied"},
+              new={**new, "setting": outcome.setting}, at=now, cause=outcome.cause)
 
 
 def orgs_reconcile(*, now: datetime, cluster: Cluster | None = None) -> list[ApplyOutcome]:
     """Check every org's workloads against its wanted setting and repair what drifted,
     including models and pynodes that appeared since (they get the org's setting).
-    Reads each cluster once (cluster-wide lists), then writes only what must change."""
+    Reads each cluster once (cluster-wide lists), then writes only what must change.
+    Each outcome says what it was: a first apply, a switch not yet applied, a drift repair."""
     outcomes = []
     clusters = [cluster] if cluster else Cluster.objects.filter(orgs__isnull=False).distinct()
     for each in clusters:
         try:
-            by_namespace = workloads_read(kube.gateway_for(each), namespace=None)
+            gateway = kube.gateway_for(each)
+            discovery.cluster_discovery_refresh(cluster=each, now=now, gateway=gateway)
+            by_namespace = workloads_read(gateway, namespace=None, cluster=each, now=now)
         except KubeError as exc:
             logger.error("reconcile of cluster %s: cannot read workloads: %s", each.name, exc)
             Org.objects.filter(cluster=each).update(last_error=f"reconcile could not read the cluster: {exc}")
             continue
         for org in Org.objects.filter(cluster=each):
-            outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now,
-                                                    workloads=by_namespace.get(org.namespace, Workloads())))
+            kind = _kind_of_apply(org, org.wanted, None)
+            outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now, cause=f"reconcile: {kind}",
+                                                    workloads=by_namespace.of(org.namespace)))
+    return outcomes
+
+
+def _unapplied_orgs(now: datetime):
+    wanted_enabled = Q(dormant=True, scale_to_zero_allowed=True)
+    mismatch = (wanted_enabled & ~Q(applied=planning.ENABLED)) | (~wanted_enabled & ~Q(applied=planning.DISABLED)) \
+        | ~Q(pending=[])
+    fresh_switch = DormancySwitch.objects.filter(org=OuterRef("pk"), at__gt=now - RETRY_GRACE, applied_at__isnull=True)
+    return Org.objects.filter(mismatch).exclude(Exists(fresh_switch)).order_by("reconciled_at", "id")
+
+
+def orgs_apply_unapplied(*, now: datetime, budget: int = RETRY_BUDGET) -> list[ApplyOutcome]:
+    """Apply again every org whose wanted setting is not the applied one (a lost or failed
+    queue message, a partial apply), oldest check first; the org row is the intent."""
+    outcomes = []
+    for org in _unapplied_orgs(now)[:budget]:
+        if org.pending:
+            cause = "retry: a partial apply"
+        elif not org.applied:
+            cause = "retry: first apply"
+        else:
+            cause = f"retry: wanted {org.wanted}, applied {org.applied}"
+        outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now, cause=cause))
     return outcomes
 
 
@@ -341,15 +514,17 @@ def org_scale_to_zero_allow(*, org: Org, allowed: bool, actor, now: datetime) ->
     if org.scale_to_zero_allowed == allowed:
         return None
     Org.objects.filter(id=org.id).update(scale_to_zero_allowed=allowed)
-    audit(action="org_allow_scale_to_zero" if allowed else "org_disallow_scale_to_zero", actor=actor, org=org,
-          old={"scale_to_zero_allowed": not allowed}, new={"scale_to_zero_allowed": allowed}, at=now)
+    action = "org_allow_scale_to_zero" if allowed else "org_disallow_scale_to_zero"
+    audit(action=action, actor=actor, org=org, old={"scale_to_zero_allowed": not allowed},
+          new={"scale_to_zero_allowed": allowed}, at=now, cause="operator")
     org.scale_to_zero_allowed = allowed
     if org.wanted != org.applied or not allowed:
-        return org_scale_to_zero_apply(org_id=org.id, now=now)
+        return org_scale_to_zero_apply(org_id=org.id, now=now, actor=actor,
+                                       cause=f"operator {'allowed' if allowed else 'disallowed'} scale to zero")
     return None
 
 
-def org_mark_active_now(*, org: Org, actor, now: datetime) -> bool:
+def org_mark_active_now(*, org: Org, actor, now: datetime) -> MarkActiveResult:
     return org_mark_active(org_slug=org.slug, cause=DormancySwitch.Cause.ADMIN, actor=actor, at=now)
 
 

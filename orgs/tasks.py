@@ -21,8 +21,8 @@ class ApplyIncomplete(Exception):
              retry_jitter=True, max_retries=6, acks_late=True)
 def org_scale_to_zero_apply(self, org_id: int, switch_id: int | None = None) -> dict:
     outcome = services.org_scale_to_zero_apply(org_id=org_id, now=clock.now(), switch_id=switch_id)
-    if outcome.errors:
-        raise ApplyIncomplete("; ".join(outcome.errors))
+    if not outcome.complete:
+        raise ApplyIncomplete(outcome.summary())
     return {"org": outcome.org, "setting": outcome.setting, "patched": outcome.patched}
 
 
@@ -33,6 +33,17 @@ def dormancy_sweep() -> dict:
 
 @shared_task
 def scale_to_zero_reconcile() -> dict:
-    outcomes = services.orgs_reconcile(now=clock.now())
-    return {"orgs": len(outcomes), "drifted": [o.org for o in outcomes if o.drift],
-            "failed": [o.org for o in outcomes if o.errors]}
+    return _summary(services.orgs_reconcile(now=clock.now()))
+
+
+@shared_task
+def scale_to_zero_retry() -> dict:
+    """Every minute: apply again each org whose wanted setting is not the applied one."""
+    return _summary(services.orgs_apply_unapplied(now=clock.now()))
+
+
+def _summary(outcomes: list[services.ApplyOutcome]) -> dict:
+    return {"orgs": len(outcomes),
+            "first_applied": [o.org for o in outcomes if o.kind == "first apply" and o.complete],
+            "drifted": [o.org for o in outcomes if o.drift],
+            "incomplete": [o.summary() for o in outcomes if not o.complete]}

@@ -76,7 +76,8 @@ def _settings(name: str, where: str, doc: dict) -> SimSettings:
         if key not in fields:
             raise ScenarioError(f"{name}: {where} (Simulation): unknown field spec.{key}; "
                                 f"known: {', '.join(sorted(fields))}")
-        default = fields[key].default if fields[key].default is not dataclasses.MISSING else {}
+        default = fields[key].default if fields[key].default is not dataclasses.MISSING else \
+            fields[key].default_factory()
         if isinstance(default, float) and not isinstance(value, bool) and isinstance(value, (int, float)):
             value = float(value)
         if type(value) is not type(default):
@@ -140,6 +141,9 @@ def apply(sim: Simulation, scenario: Scenario) -> int:
             raise ScenarioError(f"{scenario.source}: {where} ({_describe(doc)}): metadata: Required value "
                                 "(a mapping with a name)")
         rtype = by_kind(doc["apiVersion"], doc["kind"])
+        if rtype is not None and rtype.group in sim.settings.unserved_groups:
+            raise ScenarioError(f"{scenario.source}: {where}: {doc['kind']} is in API group {rtype.group!r}, "
+                                "which this scenario's Simulation says is not served (spec.unserved_groups)")
         if rtype is None:
             raise ScenarioError(f"{scenario.source}: {where}: unknown kind {doc['kind']!r} in apiVersion "
                                 f"{doc['apiVersion']!r}: the simulated cluster does not serve it")

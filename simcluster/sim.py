@@ -54,6 +54,10 @@ class SimSettings:
     # A request without credentials: "admin" (full access, like the old insecure port),
     # "rbac" (system:anonymous, authorized by RBAC) or "reject" (401).
     anonymous_access: str = "admin"
+    # API groups this cluster does not serve (e.g. ["serving.kserve.io"]: Knative without
+    # KServe). Their paths answer as kube-apiserver does for a group nobody installed:
+    # 404 with the plain-text body "404 page not found", and discovery omits them.
+    unserved_groups: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 

@@ -1,16 +1,18 @@
 """Small builders of the Kubernetes objects scale to zero reads (plain dicts)."""
 from __future__ import annotations
 
-from orgs.planning import MIN_SCALE
+from orgs.planning import MIN_SCALE, OWNER_MIN_SCALE
 
 
 def make_ksvc(name: str, *, ns: str = "acme", min_scale: str | None = None, pynode: bool = True,
-              revisions: tuple[str, ...] = (), latest: str | None = None) -> dict:
+              revisions: tuple[str, ...] = (), latest: str | None = None, owner: str | None = None) -> dict:
+    """`owner`: the owner's min-scale the product recorded when it first set "0" ("" none)."""
     annotations = {MIN_SCALE: min_scale} if min_scale is not None else {}
     return {
         "apiVersion": "serving.knative.dev/v1", "kind": "Service",
         "metadata": {"name": name, "namespace": ns,
-                     "labels": {"capacity.io/component": "pynode"} if pynode else {}},
+                     "labels": {"capacity.io/component": "pynode"} if pynode else {},
+                     "annotations": {OWNER_MIN_SCALE: owner} if owner is not None else {}},
         "spec": {"template": {"metadata": {"annotations": annotations}}},
         "status": {"latestReadyRevisionName": latest or (revisions[-1] if revisions else None),
                    "traffic": [{"revisionName": r, "percent": 100 // len(revisions)} for r in revisions]},

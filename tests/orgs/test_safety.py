@@ -57,7 +57,9 @@ def test_with_the_broker_down_a_wake_still_lands_and_the_reconcile_restores_the_
         cluster, dormant_acme, broker_down, caplog):
     gw = cluster.gateway
     with caplog.at_level(logging.ERROR, logger="orgs.services"):
-        assert services.org_mark_active(org_slug="acme", cause="activity") is True, "no broker error reaches the caller"
+        result = services.org_mark_active(org_slug="acme", cause="activity")
+    assert result.woke and result.queued is False, "no broker error reaches the caller, but it is told"
+    assert "could not be queued" in result.describe() and "within 2 minutes" in result.describe()
     org = Org.objects.get(slug="acme")
     assert not org.dormant and org.wanted == "disabled", "the database says warm at once"
     assert "could not queue scale-to-zero apply" in caplog.text
@@ -76,7 +78,7 @@ def test_a_wake_the_api_refuses_is_retried_recorded_and_repaired(cluster, dorman
     cluster.control.set_faults(seed=1, error_rate=1.0, match={"verbs": ["patch"]})
     patches_before = gw.calls_total(("patch",))
 
-    assert services.org_mark_active(org_slug="acme", cause="activity") is True
+    assert services.org_mark_active(org_slug="acme", cause="activity").woke
 
     org = Org.objects.get(slug="acme")
     assert not org.dormant and "500" in org.last_error

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from config import clock
@@ -80,7 +81,10 @@ def test_command_json_and_dry_run(make_org, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["dormant"] == ["idle"] and out["dry_run"] is True
     assert not Org.objects.get(slug="idle").dormant
-    call_command("sweep_dormancy")
+    # The org's cluster cannot be reached: marked dormant, but the command says scale to
+    # zero did not happen and exits non-zero, in one line.
+    with pytest.raises(CommandError, match=r"^1 of 1 dormant org\(s\) not fully scaled to zero .*cannot load kubeconfig"):
+        call_command("sweep_dormancy")
     assert "1 org(s) turned dormant" in capsys.readouterr().out
     assert Org.objects.get(slug="idle").dormant
 

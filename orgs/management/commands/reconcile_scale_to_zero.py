@@ -1,15 +1,22 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from config import clock
 from orgs.services import orgs_reconcile
 
 
 class Command(BaseCommand):
-    help = "Check every org's workloads against its scale-to-zero setting and repair drift."
+    help = ("Check every org's workloads against its scale-to-zero setting: first applies, switches not yet "
+            "applied and drift are applied now (exit 1, with the reason, when not all was applied).")
 
     def handle(self, *args, **options):
-        for outcome in orgs_reconcile(now=clock.now()):
-            state = "failed" if outcome.errors else ("repaired" if outcome.patched else "holding")
-            self.stdout.write(f"{outcome.org}: scale to zero {outcome.setting}, {state}")
-            for line in outcome.patched + outcome.errors:
+        outcomes = orgs_reconcile(now=clock.now())
+        for outcome in outcomes:
+            self.stdout.write(outcome.summary())
+            for line in outcome.patched + outcome.errors + outcome.notes:
                 self.stdout.write(f"  {line}")
+            if outcome.drift:
+                self.stdout.write(f"  drift: {len(outcome.drift)} workload(s) had left the setting")
+        incomplete = [o for o in outcomes if not o.complete]
+        if incomplete:
+            raise CommandError(f"{len(incomplete)} of {len(outcomes)} org(s) not fully applied (the retry task "
+                               f"tries again every minute): {incomplete[0].summary()}")

@@ -2,18 +2,33 @@ from django.core.management.base import BaseCommand, CommandError
 
 from config import clock
 from orgs.models import DormancySwitch, Org
-from orgs.services import org_mark_active
+from orgs.services import org_mark_active, org_scale_to_zero_apply
 
 
 class Command(BaseCommand):
-    help = "Record activity for an org now (not throttled); a dormant org wakes up."
+    help = ("Record activity for an org now (not throttled); a dormant org wakes up and its scale to zero is "
+            "disabled here and now (exit 1, with the reason, when not all of it was applied).")
 
     def add_arguments(self, parser):
         parser.add_argument("org", help="the org's slug")
+        parser.add_argument("--queue", action="store_true",
+                            help="leave the wake's cluster work to the workers (as the activity API does)")
 
-    def handle(self, *args, org, **options):
+    def handle(self, *args, org, queue=False, **options):
+        now = clock.now()
         try:
-            woke = org_mark_active(org_slug=org, cause=DormancySwitch.Cause.ACTIVITY, at=clock.now())
+            result = org_mark_active(org_slug=org, cause=DormancySwitch.Cause.ACTIVITY, at=now, enqueue=queue)
         except Org.DoesNotExist as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"{org}: activity recorded" + ("; it was dormant and is waking up" if woke else ""))
+        if not result.woke or queue:
+            if result.queued is False:
+                raise CommandError(result.describe())
+            self.stdout.write(result.describe())
+            return
+        target = Org.objects.get(slug=org)
+        switch = target.switches.filter(direction=DormancySwitch.Direction.TO_ACTIVE).first()
+        outcome = org_scale_to_zero_apply(org_id=target.id, switch_id=switch and switch.id, now=now)
+        if not outcome.complete:
+            raise CommandError(f"{org}: activity recorded and the org is marked active, but {outcome.summary()}; "
+                               "the retry task tries again every minute")
+        self.stdout.write(f"{org}: activity recorded; it was dormant and is awake: {outcome.summary()}")
