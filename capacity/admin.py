@@ -2,6 +2,8 @@
 confirmation), abort, and the job page that follows the job live."""
 from __future__ import annotations
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
@@ -12,8 +14,28 @@ from django.urls import path, reverse
 from clusters.errors import KubeError
 from clusters.models import Cluster
 
-from capacity.models import DefragAudit, DefragJob, DefragOrphan, DefragRevision
-from capacity.services import DefragError, defrag_discover, defrag_job_abort, defrag_job_drain, defrag_job_start
+from capacity.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
+from capacity.services import (
+    POLL_RANGE,
+    TIMEOUT_RANGE,
+    DefragError,
+    defrag_discover,
+    defrag_job_abort,
+    defrag_job_drain,
+    defrag_job_start,
+)
+
+
+class DefragStartForm(forms.Form):
+    """The two numbers an operator may set when confirming; Django's fields refuse NaN and
+    infinities, the bounds refuse zero, negatives and absurdly long waits."""
+    timeout = forms.IntegerField(label="timeout", min_value=TIMEOUT_RANGE[0], max_value=TIMEOUT_RANGE[1],
+                                 required=False)
+    poll_interval = forms.FloatField(label="poll_interval", min_value=POLL_RANGE[0], max_value=POLL_RANGE[1],
+                                     required=False)
+
+    def errors_named(self) -> list[str]:
+        return [f"{name}: {error}" for name, errors in self.errors.items() for error in errors]
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -94,17 +116,23 @@ class DefragJobAdmin(admin.ModelAdmin):
             messages.error(request, f"Cannot defrag {node_name!r}: {exc}")
             return HttpResponseRedirect(reverse("admin:capacity_defragjob_changelist"))
         if request.method == "POST" and request.POST.get("confirm") == "yes":
-            try:
-                job = defrag_job_start(cluster=cluster, node_name=node_name, plan=plan, actor=request.user,
-                                       timeout_seconds=int(request.POST.get("timeout") or 1800),
-                                       poll_interval_seconds=float(request.POST.get("poll_interval") or 10))
-            except ValueError as exc:
-                messages.error(request, f"Bad timeout or poll interval: {exc}")
-            except DefragError as exc:
-                messages.error(request, str(exc))
+            form = DefragStartForm(request.POST)
+            if not form.is_valid():
+                # Nothing started: the page comes back with the field named and the values typed.
+                context.update(form_errors=form.errors_named(), timeout=request.POST.get("timeout"),
+                               poll_interval=request.POST.get("poll_interval"))
+                for error in form.errors_named():
+                    messages.error(request, f"Not started: {error}")
             else:
-                messages.success(request, f"Defrag job #{job.pk} started on {node_name}")
-                return HttpResponseRedirect(self._job_url(job))
+                try:
+                    job = defrag_job_start(cluster=cluster, node_name=node_name, plan=plan, actor=request.user,
+                                           timeout_seconds=form.cleaned_data["timeout"],
+                                           poll_interval_seconds=form.cleaned_data["poll_interval"])
+                except DefragError as exc:
+                    messages.error(request, str(exc))
+                else:
+                    messages.success(request, f"Defrag job #{job.pk} confirmed on {node_name}: a worker starts it")
+                    return HttpResponseRedirect(self._job_url(job))
         context.update(plan=plan, lines=plan.report_lines())
         return TemplateResponse(request, "capacity/defrag_confirm.html", context)
 
@@ -118,7 +146,7 @@ class DefragJobAdmin(admin.ModelAdmin):
             except DefragError as exc:
                 messages.error(request, str(exc))
             else:
-                messages.success(request, f"Draining {job.node_name}")
+                messages.success(request, f"Drain of {job.node_name} requested: a worker evicts its orphans")
             return HttpResponseRedirect(self._job_url(job))
         if request.method == "POST":
             messages.error(request, "Type the node name exactly to confirm the drain.")
@@ -131,16 +159,28 @@ class DefragJobAdmin(admin.ModelAdmin):
         if not request.user.has_perm("capacity.change_defragjob"):
             raise PermissionDenied
         if request.method == "POST" and request.POST.get("confirm") == "yes":
+            choice = request.POST.get("orphans", AbortChoice.WAIT)
+            if choice == AbortChoice.DELETE and request.POST.get("capacity_drops") != "on":
+                messages.error(request, "Tick the box that says capacity drops to delete the orphans anyway.")
+                return HttpResponseRedirect(reverse("admin:capacity_defragjob_abort", args=[job.pk]))
             try:
-                defrag_job_abort(job=job, actor=request.user)
+                defrag_job_abort(job=job, actor=request.user, orphans=choice)
             except DefragError as exc:
                 messages.error(request, str(exc))
             else:
-                messages.success(request, f"Aborting job #{job.pk}: the node is uncordoned, orphans end once "
-                                          f"their revisions are back to scale")
+                messages.success(request, {
+                    AbortChoice.KEEP: f"Job #{job.pk}: keeping the orphans requested; a worker stops the abort "
+                                      f"as abort-stuck where they are still needed",
+                    AbortChoice.DELETE: f"Job #{job.pk}: deleting the orphans anyway requested; a worker deletes "
+                                        f"them even where their revision is not back to scale",
+                }.get(choice, f"Abort of job #{job.pk} requested: a worker uncordons the node if the job cordoned "
+                              f"it, and deletes each orphan once its revision is back to scale"))
             return HttpResponseRedirect(self._job_url(job))
         return TemplateResponse(request, "capacity/defrag_abort_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
+            "stuck": job.state == JobState.ABORT_STUCK,
+            "deadline": f"{settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}s",
+            "kept": job.orphans.filter(state="orphaned"),
             "title": f"Abort defrag of {job.node_name}?"})
 
 from capacity import admin_binpack, admin_runbook  # noqa: E402,F401  (issue 6: registers their admins)

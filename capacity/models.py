@@ -21,16 +21,27 @@ class JobState(models.TextChoices):
     DRAINED = "drained", "drained"
     ABORTING = "aborting", "aborting"
     ABORTED = "aborted", "aborted"
+    ABORT_STUCK = "abort-stuck", "abort stuck (orphans kept: their replacements have no room)"
+
+
+class AbortChoice(models.TextChoices):
+    """What the operator chose for orphans an abort cannot end (their replacements have no room)."""
+    WAIT = "", "wait until the deadline"
+    KEEP = "keep", "keep the orphans serving"
+    DELETE = "delete", "delete the orphans anyway"
 
 
 # A live job holds its node (cordoned, or with orphans still tracked): one per node.
 LIVE_STATES = (JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING, JobState.SAFE,
-               JobState.BLOCKED, JobState.FAILED, JobState.DRAINING, JobState.ABORTING)
+               JobState.BLOCKED, JobState.FAILED, JobState.DRAINING, JobState.ABORTING, JobState.ABORT_STUCK)
 # States in which a worker is (or should be) acting: these count against the cluster limit.
 RUNNING_STATES = (JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING,
                   JobState.DRAINING, JobState.ABORTING)
 # States a step can make no progress from without an operator.
-RESTING_STATES = (JobState.SAFE, JobState.BLOCKED, JobState.FAILED, JobState.DRAINED, JobState.ABORTED)
+RESTING_STATES = (JobState.SAFE, JobState.BLOCKED, JobState.FAILED, JobState.DRAINED, JobState.ABORTED,
+                  JobState.ABORT_STUCK)
+# Final states: nothing is left to do or to track.
+FINAL_STATES = (JobState.DRAINED, JobState.ABORTED)
 
 
 class DefragJob(models.Model):
@@ -41,8 +52,11 @@ class DefragJob(models.Model):
                              help_text="The step the job has reached; a restarted worker resumes from it.")
     report = models.JSONField(default=dict, blank=True,
                               help_text="The discovery report shown before confirmation (pods, revisions, blockers).")
-    log = models.JSONField(default=list, blank=True,
-                           help_text="Progress lines, as the seed script prints them (newest last).")
+    log_seq = models.PositiveIntegerField(
+        default=0, help_text="Progress lines ever written: the sequence number of the newest (see DefragLogLine).")
+    version = models.PositiveIntegerField(
+        default=0, help_text="Bumped by every step's record: a step whose job changed under it re-reads and decides "
+                             "again (compare-and-set).")
     error = models.TextField(blank=True, help_text="Why the job failed or is retrying, if it is.")
     timeout_seconds = models.PositiveIntegerField(
         default=1800, help_text="Seconds from start after which waiting fails the job (default 30 min).")
@@ -51,7 +65,36 @@ class DefragJob(models.Model):
     cordoned_by_job = models.BooleanField(
         default=False, help_text="The job cordoned the node (it was schedulable before); abort uncordons only then.")
     uncordoned = models.BooleanField(default=False, help_text="Abort has uncordoned the node.")
+    cordon_intent_at = models.DateTimeField(
+        null=True, blank=True, help_text="Written before the cordon patch: a node schedulable at discovery and "
+                                         "cordoned after this is the job's to uncordon, even if the worker died.")
+    abort_node_outcome = models.CharField(
+        max_length=40, blank=True, help_text="What abort did to the node: uncordoned, already schedulable, or left "
+                                             "cordoned (it was cordoned before the job).")
     delete_node = models.BooleanField(default=False, help_text="Drain also deletes the Node object.")
+    drain_requested_at = models.DateTimeField(null=True, blank=True,
+                                              help_text="An operator asked for a drain; the next step honours it.")
+    drain_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                           on_delete=models.SET_NULL, related_name="+",
+                                           help_text="Who asked for the drain (empty: the CLI).")
+    abort_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="The newest abort request; the next step honours it, whatever it was doing.")
+    abort_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                           on_delete=models.SET_NULL, related_name="+",
+                                           help_text="Who asked for the abort (empty: the CLI).")
+    abort_choice = models.CharField(max_length=8, blank=True, choices=AbortChoice.choices, default=AbortChoice.WAIT,
+                                    help_text="For orphans whose replacements have no room: wait until the "
+                                              "deadline, keep them, or delete them anyway.")
+    abort_started_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="When a step took up the newest abort request.")
+    abort_deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="When an abort still waiting for room stops waiting (abort-stuck).")
+    lease_owner = models.CharField(max_length=200, blank=True,
+                                   help_text="The worker stepping the job now (host:pid:task); empty when none.")
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="The owner's lease ends here (at most a minute ahead); then any worker may "
+                                         "take the job.")
+    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="The owner's last sign of life.")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="+", help_text="The operator who confirmed the job.")
     operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
@@ -84,6 +127,40 @@ class DefragJob(models.Model):
     @property
     def is_live(self) -> bool:
         return self.state in LIVE_STATES
+
+    @property
+    def log(self) -> list[str]:
+        """The kept progress lines, oldest first, with a marker where lines were dropped."""
+        lines, previous = [], 0
+        for seq, text in self.log_lines.values_list("seq", "text"):
+            if seq > previous + 1:
+                lines.append(f"… {seq - previous - 1} line(s) not kept …")
+            lines.append(text)
+            previous = seq
+        return lines
+
+    @property
+    def abort_pending(self) -> bool:
+        """An abort request no step has taken up yet."""
+        return self.abort_requested_at is not None and (
+            self.abort_started_at is None or self.abort_requested_at > self.abort_started_at)
+
+
+class DefragLogLine(models.Model):
+    """One progress line of a job, numbered. Only the first and the newest lines are kept
+    (a day-long wait would otherwise grow without bound); the numbers let a follower see
+    what it missed and never lose the end."""
+
+    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="log_lines", help_text="The job.")
+    seq = models.PositiveIntegerField(help_text="1 for the job's first line, then one more per line.")
+    text = models.TextField(help_text="The line, as the CLI prints it.")
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="capacity_one_log_line_per_seq")]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.text[:60]}"
 
 
 class DefragRevision(models.Model):

@@ -258,6 +258,122 @@ def orphan_patch(*, uid: str, owner_references: list, has_template_hash: bool) -
     return ops
 
 
+# ---- the job's log, the CLI's view of it, and the abort that cannot finish ---------------
+
+# Progress lines kept per job: the first LOG_HEAD (the report and the first steps) and the
+# newest LOG_TAIL (where it is now). A 30-minute wait at 1 s polls writes ~3,600 lines.
+LOG_HEAD = 100
+LOG_TAIL = 400
+
+
+def log_lines_to_drop(*, log_seq: int, head: int = LOG_HEAD, tail: int = LOG_TAIL) -> tuple[int, int] | None:
+    """The (first, last) sequence numbers to drop once the job has written `log_seq` lines,
+    or None while everything fits. The head and the tail are always kept."""
+    if log_seq <= head + tail:
+        return None
+    return head + 1, log_seq - tail
+
+
+class LogFolder:
+    """Folds repeated blocks of lines for a terminal, as lines stream in.
+
+    A wait prints the same two lines every poll ("---", "Revision … current_scale=1 …");
+    after the first copy of a block that repeats, the copies are counted and shown as one
+    line "… ×N (the N line(s) above, N times in all)" when something new arrives or the
+    job ends. Blocks up to `max_period` lines are recognised.
+    """
+
+    def __init__(self, max_period: int = 8):
+        self.max_period = max_period
+        self.recent: list[str] = []   # the lines printed, newest last (a window)
+        self.period = 0               # >0: inside a repeat of the last `period` printed lines
+        self.count = 1                # copies of the block seen, the printed one included
+        self.partial: list[str] = []  # lines of the next copy seen so far
+
+    def _printed(self, line: str) -> list[str]:
+        self.recent = (self.recent + [line])[-2 * self.max_period:]
+        return [line]
+
+    def _close(self) -> list[str]:
+        out = []
+        if self.period and self.count > 1:
+            out.append(f"… ×{self.count} (the {self.period} line(s) above, {self.count} times in all)")
+        pending, self.partial, self.period, self.count = self.partial, [], 0, 1
+        for line in pending:
+            out.extend(self._printed(line))
+        return out
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to print now for one new line (often none, while a block repeats)."""
+        if self.period:
+            block = self.recent[-self.period:]
+            if block[len(self.partial)] == line:
+                self.partial.append(line)
+                if len(self.partial) == self.period:
+                    self.count += 1
+                    self.partial = []
+                return []
+            return self._close() + self.feed(line)
+        # Not in a repeat: does this line start a second copy of the block just printed?
+        for period in range(1, min(self.max_period, len(self.recent)) + 1):
+            if self.recent[-period] == line:
+                self.period, self.partial = period, [line]
+                if period == 1:
+                    self.count, self.partial = 2, []
+                return []
+        return self._printed(line)
+
+    def flush(self) -> list[str]:
+        """The lines still held back (call when the job ends)."""
+        return self._close()
+
+
+def abort_stuck_message(*, node: str, waited_seconds: float, kept: Sequence[Mapping], cordoned: Sequence[Mapping],
+                        chosen_keep: bool) -> str:
+    """Why an abort cannot end its orphans, what holds the room, and the operator's choice.
+
+    `kept`: per revision {"revision", "ready", "wanted", "orphans": [ns/name], "gpus", "pending": [(pod, why)]};
+    `cordoned`: other cordoned nodes with free GPUs {"node", "free", "holder"} (holder: "defrag job #7 (safe)"
+    or "an operator (no defrag job)").
+    """
+    parts = []
+    for entry in kept:
+        pending = "; ".join(f"{pod} is Pending ({why})" if why else f"{pod} is not ready yet"
+                            for pod, why in entry["pending"]) or "no replacement pod exists yet"
+        parts.append(f"revision {entry['revision']} has {entry['ready']}/{entry['wanted']} ready without its "
+                     f"orphan(s) {', '.join(entry['orphans'])} ({entry['gpus']} GPU(s) on {node}): {pending}")
+    room = [f"node {node} (its free GPUs are held by the orphans)"]
+    room += [f"node {c['node']} ({c['free']} free GPU(s), cordoned by {c['holder']})" for c in cordoned]
+    head = ("Abort stopped, orphans kept as the operator chose" if chosen_keep
+            else f"Abort stuck after {waited_seconds:.0f}s: the replacements cannot become ready")
+    lines = [f"{head}. " + ". ".join(parts) + ".",
+             "The room they need: " + ", ".join(room) + "."]
+    if chosen_keep:
+        lines.append("The orphans keep serving and this job keeps tracking them (state abort-stuck). Abort again "
+                     "once room appears, or delete them anyway.")
+    else:
+        lines.append("Nothing more is done until the operator chooses: keep the orphans (they keep serving; the "
+                     "job stays abort-stuck and tracks them) or delete them anyway (capacity drops to the ready "
+                     f"counts above). CLI: `manage.py defrag {node} --abort --keep-orphans` or "
+                     f"`manage.py defrag {node} --abort --delete-orphans`.")
+    return " ".join(lines)
+
+
+def interval_validate(value, *, field: str, minimum: float, maximum: float, whole: bool = False) -> str | None:
+    """None when `value` is a usable number of seconds, else the error naming `field`."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{field} must be a number of seconds, got {value!r}"
+    if not math.isfinite(value):
+        return f"{field} must be a finite number of seconds, got {value!r}"
+    if whole and value != int(value):
+        return f"{field} must be a whole number of seconds, got {value!r}"
+    if not minimum <= value <= maximum:
+        return f"{field} must be between {minimum:g} and {maximum:g} seconds, got {value!r}"
+    return None
+
+
 # ---- where to defrag: the fragmentation view --------------------------------------------
 
 def colour_for(key: str) -> str:

@@ -1,11 +1,16 @@
 """Defrag jobs: discovery, start, one step at a time, drain and abort (seed 000).
 
 A job advances by `defrag_job_step`, which does at most one kind of side effect and then
-records it (`_commit`) before returning. The Celery task loops over it; tests call it
-directly and move the simulated clock in between. Crash safety comes from the order:
-each step re-reads what it is about to change, skips what is already done (a crash
-between the side effect and `_commit` leaves the effect in the cluster and the step in
-the database), and only then writes.
+records it (`_commit`) before returning. A Celery task holding the job's lease runs a few
+steps; tests call it directly and move the simulated clock in between. Crash safety comes
+from the order: each step re-reads what it is about to change, skips what is already done
+(a crash between the side effect and `_commit` leaves the effect in the cluster and the
+step in the database), and only then writes.
+
+Races: every record is one conditional UPDATE (`WHERE id, state, version` as loaded by the
+step); a step that loses re-reads and decides again. Operators never write the state: an
+abort or a drain is a request in its own columns, taken up by the next step, so no step
+can write over it.
 """
 from __future__ import annotations
 
@@ -16,18 +21,23 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
 
 from clusters import kube
 from clusters.errors import AlreadyExists, Conflict, Invalid, KubeError, NotFound, TooManyRequests
 from clusters.models import Cluster
-from clusters.snapshot import NodeView, PodView
+from clusters.snapshot import NodeView, PodView, snapshot_take
 from config import clock
 
 from capacity.models import (
+    FINAL_STATES,
     LIVE_STATES,
     RUNNING_STATES,
+    AbortChoice,
     DefragAudit,
     DefragJob,
+    DefragLogLine,
     DefragOrphan,
     DefragRevision,
     JobState,
@@ -37,6 +47,9 @@ from capacity.planning import (
     REVISION_LABEL,
     TEMPLATE_HASH_LABEL,
     DefragPlan,
+    abort_stuck_message,
+    interval_validate,
+    log_lines_to_drop,
     RevisionScale,
     Role,
     blockers_remaining,
@@ -55,12 +68,22 @@ SAFE_MESSAGE = "Safe to defrag/remove node"
 EVICTION_RETRY_SECONDS = 5.0
 # Backoff after an API failure inside a step, seconds (the gateway already retried).
 ERROR_RETRY_SECONDS = 5.0
-# Progress lines kept on the job (the newest); a 30-minute wait at 1 s polls stays small.
-LOG_LIMIT = 500
+# A worker owns a job through a lease this long (seconds); it renews it after every step,
+# so a killed worker's job is free again within a minute.
+LEASE_SECONDS = 60.0
+# Bounds of what an operator may ask for (seconds): a poll below 0.1 s only loads the API
+# server; a day is longer than any defrag is worth waiting for.
+POLL_RANGE = (0.1, 3600.0)
+TIMEOUT_RANGE = (1, 86400)
 
 
 class DefragError(Exception):
     """A defrag request that cannot be carried out as asked; the message says why."""
+
+
+class StaleJob(Exception):
+    """The job changed in the database since this step loaded it (another step, or a lost
+    race): nothing of this step was recorded; re-read and decide again."""
 
 
 # ---- small helpers -----------------------------------------------------------------------
@@ -80,7 +103,29 @@ def _scale(value) -> int:
 
 
 def _append_log(job: DefragJob, *lines: str) -> None:
-    job.log = (list(job.log) + list(lines))[-LOG_LIMIT:]
+    """Queue progress lines; `_commit` writes them with the step's record."""
+    job.__dict__.setdefault("_pending_log", []).extend(lines)
+
+
+def _log_write(job_id: int, lines: list[str]) -> None:
+    """Append numbered lines and drop the middle beyond the kept head and tail. Call inside
+    a transaction: the row lock on the job serialises writers, so numbers never repeat."""
+    if not lines:
+        return
+    seq = DefragJob.objects.select_for_update().filter(pk=job_id).values_list("log_seq", flat=True).get()
+    DefragLogLine.objects.bulk_create(
+        [DefragLogLine(job_id=job_id, seq=seq + i, text=line) for i, line in enumerate(lines, start=1)])
+    seq += len(lines)
+    DefragJob.objects.filter(pk=job_id).update(log_seq=seq)
+    dropped = log_lines_to_drop(log_seq=seq)
+    if dropped:
+        DefragLogLine.objects.filter(job_id=job_id, seq__gte=dropped[0], seq__lte=dropped[1]).delete()
+
+
+def defrag_job_log_after(*, job: DefragJob, seq: int) -> list[tuple[int, str]]:
+    """(seq, line) of the kept lines after `seq`, oldest first: how a follower (the CLI)
+    reads on from where it stopped, and sees from a jump in the numbers what it missed."""
+    return list(DefragLogLine.objects.filter(job=job, seq__gt=seq).order_by("seq").values_list("seq", "text"))
 
 
 def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None, new=None, actor=None) -> None:
@@ -88,16 +133,36 @@ def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None,
                                old=old or {}, new=new or {})
 
 
+def _loaded(job: DefragJob) -> DefragJob:
+    """Remember the state and version the step decides from (the compare of compare-and-set)."""
+    job.__dict__["_cas"] = (job.state, job.version)
+    job.__dict__["_pending_log"] = []
+    return job
+
+
 def _commit(job: DefragJob, *, fields: Iterable[str] = (), orphans: Iterable[DefragOrphan] = (),
             audits: Iterable[dict] = (), now: datetime) -> None:
     """Record, in one transaction, what a step did. IMPORTANT: called only after the side
-    effect succeeded: a crash before it makes the next worker redo the (re-checked) step."""
+    effect succeeded: a crash before it makes the next worker redo the (re-checked) step.
+
+    One conditional UPDATE: it applies only if the row still has the state and version
+    this step loaded; otherwise nothing is written (audits and orphan records included)
+    and `StaleJob` is raised, so two runners never record one side effect twice."""
+    state, version = job.__dict__.get("_cas") or (job.state, job.version)
+    names = set(fields) | {"error", "next_check_at"}
+    values = {name: getattr(job, name) for name in names}
     with transaction.atomic():
+        updated = DefragJob.objects.filter(pk=job.pk, state=state, version=version).update(
+            version=version + 1, updated_at=timezone.now(), **values)
+        if not updated:
+            raise StaleJob(f"defrag job {job.pk} changed since it was loaded ({state}, v{version})")
         for orphan in orphans:
             orphan.save()
         for entry in audits:
             _audit(job, now=now, **entry)
-        job.save(update_fields=sorted(set(fields) | {"log", "error", "next_check_at", "updated_at"}))
+        _log_write(job.pk, job.__dict__.get("_pending_log") or [])
+    job.version = version + 1
+    _loaded(job)
 
 
 def _event(gateway: kube.KubeGateway, job: DefragJob, involved: dict, *, reason: str, message: str,
@@ -195,10 +260,12 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
     now = now or clock.now()
     timeout_seconds = settings.CAPACITY_DEFRAG_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
     poll = settings.CAPACITY_DEFRAG_POLL_SECONDS if poll_interval_seconds is None else poll_interval_seconds
-    if not isinstance(timeout_seconds, int) or timeout_seconds <= 0:
-        raise DefragError(f"timeout must be a whole number of seconds > 0, got {timeout_seconds!r}")
-    if not isinstance(poll, (int, float)) or poll <= 0:
-        raise DefragError(f"poll interval must be a number of seconds > 0, got {poll!r}")
+    error = (interval_validate(timeout_seconds, field="timeout_seconds", minimum=TIMEOUT_RANGE[0],
+                               maximum=TIMEOUT_RANGE[1], whole=True)
+             or interval_validate(poll, field="poll_interval_seconds", minimum=POLL_RANGE[0],
+                                  maximum=POLL_RANGE[1]))
+    if error:
+        raise DefragError(error)
     if plan.node != node_name:
         raise DefragError(f"the report is for node {plan.node!r}, not {node_name!r}")
     limit = settings.CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER
@@ -215,9 +282,10 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
                 raise DefragError(f"cluster {cluster.name!r} already runs {running} defrag job(s); "
                                   f"the limit is {limit} (CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER)")
             job = DefragJob.objects.create(
-                cluster=cluster, node_name=node_name, report=plan.to_dict(), timeout_seconds=timeout_seconds,
-                poll_interval_seconds=float(poll), requested_by=actor, operator=actor, created_at=now,
-                log=plan.report_lines() + ["Proceed with defrag? (y/n): y"])
+                cluster=cluster, node_name=node_name, report=plan.to_dict(), timeout_seconds=int(timeout_seconds),
+                poll_interval_seconds=float(poll), requested_by=actor, operator=actor, created_at=now)
+            _log_write(job.pk, plan.report_lines() + ["Proceed with defrag? (y/n): y"])
+            job.refresh_from_db(fields=["log_seq"])
             _audit(job, now=now, action="job_confirm", target=f"Node/{node_name}",
                    new={"pods": [p.key for p in plan.model_pods], "blockers": [p.key for p in plan.blockers]})
     except IntegrityError:
@@ -244,17 +312,53 @@ def defrag_job_step(*, job: DefragJob, gateway: kube.KubeGateway | None = None,
     """
     now = now or clock.now()
     gateway = _gateway(job, gateway)
-    handler = _HANDLERS.get(job.state)
-    if handler is None:
-        return job
+    job.refresh_from_db()  # decide from what the database says now, never from a stale copy
+    _loaded(job)
     try:
-        handler(job, gateway, now)
+        _requests_honour(job, now)
+        handler = _HANDLERS.get(job.state)
+        if handler is not None:
+            handler(job, gateway, now)
+    except StaleJob as exc:
+        log.info("%s: re-reading", exc)
     except KubeError as exc:
-        job.error = f"{exc} (retrying)"
+        pending = job.__dict__.get("_pending_log") or []
+        job.refresh_from_db()
+        _loaded(job)
+        _append_log(job, *pending, f"API error, retrying in {ERROR_RETRY_SECONDS:g}s: {exc}")
+        job.error = f"{exc} (retrying in {ERROR_RETRY_SECONDS:g}s)"
         job.next_check_at = now + timedelta(seconds=ERROR_RETRY_SECONDS)
-        _append_log(job, f"API error, will retry: {exc}")
-        job.save(update_fields=["error", "next_check_at", "log", "updated_at"])
-    return job
+        try:
+            _commit(job, now=now)
+        except StaleJob:
+            pass
+    # What the database says now (an operator's request may have landed during the step).
+    job.refresh_from_db()
+    return _loaded(job)
+
+
+def _requests_honour(job: DefragJob, now: datetime) -> None:
+    """Take up an operator's request before anything else: an abort wins over whatever the
+    job was doing; a drain applies to a safe job only (an abort requested since wins)."""
+    if job.state in FINAL_STATES:
+        return
+    if job.abort_pending:
+        old = job.state
+        deadline = settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS
+        job.state, job.operator_id, job.next_check_at, job.error = (
+            JobState.ABORTING, job.abort_requested_by_id, None, "")
+        job.abort_started_at = max(now, job.abort_requested_at)
+        job.abort_deadline_at = job.abort_started_at + timedelta(seconds=deadline)
+        choice = {AbortChoice.KEEP: "; orphans that cannot end are kept (operator's choice)",
+                  AbortChoice.DELETE: "; orphans are deleted even if their revision is not back to scale "
+                                      "(operator's choice)"}.get(job.abort_choice, "")
+        _append_log(job, f"Abort taken up (the job was {old}){choice}; replacements have {deadline}s to become "
+                         f"ready")
+        _commit(job, fields=["state", "operator", "abort_started_at", "abort_deadline_at"], now=now)
+    elif job.drain_requested_at is not None and job.state == JobState.SAFE:
+        job.state, job.operator_id, job.next_check_at = JobState.DRAINING, job.drain_requested_by_id, None
+        _append_log(job, "Drain taken up" + (" (the Node will be deleted)" if job.delete_node else ""))
+        _commit(job, fields=["state", "operator"], now=now)
 
 
 def _timed_out(job: DefragJob, now: datetime) -> bool:
@@ -281,10 +385,10 @@ def _step_record(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
                         revision=revision, namespace=pod["namespace"], pod_name=pod["name"], gpus=pod["gpus"]))
         job.state = JobState.RECORDED
         job.started_at = job.started_at or now
-        _audit(job, now=now, action="scales_record", target=f"Node/{job.node_name}",
-               new={r.revision: {"initial_kpa_scale": r.initial_kpa_scale, "initial_replicas": r.initial_replicas,
-                                 "m": r.overprovision} for r in job.revisions.all()})
-        job.save(update_fields=["state", "started_at", "updated_at"])
+        _commit(job, fields=["state", "started_at"], now=now, audits=[dict(
+            action="scales_record", target=f"Node/{job.node_name}",
+            new={r.revision: {"initial_kpa_scale": r.initial_kpa_scale, "initial_replicas": r.initial_replicas,
+                              "m": r.overprovision} for r in job.revisions.all()})])
 
 
 def _step_cordon(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
@@ -292,20 +396,31 @@ def _step_cordon(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
     if _timed_out(job, now):
         return _fail(job, gateway, now)
     node = gateway.get(kube.NODES, job.node_name)
-    if not (node.get("spec") or {}).get("unschedulable"):
+    cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    if not cordoned:
+        if job.cordon_intent_at is None:
+            # IMPORTANT: the intent is recorded before the patch, so a worker dying right after
+            # it leaves a record that the cordon is the job's (abort must undo it).
+            job.cordon_intent_at = now
+            _commit(job, fields=["cordon_intent_at"], now=now)
         node = gateway.patch(kube.NODES, job.node_name, {"spec": {"unschedulable": True}}, patch_type="strategic")
         job.cordoned_by_job = True
-    elif not job.report.get("unschedulable"):
-        job.cordoned_by_job = True  # schedulable at discovery: this job cordoned it before a crash
-    message = f"Node {job.node_name} has been cordoned (marked unschedulable)."
+    elif job.cordon_intent_at is not None and not job.report.get("unschedulable"):
+        job.cordoned_by_job = True  # our patch went out before a worker died: it is the job's cordon
+    if job.cordoned_by_job:
+        message = f"Node {job.node_name} has been cordoned (marked unschedulable)."
+        audit = dict(action="node_cordon", target=f"Node/{job.node_name}", old={"unschedulable": False},
+                     new={"unschedulable": True})
+    else:
+        message = (f"Node {job.node_name} was already cordoned before this job; left cordoned "
+                   f"(an abort will not uncordon it).")
+        audit = dict(action="node_already_cordoned", target=f"Node/{job.node_name}", old={"unschedulable": True},
+                     new={"unschedulable": True})
     _event(gateway, job, _node_ref(job, node), reason="DefragCordon", message=message, now=now)
     job.state = JobState.CORDONED
     job.error = ""
     _append_log(job, message)
-    _commit(job, fields=["state", "cordoned_by_job"], now=now,
-            audits=[dict(action="node_cordon", target=f"Node/{job.node_name}",
-                         old={"unschedulable": bool(job.report.get("unschedulable"))},
-                         new={"unschedulable": True})])
+    _commit(job, fields=["state", "cordoned_by_job"], now=now, audits=[audit])
 
 
 def _step_orphan(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
@@ -425,9 +540,14 @@ def _fail(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
     waiting = [f"{r.namespace}/{r.revision} (scale {r.current_kpa_scale}, needs "
                f"{min(r.initial_replicas, r.current_replicas or r.initial_replicas) + r.overprovision})"
                for r in job.revisions.filter(satisfied=False)]
+    orphans = job.orphans.filter(state=OrphanState.ORPHANED).count()
+    cordoned = job.state != JobState.RECORDED or bool(job.report.get("unschedulable"))
+    left = [f"the node stays {'cordoned' if cordoned else 'schedulable (never cordoned)'}"]
+    if orphans:
+        left.append(f"its {orphans} orphan(s) keep serving")
     message = (f"Timed out after {job.timeout_seconds}s: not safe. Still waiting for: "
-               f"{', '.join(waiting) or 'orphaning to finish'}. The node stays cordoned and the orphans keep "
-               f"serving until an operator aborts or drains.")
+               f"{', '.join(waiting) or 'orphaning to finish'}. {' and '.join(left).capitalize()} "
+               f"until an operator aborts.")
     job.state = JobState.FAILED
     job.error = message
     job.next_check_at = None
@@ -466,41 +586,72 @@ def defrag_job_wait(*, job: DefragJob, gateway: kube.KubeGateway | None = None, 
 def defrag_job_drain(*, job: DefragJob, actor, delete_node: bool = False, now: datetime | None = None,
                      enqueue: bool = True) -> DefragJob:
     """Ask for the drain of a safe node: its orphans are evicted (PDBs honoured), and
-    the Node deleted if asked. Needs the `capacity.drain_defragjob` permission."""
+    the Node deleted if asked. Needs the `capacity.drain_defragjob` permission.
+
+    Recorded as a request the next step takes up (it never writes the state itself)."""
     now = now or clock.now()
     if actor is not None and not actor.has_perm("capacity.drain_defragjob"):
         raise DefragError(f"user {actor} may not drain nodes (needs capacity.drain_defragjob)")
-    if job.state == JobState.DRAINING:
-        return job
-    if job.state != JobState.SAFE:
-        raise DefragError(f"job #{job.pk} is {job.state}: only a job that reported the node safe may drain it")
     with transaction.atomic():
-        job.state, job.operator, job.delete_node = JobState.DRAINING, actor, delete_node
-        _append_log(job, f"Drain requested by {actor or 'CLI'}" + (" (the Node will be deleted)" if delete_node else ""))
-        _commit(job, fields=["state", "operator", "delete_node"], now=now, audits=[dict(
-            action="drain_request", target=f"Node/{job.node_name}", actor=actor, new={"delete_node": delete_node})])
+        row = DefragJob.objects.select_for_update().get(pk=job.pk)
+        if row.state == JobState.DRAINING or (row.drain_requested_at and row.state == JobState.SAFE):
+            return row
+        if row.state != JobState.SAFE:
+            raise DefragError(f"job #{row.pk} is {row.state}: only a job that reported the node safe may drain it")
+        if row.abort_pending:
+            raise DefragError(f"job #{row.pk} has an abort request pending: it will not be drained")
+        DefragJob.objects.filter(pk=row.pk).update(drain_requested_at=now, drain_requested_by=actor,
+                                                   delete_node=delete_node)
+        _log_write(row.pk, [f"Drain requested by {actor or 'CLI'}"
+                            + (" (the Node will be deleted)" if delete_node else "")])
+        _audit(row, now=now, action="drain_request", target=f"Node/{row.node_name}", actor=actor,
+               new={"delete_node": delete_node})
     if enqueue:
-        _enqueue(job)
-    return job
+        _enqueue(row)
+    row.refresh_from_db()
+    return row
 
 
-def defrag_job_abort(*, job: DefragJob, actor, now: datetime | None = None, enqueue: bool = True) -> DefragJob:
-    """Ask for an abort: uncordon, then delete each orphan once its revision is back to its
-    wanted scale without it."""
+def defrag_job_abort(*, job: DefragJob, actor, orphans: str = AbortChoice.WAIT, now: datetime | None = None,
+                     poll_interval_seconds: float | None = None, enqueue: bool = True) -> DefragJob:
+    """Ask for an abort: uncordon the node if the job cordoned it, then delete each orphan
+    once its revision is back to its wanted scale without it.
+
+    `orphans` is the operator's choice for orphans whose replacements cannot become ready
+    (no room): wait until CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS and then stop as
+    `abort-stuck` saying what blocks, keep them now, or delete them anyway (capacity drops).
+    Recorded as a request the next step takes up, whatever a worker is doing meanwhile."""
     now = now or clock.now()
-    if job.state in (JobState.ABORTING, JobState.ABORTED):
-        return job
-    if job.state == JobState.DRAINED:
-        raise DefragError(f"job #{job.pk} is drained: there is nothing left to abort")
+    if orphans not in AbortChoice.values:
+        raise DefragError(f"orphans must be one of {AbortChoice.values}, got {orphans!r}")
+    if poll_interval_seconds is not None:
+        error = interval_validate(poll_interval_seconds, field="poll_interval_seconds", minimum=POLL_RANGE[0],
+                                  maximum=POLL_RANGE[1])
+        if error:
+            raise DefragError(error)
     with transaction.atomic():
-        old = job.state
-        job.state, job.operator, job.next_check_at = JobState.ABORTING, actor, None
-        _append_log(job, f"Abort requested by {actor or 'CLI'}")
-        _commit(job, fields=["state", "operator"], now=now, audits=[dict(
-            action="abort_request", target=f"Node/{job.node_name}", actor=actor, old={"state": old})])
+        row = DefragJob.objects.select_for_update().get(pk=job.pk)
+        if row.state == JobState.DRAINED:
+            raise DefragError(f"job #{row.pk} is drained: there is nothing left to abort")
+        if row.state == JobState.ABORTED:
+            return row
+        asked_before = row.abort_requested_at is not None
+        if asked_before and row.state != JobState.ABORT_STUCK and orphans == row.abort_choice:
+            return row  # the same request again: already on its way
+        requested = now if not row.abort_started_at else max(now, row.abort_started_at + timedelta(microseconds=1))
+        changes = dict(abort_requested_at=requested, abort_requested_by=actor, abort_choice=orphans)
+        if poll_interval_seconds is not None:
+            changes["poll_interval_seconds"] = float(poll_interval_seconds)
+        DefragJob.objects.filter(pk=row.pk).update(**changes)
+        choice = {AbortChoice.KEEP: " (keep orphans that cannot end)",
+                  AbortChoice.DELETE: " (delete the orphans even if capacity drops)"}.get(orphans, "")
+        _log_write(row.pk, [f"Abort requested by {actor or 'CLI'}{choice}"])
+        _audit(row, now=now, action="abort_request", target=f"Node/{row.node_name}", actor=actor,
+               old={"state": row.state}, new={"orphans": orphans or "wait"})
     if enqueue:
-        _enqueue(job)
-    return job
+        _enqueue(row)
+    row.refresh_from_db()
+    return row
 
 
 def _settle_planned(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
@@ -512,51 +663,150 @@ def _settle_planned(job: DefragJob, gateway: kube.KubeGateway, now: datetime) ->
         _commit(job, orphans=[orphan], now=now)
 
 
+NODE_UNCORDONING = "uncordoning"  # written before the patch: a restarted worker knows the patch is its own
+NODE_OUTCOMES = {
+    "uncordoned": "uncordoned",
+    "already schedulable": "was already schedulable (uncordoned by someone else)",
+    "left cordoned": "left cordoned (it was cordoned before the job, not by it)",
+    "gone": "is gone (deleted by someone else)",
+}
+
+
+def _abort_node(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
+    """Undo the job's cordon, and only the job's: say what was really done."""
+    owns = job.cordoned_by_job or (job.cordon_intent_at is not None and not job.report.get("unschedulable"))
+    try:
+        node = gateway.get(kube.NODES, job.node_name)
+    except NotFound:
+        node = None
+    cordoned = bool(((node or {}).get("spec") or {}).get("unschedulable"))
+    audits = []
+    if node is None:
+        outcome = "gone"
+    elif not owns:
+        outcome = "left cordoned" if cordoned else "already schedulable"
+    elif cordoned:
+        if job.abort_node_outcome != NODE_UNCORDONING:
+            job.abort_node_outcome = NODE_UNCORDONING
+            _commit(job, fields=["abort_node_outcome"], now=now)
+        gateway.patch(kube.NODES, job.node_name, {"spec": {"unschedulable": False}}, patch_type="strategic")
+        outcome = "uncordoned"
+    else:
+        # Schedulable: our own patch went out before a worker died, or someone else uncordoned it.
+        outcome = "uncordoned" if job.abort_node_outcome == NODE_UNCORDONING else "already schedulable"
+    if outcome == "uncordoned":
+        audits.append(dict(action="node_uncordon", target=f"Node/{job.node_name}", old={"unschedulable": True},
+                           new={"unschedulable": False}))
+    message = f"Node {job.node_name} {NODE_OUTCOMES[outcome]}"
+    if node is not None:
+        _event(gateway, job, _node_ref(job, node), reason="DefragAbort", message=message, now=now)
+    job.abort_node_outcome, job.uncordoned = outcome, outcome == "uncordoned"
+    _append_log(job, message)
+    _commit(job, fields=["abort_node_outcome", "uncordoned"], now=now, audits=audits)
+
+
 def _step_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
     if job.next_check_at and now < job.next_check_at:
         return
-    if job.cordoned_by_job and not job.uncordoned:
-        node = gateway.get(kube.NODES, job.node_name)
-        if (node.get("spec") or {}).get("unschedulable"):
-            gateway.patch(kube.NODES, job.node_name, {"spec": {"unschedulable": False}}, patch_type="strategic")
-        job.uncordoned = True
-        message = f"Node {job.node_name} uncordoned"
-        _event(gateway, job, _node_ref(job, node), reason="DefragAbort", message=message, now=now)
-        _append_log(job, message)
-        _commit(job, fields=["uncordoned"], now=now, audits=[dict(
-            action="node_uncordon", target=f"Node/{job.node_name}", old={"unschedulable": True},
-            new={"unschedulable": False})])
+    if job.abort_node_outcome in ("", NODE_UNCORDONING):
+        _abort_node(job, gateway, now)
     _settle_planned(job, gateway, now)
-    waiting = _end_orphans(job, gateway, now, evict=False)
+    waiting, kept = _end_orphans(job, gateway, now, evict=False, force=job.abort_choice == AbortChoice.DELETE)
     if waiting:
+        past_deadline = job.abort_deadline_at is not None and now >= job.abort_deadline_at
+        if kept and (job.abort_choice == AbortChoice.KEEP or past_deadline):
+            return _abort_stuck(job, gateway, now, kept)
+        if past_deadline:
+            return _abort_stuck(job, gateway, now, [])
         job.next_check_at = now + timedelta(seconds=job.poll_interval_seconds)
         _commit(job, now=now)
         return
-    job.state, job.finished_at, job.next_check_at = JobState.ABORTED, now, None
-    _append_log(job, "Aborted: node uncordoned, every orphan gone")
+    job.state, job.finished_at, job.next_check_at, job.error = JobState.ABORTED, now, None, ""
+    _append_log(job, f"Aborted: node {job.node_name} {NODE_OUTCOMES.get(job.abort_node_outcome, 'untouched')}; "
+                     f"every orphan gone")
     _commit(job, fields=["state", "finished_at"], now=now,
             audits=[dict(action="job_abort", target=f"Node/{job.node_name}")])
+
+
+def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept: list) -> None:
+    """Stop waiting: say which orphans are left and why, name what holds the room, and
+    leave the choice to the operator. The job stays live: it still tracks its orphans."""
+    snapshot = snapshot_take(gateway, now=now)
+    by_revision: dict[int, dict] = {}
+    for orphan, ready, wanted in kept:
+        entry = by_revision.setdefault(orphan.revision_id, {
+            "revision": f"{orphan.namespace}/{orphan.revision.revision}", "ready": ready, "wanted": wanted,
+            "orphans": [], "gpus": 0, "pending": []})
+        entry["orphans"].append(f"{orphan.namespace}/{orphan.pod_name}")
+        entry["gpus"] += orphan.gpus
+        if len(entry["orphans"]) == 1:  # once per revision: its replacements, and why they are not ready
+            for pod in gateway.list(kube.PODS, namespace=orphan.namespace,
+                                    label_selector=f"{REVISION_LABEL}={orphan.revision.revision}"):
+                meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+                owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+                if owner is None or owner.get("name") != orphan.revision.replicaset or meta.get("deletionTimestamp"):
+                    continue
+                conditions = status.get("conditions") or ()
+                if status.get("phase") == "Running" and any(
+                        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+                    continue
+                why = next((c.get("message") or c.get("reason") or "" for c in conditions
+                            if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
+                entry["pending"].append((f"{orphan.namespace}/{meta.get('name')}", why))
+    holders = dict(DefragJob.objects.filter(cluster=job.cluster, state__in=LIVE_STATES).exclude(pk=job.pk)
+                   .values_list("node_name", "pk"))
+    states = dict(DefragJob.objects.filter(pk__in=holders.values()).values_list("pk", "state"))
+    cordoned = []
+    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+        if not node.unschedulable or node.name == job.node_name:
+            continue
+        used = sum(p.gpus for p in snapshot.pods_on(node.name) if p.phase in ("Pending", "Running")
+                   and not p.terminating)
+        free = max(node.gpus_allocatable - used, 0)
+        if free <= 0:
+            continue
+        holder = (f"defrag job #{holders[node.name]} ({states[holders[node.name]]})" if node.name in holders
+                  else "an operator (no defrag job holds it)")
+        cordoned.append({"node": node.name, "free": free, "holder": holder})
+    if kept:
+        message = abort_stuck_message(node=job.node_name, waited_seconds=(now - job.abort_started_at).total_seconds(),
+                                      kept=list(by_revision.values()), cordoned=cordoned,
+                                      chosen_keep=job.abort_choice == AbortChoice.KEEP)
+    else:
+        terminating = ", ".join(f"{o.namespace}/{o.pod_name}" for o in job.orphans.filter(
+            state=OrphanState.DELETING))
+        message = (f"Abort stuck after {(now - job.abort_started_at).total_seconds():.0f}s: orphan(s) "
+                   f"{terminating or '?'} were deleted but are still terminating. The job keeps tracking them "
+                   f"(state abort-stuck); abort again to wait more.")
+    job.state, job.error, job.next_check_at = JobState.ABORT_STUCK, message, None
+    _append_log(job, message)
+    _event(gateway, job, _node_ref(job), reason="DefragAbortStuck", message=message[:1000], now=now,
+           event_type="Warning")
+    _commit(job, fields=["state"], now=now, audits=[dict(
+        action="job_abort_stuck", target=f"Node/{job.node_name}",
+        new={"kept": list(by_revision.values()), "cordoned": cordoned, "choice": job.abort_choice or "wait"})])
 
 
 def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
     if job.next_check_at and now < job.next_check_at:
         return
     _settle_planned(job, gateway, now)
-    waiting = _end_orphans(job, gateway, now, evict=True)
+    waiting, _ = _end_orphans(job, gateway, now, evict=True)
     if waiting:
-        job.next_check_at = now + timedelta(seconds=min(job.poll_interval_seconds, EVICTION_RETRY_SECONDS))
+        job.next_check_at = now + timedelta(seconds=_eviction_retry(job))
         _commit(job, now=now)
         return
     audits = []
     if job.delete_node:
         try:
             gateway.delete(kube.NODES, job.node_name)
+            _append_log(job, f"Node {job.node_name} deleted")
         except NotFound:
-            pass  # deleted before a crash, or by someone else: the outcome wanted
-        _append_log(job, f"Node {job.node_name} deleted")
+            # Deleted before a worker died (our request), or by someone else: the outcome wanted.
+            _append_log(job, f"Node {job.node_name} is gone")
         audits.append(dict(action="node_delete", target=f"Node/{job.node_name}"))
     job.state, job.finished_at, job.next_check_at = JobState.DRAINED, now, None
-    _append_log(job, f"Node {job.node_name} drained")
+    _append_log(job, f"Node {job.node_name} drained: every orphan evicted and gone")
     _event(gateway, job, _node_ref(job), reason="DefragDrained", message=f"Node {job.node_name} drained", now=now)
     # IMPORTANT: the node deletion and the final state in one record: a worker dying between
     # two records would redo the (harmless, NotFound) delete and audit it twice.
@@ -564,9 +814,18 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
             audits=audits + [dict(action="job_drain", target=f"Node/{job.node_name}")])
 
 
-def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, evict: bool) -> int:
-    """Evict (drain) or delete (abort) the orphans; returns how many are not gone yet."""
+def _eviction_retry(job: DefragJob) -> float:
+    """Seconds until a refused eviction is tried again: kubectl's 5 s, or the job's poll
+    interval when that is shorter (what the log line must say)."""
+    return min(job.poll_interval_seconds, EVICTION_RETRY_SECONDS)
+
+
+def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, evict: bool,
+                 force: bool = False) -> tuple[int, list]:
+    """Evict (drain) or delete (abort) the orphans. Returns how many are not gone yet, and
+    the (orphan, ready, wanted) an abort keeps because its revision needs it still."""
     waiting = 0
+    kept: list = []
     back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
             "revision"):
@@ -580,21 +839,23 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         waiting += 1
         if orphan.state == OrphanState.DELETING:
             continue  # terminating: wait for its grace period
+        new: dict = {}
         if evict:
             message = f"Evicted by defrag job #{job.pk} (drain of {job.node_name})"
         else:
             message = f"Deleted by defrag job #{job.pk} (abort): its revision is back to scale"
         action = "pod_evict" if evict else "pod_delete"
+        line = f"Pod {orphan.namespace}/{orphan.pod_name} {'evicted' if evict else 'deleted'}"
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             # Already terminating: our request went out before a worker died (or someone else
             # deleted it). Record it now; asking again would repeat the side effect.
-            pass
+            line = f"Pod {orphan.namespace}/{orphan.pod_name} is terminating"
         elif evict:
             try:
                 gateway.evict(orphan.pod_name, namespace=orphan.namespace)
             except TooManyRequests as exc:
                 _append_log(job, f"Eviction of {orphan.namespace}/{orphan.pod_name} refused "
-                                 f"(PodDisruptionBudget): retrying in {EVICTION_RETRY_SECONDS:g}s")
+                                 f"(PodDisruptionBudget): retrying in {_eviction_retry(job):g}s")
                 job.error = str(exc)
                 continue
             except NotFound:
@@ -607,10 +868,17 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                 back[orphan.revision_id] = (replicaset_ready_pods(pods, replicaset=orphan.revision.replicaset),
                                             _scale((rs.get("spec") or {}).get("replicas")))
             ready, wanted = back[orphan.revision_id]
-            if ready < wanted:
+            if ready < wanted and not force:
                 _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} kept: revision "
                                  f"{orphan.revision.revision} has {ready}/{wanted} ready without it")
+                kept.append((orphan, ready, wanted))
                 continue
+            if ready < wanted:
+                message = (f"Deleted by defrag job #{job.pk} (abort, operator chose to delete anyway): its "
+                           f"revision has {ready}/{wanted} ready without it")
+                line = (f"Pod {orphan.namespace}/{orphan.pod_name} deleted as the operator chose: revision "
+                        f"{orphan.revision.revision} has {ready}/{wanted} ready without it (capacity drops)")
+                new = {"forced": True, "ready": ready, "wanted": wanted}
             try:
                 gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
             except (NotFound, Conflict):
@@ -618,9 +886,41 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         orphan.state = OrphanState.DELETING
         _event(gateway, job, _pod_ref(orphan), reason="DefragEvict" if evict else "DefragDelete",
                message=message, now=now)
-        _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} {'evicted' if evict else 'deleted'}")
-        _commit(job, orphans=[orphan], now=now, audits=[dict(action=action, target=target)])
-    return waiting
+        _append_log(job, line)
+        _commit(job, orphans=[orphan], now=now, audits=[dict(action=action, target=target, new=new)])
+    return waiting, kept
+
+
+# ---- leases: which worker steps a job -------------------------------------------------------
+
+def defrag_job_lease_acquire(*, job_id: int, owner: str, now: datetime) -> bool:
+    """Take the job for `owner` unless another worker's lease is still running. One
+    conditional UPDATE: two workers asking at once cannot both get it."""
+    free = Q(lease_owner="") | Q(lease_owner=owner) | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    return DefragJob.objects.filter(Q(pk=job_id) & free).update(
+        lease_owner=owner, lease_expires_at=now + timedelta(seconds=LEASE_SECONDS), heartbeat_at=now) == 1
+
+
+def defrag_job_lease_renew(*, job_id: int, owner: str, now: datetime) -> bool:
+    """Heartbeat: extend the lease; False when it was lost (expired and taken by another)."""
+    return DefragJob.objects.filter(pk=job_id, lease_owner=owner).update(
+        lease_expires_at=now + timedelta(seconds=LEASE_SECONDS), heartbeat_at=now) == 1
+
+
+def defrag_job_lease_release(*, job_id: int, owner: str) -> None:
+    DefragJob.objects.filter(pk=job_id, lease_owner=owner).update(lease_owner="", lease_expires_at=None)
+
+
+def defrag_jobs_due(*, now: datetime) -> list[int]:
+    """Jobs a worker should step and none does: running (or with an operator's request not
+    taken up), no live lease, and their next check due."""
+    pending_abort = Q(abort_requested_at__isnull=False) & (
+        Q(abort_started_at__isnull=True) | Q(abort_requested_at__gt=F("abort_started_at")))
+    pending_drain = Q(state=JobState.SAFE, drain_requested_at__isnull=False)
+    wanted = (Q(state__in=RUNNING_STATES) | (Q(state__in=LIVE_STATES) & (pending_abort | pending_drain)))
+    unleased = Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    due = Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
+    return list(DefragJob.objects.filter(wanted & unleased & due).order_by("pk").values_list("pk", flat=True))
 
 
 _HANDLERS = {

@@ -20,6 +20,13 @@ class Periodic:
 
 SCHEDULES: tuple[Periodic, ...] = (
     Periodic(
+        name="capacity: defrag jobs resume",
+        task="capacity.tasks.defrag_jobs_resume",
+        every_seconds=60,
+        description="Re-queue every live defrag job no worker holds whose next check is due (a killed worker's "
+                    "job is stepped again within a minute of its lease expiring).",
+    ),
+    Periodic(
         name="orgs: dormancy sweep",
         task="orgs.tasks.dormancy_sweep",
         every_seconds=3600,

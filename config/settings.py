@@ -155,10 +155,21 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 else:
     # Priorities 0..9 on Redis, where 0 is served FIRST (kombu polls the priority lists in
     # order): the disabling of scale to zero jumps the queue (orgs.tasks.HIGH_PRIORITY).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"priority_steps": list(range(10))}
+    # visibility_timeout: a message a worker took but has not acknowledged (acks_late) goes
+    # back to the queue after this many seconds. It must exceed the longest task and any
+    # countdown (a defrag step task runs ~20 s and re-queues itself at most a minute ahead),
+    # or Redis hands the same message to a second worker; kombu's default is one hour,
+    # which left a job unstepped that long after its worker was killed. Leases in the
+    # job row keep two workers from stepping one job even when a message is delivered twice.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"priority_steps": list(range(10)), "visibility_timeout": 300}
 CELERY_TASK_DEFAULT_PRIORITY = 5  # unprioritised messages would otherwise land in 0, the fastest lane
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
+# A task whose worker process died (OOM, SIGKILL, a rolling deploy) is re-queued rather than
+# dropped: with acks_late alone Celery acknowledges the message of a lost pool child, and a
+# defrag job would wait for the once-a-minute resume. Every task is safe to redo (steps
+# re-read and record before moving on).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "config.beat:ClockedDatabaseScheduler"
@@ -205,6 +216,12 @@ PRUNER_PROTECTED_NAMESPACES = env.list("PRUNER_PROTECTED_NAMESPACES",
 CAPACITY_DEFRAG_TIMEOUT_SECONDS = env.int("CAPACITY_DEFRAG_TIMEOUT_SECONDS", default=1800)
 CAPACITY_DEFRAG_POLL_SECONDS = env.float("CAPACITY_DEFRAG_POLL_SECONDS", default=10.0)
 CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = env.int("CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER", default=2)
+# How long an abort waits for replacements to become ready before it stops as abort-stuck,
+# naming what holds the room and leaving the choice (keep or delete the orphans) to the operator.
+CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = env.int("CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS", default=300)
+if not 1 <= CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS <= 86400:
+    raise ImproperlyConfigured(f"CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS must be 1..86400 seconds, "
+                               f"got {CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}")
 
 # --- Capacity: binpack deletion costs and the model-serving runbook (issue 6) ------------
 # Pods sharing a value of this label form one group, ranked as a whole (Kthena's own

@@ -32,7 +32,8 @@ def test_defrag_yes_runs_to_safe_and_exits_0(running, capsys):
     assert "Found pods to defrag:" in out
     assert f"Node {node} has been cordoned (marked unschedulable)." in out
     assert f"Revision {REVISION} - 1 extra needed - current_scale=" in out
-    assert out.rstrip().endswith("Safe to defrag/remove node")
+    assert out.rstrip().endswith("Safe to defrag/remove node\nFinal state of defrag job "
+                                 f"#{DefragJob.objects.get().pk}: safe; exit 0")
     assert kube.node_cordoned(node)
 
 
@@ -58,7 +59,7 @@ def test_json_then_abort_then_bad_input(running, capsys):
     assert len(kube.pods(NS, revision=REVISION)) == 3
     with pytest.raises(CommandError, match="no live defrag job"):
         call_command("defrag", node, "--cluster", "sim", "--drain", "--yes")
-    with pytest.raises(CommandError, match="--timeout must be > 0"):
+    with pytest.raises(CommandError, match="--timeout must be between 1 and 86400 seconds, got 0"):
         call_command("defrag", node, "--cluster", "sim", "--timeout", "0")
     with pytest.raises(CommandError, match="no cluster named 'nope'"):
         call_command("defrag", node, "--cluster", "nope")

@@ -196,3 +196,65 @@ def test_ready_pods_of_a_replicaset_leave_out_orphans_unready_and_terminating_po
             ready(make_model_pod("going", revision=REV), deleting=True),
             ready(make_model_pod("old", revision=REV, template_hash="0ld"))]
     assert replicaset_ready_pods(pods, replicaset=rs) == 2
+
+
+# ---- the job's log as the CLI shows it, bad numbers, and the abort that cannot finish ------
+
+from capacity.planning import LogFolder, abort_stuck_message, interval_validate, log_lines_to_drop  # noqa: E402
+
+
+def fold(lines):
+    folder = LogFolder()
+    out = [printed for line in lines for printed in folder.feed(line)]
+    return out + folder.flush()
+
+
+def test_a_poll_repeated_464_times_prints_once_and_says_how_often():
+    lines = ["Abort requested by CLI"] + ["kept: 2/3 ready without it"] * 464 + ["Aborted"]
+    assert fold(lines) == ["Abort requested by CLI", "kept: 2/3 ready without it",
+                           "… ×464 (the 1 line(s) above, 464 times in all)", "Aborted"]
+
+
+def test_blocks_of_lines_fold_and_a_change_ends_the_fold_without_losing_a_line():
+    lines = ["---", "scale=3"] * 5 + ["---", "scale=4", "Safe"]
+    assert fold(lines) == ["---", "scale=3", "… ×5 (the 2 line(s) above, 5 times in all)", "---", "scale=4", "Safe"]
+
+
+def test_nothing_repeated_is_printed_as_is_and_the_end_is_never_held_back():
+    assert fold(["a", "b", "c", "a", "d"]) == ["a", "b", "c", "a", "d"]
+    assert fold(["x", "x"]) == ["x", "… ×2 (the 1 line(s) above, 2 times in all)"]
+
+
+@pytest.mark.parametrize("log_seq, dropped", [(0, None), (500, None), (501, (101, 101)), (5000, (101, 4600))])
+def test_the_log_keeps_its_first_100_and_newest_400_lines(log_seq, dropped):
+    assert log_lines_to_drop(log_seq=log_seq) == dropped
+
+
+@pytest.mark.parametrize("value, error", [
+    (10, None), (0.5, None), (float("nan"), "must be a finite number"), (float("inf"), "must be a finite number"),
+    (-1, "must be between"), (0, "must be between"), (1e9, "must be between"), ("10", "must be a number"),
+    (True, "must be a number")])
+def test_intervals_name_their_field(value, error):
+    message = interval_validate(value, field="--poll-interval", minimum=0.1, maximum=3600)
+    if error is None:
+        assert message is None
+    else:
+        assert message.startswith(f"--poll-interval {error}")
+
+
+def test_a_whole_number_of_seconds_is_asked_for_where_it_must_be():
+    assert interval_validate(2.5, field="timeout", minimum=1, maximum=86400, whole=True).startswith(
+        "timeout must be a whole number")
+
+
+def test_the_stuck_abort_names_the_orphans_the_pending_replacement_and_who_holds_the_room():
+    message = abort_stuck_message(
+        node="n1", waited_seconds=300.4, chosen_keep=False,
+        kept=[{"revision": "org-a/m-00001", "ready": 2, "wanted": 3, "orphans": ["org-a/m-1"], "gpus": 8,
+               "pending": [("org-a/m-9", "0/3 nodes are available: 1 node(s) were unschedulable")]}],
+        cordoned=[{"node": "n2", "free": 8, "holder": "defrag job #7 (safe)"}])
+    assert message.startswith("Abort stuck after 300s: the replacements cannot become ready. revision org-a/m-00001 "
+                              "has 2/3 ready without its orphan(s) org-a/m-1 (8 GPU(s) on n1): org-a/m-9 is Pending "
+                              "(0/3 nodes are available: 1 node(s) were unschedulable).")
+    assert "node n2 (8 free GPU(s), cordoned by defrag job #7 (safe))" in message
+    assert "`manage.py defrag n1 --abort --keep-orphans`" in message

@@ -287,6 +287,7 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
     job = defrag_job_drain(job=job, actor=None, delete_node=True, now=world.now(), enqueue=False)
     job = step(world, job)
     assert job.state == JobState.DRAINING and "PodDisruptionBudget" in job.log[-1]
+    assert job.log[-1].endswith("retrying in 2s")            # the job's 2 s poll, not kubectl's 5 s
     assert world.kube.pod_exists(NS, pod.metadata.name)
     world.kube.policy.patch_namespaced_pod_disruption_budget("model", NS, {"spec": {"maxUnavailable": 1}})
     job = run_until(world, job, {JobState.DRAINED}, dt=5)

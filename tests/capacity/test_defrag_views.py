@@ -105,10 +105,31 @@ def test_drain_page_needs_its_own_permission(sim_cluster_factory, client, django
     assert job.state == JobState.SAFE                        # a wrong second confirmation does nothing
     client.post(f"/admin/capacity/defragjob/{job.pk}/drain/", {"confirm": "n1"})
     job.refresh_from_db()
-    assert job.state == JobState.DRAINING and job.operator == user
+    # A request the next step takes up (the job is SAFE until a worker does).
+    assert job.drain_requested_at is not None and job.drain_requested_by == user
 
 
 def test_unknown_node_on_the_start_page_says_so(sim_cluster_factory, client, staff):
     sim_cluster_factory(objects(), name="sim")
     response = client.get("/admin/capacity/defragjob/start/?cluster=sim&node=ghost", follow=True)
     assert "node &#x27;ghost&#x27; not found in cluster &#x27;sim&#x27;" in response.content.decode()
+
+
+def test_a_stuck_abort_offers_keep_or_delete_and_deleting_needs_the_capacity_box(sim_cluster_factory, client, staff):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1",
+                                   state=JobState.ABORT_STUCK, created_at="2026-01-01T00:00:00Z",
+                                   abort_requested_at="2026-01-01T00:01:00Z", abort_started_at="2026-01-01T00:01:00Z",
+                                   error="Abort stuck after 300s: the replacements cannot become ready. …")
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/abort/").content.decode()
+    assert "Abort stuck after 300s" in page and 'value="keep"' in page and 'value="delete"' in page
+    assert "Keep or delete the orphans…" in client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
+    client.post(f"/admin/capacity/defragjob/{job.pk}/abort/", {"confirm": "yes", "orphans": "delete"})
+    job.refresh_from_db()
+    assert job.abort_choice == "" and not job.abort_pending            # not confirmed: nothing recorded
+    client.post(f"/admin/capacity/defragjob/{job.pk}/abort/", {"confirm": "yes", "orphans": "delete",
+                                                               "capacity_drops": "on"})
+    job.refresh_from_db()
+    assert job.abort_choice == "delete" and job.abort_pending and job.abort_requested_by == staff

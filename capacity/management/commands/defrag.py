@@ -1,6 +1,8 @@
 """`python manage.py defrag NODE`: the seed's script as a command, run in this process.
 
 Exit code 0 only when the node is safe (or, with --drain / --abort, drained / aborted).
+The command follows the job's numbered log (it never misses the end, however long the
+job ran), folds repeated lines ("… ×464") and always ends with the job's final state.
 """
 from __future__ import annotations
 
@@ -14,19 +16,31 @@ from clusters.errors import KubeError
 from clusters.selectors import cluster_get
 from config import clock
 
-from capacity.models import RESTING_STATES, DefragJob, JobState
+from capacity.models import RESTING_STATES, AbortChoice, DefragJob, JobState
+from capacity.planning import LogFolder, interval_validate
 from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
 from capacity.services import (
+    POLL_RANGE,
+    TIMEOUT_RANGE,
     DefragError,
     defrag_discover,
     defrag_job_abort,
     defrag_job_drain,
+    defrag_job_log_after,
     defrag_job_start,
     defrag_job_step,
 )
 
 EXIT_NOT_SAFE = 1
 EXIT_REFUSED = 2
+
+
+def _number(text: str) -> float:
+    """argparse type: any float, even nan/inf; `handle` says which flag is wrong and why."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(text) from None
 
 
 class Command(BaseCommand):
@@ -37,24 +51,45 @@ class Command(BaseCommand):
         parser.add_argument("node", help="Node name.")
         parser.add_argument("--cluster", default=None, help="Cluster name (default: the default cluster).")
         parser.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
-        parser.add_argument("--timeout", type=int, default=None, help="Time limit in seconds (default 1800).")
-        parser.add_argument("--poll-interval", type=float, default=None, help="Seconds between checks (default 10).")
+        parser.add_argument("--timeout", type=_number, default=None,
+                            help=f"Time limit in whole seconds, {TIMEOUT_RANGE[0]}..{TIMEOUT_RANGE[1]} (default 1800).")
+        parser.add_argument("--poll-interval", type=_number, default=None,
+                            help=f"Seconds between checks, {POLL_RANGE[0]:g}..{POLL_RANGE[1]:g} (default 10).")
         parser.add_argument("--json", action="store_true", help="Print one JSON document instead of progress lines.")
         action = parser.add_mutually_exclusive_group()
         action.add_argument("--drain", action="store_true", help="Evict the orphans of the node's safe job.")
         action.add_argument("--abort", action="store_true", help="Abort the node's live job.")
         parser.add_argument("--delete-node", action="store_true", help="With --drain: then delete the Node.")
+        orphans = parser.add_mutually_exclusive_group()
+        orphans.add_argument("--keep-orphans", action="store_true",
+                             help="With --abort: orphans whose replacements have no room keep serving; the job "
+                                  "stops as abort-stuck at once instead of waiting for the deadline.")
+        orphans.add_argument("--delete-orphans", action="store_true",
+                             help="With --abort: delete the orphans even if their revision is not back to scale "
+                                  "(capacity drops).")
 
-    def handle(self, *args, node: str, cluster: str | None, yes: bool, timeout: int | None,
-               poll_interval: float | None, json: bool, drain: bool, abort: bool, delete_node: bool, **_):
-        if timeout is not None and timeout <= 0:
-            raise CommandError(f"--timeout must be > 0 seconds, got {timeout}")
-        if poll_interval is not None and poll_interval <= 0:
-            raise CommandError(f"--poll-interval must be > 0 seconds, got {poll_interval}")
+    def handle(self, *args, node: str, cluster: str | None, yes: bool, timeout: float | None,
+               poll_interval: float | None, json: bool, drain: bool, abort: bool, delete_node: bool,
+               keep_orphans: bool, delete_orphans: bool, **_):
+        # IMPORTANT: every flag is checked before anything is read or changed.
+        if timeout is not None:
+            error = interval_validate(timeout, field="--timeout", minimum=TIMEOUT_RANGE[0],
+                                      maximum=TIMEOUT_RANGE[1], whole=True)
+            if error:
+                raise CommandError(error)
+            timeout = int(timeout)
+        if poll_interval is not None:
+            error = interval_validate(poll_interval, field="--poll-interval", minimum=POLL_RANGE[0],
+                                      maximum=POLL_RANGE[1])
+            if error:
+                raise CommandError(error)
         if delete_node and not drain:
             raise CommandError("--delete-node only goes with --drain")
+        if (keep_orphans or delete_orphans) and not abort:
+            raise CommandError("--keep-orphans and --delete-orphans only go with --abort")
         self.as_json = json
-        self.printed = 0
+        self.seq, self.last_line = 0, None
+        self.folder = LogFolder()
         try:
             cluster_row = cluster_get(name=cluster)
         except Exception as exc:  # Cluster.DoesNotExist names the known clusters
@@ -64,16 +99,22 @@ class Command(BaseCommand):
                 job = defrag_job_live_for_node(cluster=cluster_row, node_name=node)
                 if job is None:
                     raise CommandError(f"node {node!r} has no live defrag job on cluster {cluster_row.name!r}")
+                self.seq = job.log_seq
                 if drain:
-                    self.printed = len(job.log)
                     if not self._confirm(yes, f"Drain node {node}: evict {job.orphans.filter(state='orphaned').count()}"
                                               f" orphaned pod(s){' and delete the Node' if delete_node else ''}?"):
                         return self._exit(job, EXIT_REFUSED)
                     job = defrag_job_drain(job=job, actor=None, delete_node=delete_node, enqueue=False)
                     wanted = JobState.DRAINED
                 else:
-                    self.printed = len(job.log)
-                    job = defrag_job_abort(job=job, actor=None, enqueue=False)
+                    choice = (AbortChoice.KEEP if keep_orphans else AbortChoice.DELETE if delete_orphans
+                              else AbortChoice.WAIT)
+                    if delete_orphans and not self._confirm(
+                            yes, f"Delete the orphans of node {node} even where their revision is not back to "
+                                 f"scale (capacity drops)?"):
+                        return self._exit(job, EXIT_REFUSED)
+                    job = defrag_job_abort(job=job, actor=None, orphans=choice, poll_interval_seconds=poll_interval,
+                                           enqueue=False)
                     wanted = JobState.ABORTED
             else:
                 plan = defrag_discover(cluster=cluster_row, node_name=node)
@@ -83,7 +124,7 @@ class Command(BaseCommand):
                     return self._exit(None, EXIT_REFUSED)
                 job = defrag_job_start(cluster=cluster_row, node_name=node, plan=plan, actor=None,
                                        timeout_seconds=timeout, poll_interval_seconds=poll_interval, enqueue=False)
-                self.printed = len(job.log)
+                self.seq = job.log_seq
                 wanted = JobState.SAFE
         except (DefragError, KubeError) as exc:
             raise CommandError(str(exc)) from None
@@ -103,22 +144,34 @@ class Command(BaseCommand):
         while True:
             job = defrag_job_step(job=job, now=clock.now())
             self._print_new(job)
-            if job.state in RESTING_STATES:
+            if job.state in RESTING_STATES and not job.abort_pending:
                 return job
             if job.next_check_at:
                 time.sleep(max(0.0, (job.next_check_at - clock.now()).total_seconds()))
-            job.refresh_from_db()
 
     def _print_new(self, job: DefragJob) -> None:
-        if self.as_json:
-            return
-        for line in job.log[self.printed:]:
-            self.stdout.write(line)
-        self.printed = len(job.log)
+        """Lines after the last one printed, by number: a gap (lines the job no longer
+        keeps) is said, never silently skipped."""
+        for seq, line in defrag_job_log_after(job=job, seq=self.seq):
+            if seq > self.seq + 1:
+                self._write([f"… {seq - self.seq - 1} line(s) not kept …"])
+            self._write(self.folder.feed(line))
+            self.seq, self.last_line = seq, line
+
+    def _write(self, lines: list[str]) -> None:
+        if not self.as_json:
+            for line in lines:
+                self.stdout.write(line)
 
     def _exit(self, job: DefragJob | None, code: int):
         if self.as_json:
             self.stdout.write(json.dumps(defrag_job_progress(job=job) if job else {"state": "not confirmed"},
                                          indent=2, default=str))
+        elif job is not None:
+            self._write(self.folder.flush())
+            job.refresh_from_db()
+            if job.error and job.error != self.last_line:
+                self.stdout.write(job.error)  # why it rests there, unless the last line said it already
+            self.stdout.write(f"Final state of defrag job #{job.pk}: {job.state}; exit {code}")
         if code:
             sys.exit(code)
