@@ -1,0 +1,100 @@
+"""The real control plane, brought up once per test session, and simcluster beside it.
+
+`real_tier` starts `python -m realcluster up` (upstream kube-apiserver, controller-manager,
+scheduler, etcd and KWOK in a private network namespace; needs root and the binaries of
+`python -m realcluster build`, which `make test-real` runs first) on this directory's
+scenario and stops it at the end of the session. `sim_tier` serves the same scenario on
+simcluster with a manual clock. Tests share each cluster and take a namespace of their own.
+
+These tests run only when asked for by path (`pytest tests/realcluster`, `make test-real`):
+a plain `pytest tests` deselects them, since the real tier needs root, Go and a build.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .backends import Backend
+
+SCENARIO = Path(__file__).with_name("scenario.yaml")
+REPO = Path(__file__).resolve().parents[2]
+UP_TIMEOUT_SECONDS = 120.0
+PR_SET_PDEATHSIG = 1
+READY_LINE = re.compile(r"realcluster ready in ([\d.]+) s at (\S+); kubeconfig (\S+); memory (\d+) MiB")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    here = Path(__file__).parent
+    base = Path(config.invocation_params.dir)
+    asked = any((base / str(arg).split("::")[0]).resolve().is_relative_to(here) for arg in config.args)
+    if asked:
+        return
+    mine = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
+    if mine:
+        config.hook.pytest_deselected(items=mine)
+        items[:] = [item for item in items if item not in mine]
+
+
+@pytest.fixture(scope="session")
+def real_tier(tmp_path_factory):
+    from realcluster.build import BuildError, binaries
+
+    if os.geteuid() != 0:
+        pytest.fail("the real tier runs in its own network namespace, which needs root")
+    try:
+        binaries()
+    except BuildError as exc:
+        pytest.fail(f"{exc} (make test-real builds them first)")
+    state = tmp_path_factory.mktemp("realcluster")
+    kubeconfig = state / "kubeconfig"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "realcluster", "up", "--scenario", str(SCENARIO),
+         "--kubeconfig-out", str(kubeconfig), "--state-dir", str(state / "run")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # If pytest is killed, the tier goes down with it (SIGTERM: in order).
+        preexec_fn=lambda: ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+    output: list[str] = []
+    ready = threading.Event()
+
+    def read_output() -> None:   # drains the pipe for the whole session
+        for line in process.stdout:
+            output.append(line)
+            if READY_LINE.search(line):
+                ready.set()
+
+    threading.Thread(target=read_output, daemon=True).start()
+    deadline = time.monotonic() + UP_TIMEOUT_SECONDS
+    while not ready.wait(0.2):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            time.sleep(0.2)   # let the reader take the last lines
+            pytest.fail("realcluster up did not become ready:\n" + "".join(output))
+    backend = Backend("real", str(kubeconfig))
+    backend.bring_up_log = "".join(output)
+    yield backend
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def sim_tier(tmp_path_factory):
+    from simcluster.control import SimControl
+    from simcluster.testing import running_cluster
+
+    kubeconfig = tmp_path_factory.mktemp("simcluster") / "kubeconfig"
+    with running_cluster(str(SCENARIO), kubeconfig_out=kubeconfig) as url:
+        yield Backend("simcluster", str(kubeconfig), advance=SimControl(url).advance)
