@@ -103,3 +103,16 @@ def error_for_status(code: int, reason: str, message: str, *, retry_after: float
     else:
         cls = KubeError
     return cls(message, code=code, reason=reason or None, retry_after=retry_after, details=details)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether trying again later may help: no answer, a timeout, 5xx or 429 say yes;
+    a refusal (401/403, 404, 400/422, 409 — re-read and decide again instead) or a
+    broken configuration says no, and is reported with its reason rather than retried."""
+    if isinstance(exc, ConfigError):
+        return False
+    if isinstance(exc, KubeError):
+        return exc.code == 0 or exc.code == 429 or exc.code >= 500
+    if isinstance(exc, PrometheusError):
+        return exc.transient
+    return isinstance(exc, (ConnectionError, TimeoutError))

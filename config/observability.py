@@ -107,7 +107,7 @@ class DatabaseCollector:
         yield from families
 
     def _families(self) -> Iterator[Metric]:
-        from django.db.models import Count
+        from django.db.models import Count, Sum
 
         from capacity.models import DefragJob, JobState
         from clusters.models import Cluster
@@ -136,8 +136,9 @@ class DatabaseCollector:
             "Prune decisions by cluster, decision (prune/skip) and action result "
             "(none, dry-run, succeeded, failed).",
             labels=["cluster", "decision", "result"])
+        # A skip row stands for `count` pods of its run: count pods, not rows.
         for row in (PruneDecision.objects.values("run__cluster__name", "decision", "result")
-                    .annotate(n=Count("id"))):
+                    .annotate(n=Sum("count"))):
             decisions.add_metric([row["run__cluster__name"] or "", row["decision"], row["result"] or "none"],
                                  row["n"])
         yield decisions

@@ -59,6 +59,19 @@ SCHEDULES: tuple[Periodic, ...] = (
         description="Run the idle-GPU pruner on every cluster with a Prometheus (PRUNER_RUN_MODE; dry run by default).",
     ),
     Periodic(
+        name="pruning: reconcile interrupted runs",
+        task="pruning.tasks.prune_runs_reconcile",
+        every_seconds=60,
+        description="Complete prune runs whose worker died (lease lapsed) from the cluster's real state, "
+                    "so every scale-down that happened is recorded and restorable.",
+    ),
+    Periodic(
+        name="pruning: expire skip rows",
+        task="pruning.tasks.prune_skip_rows_expire",
+        every_seconds=3600,
+        description="Delete prune skip rows older than PRUNER_SKIP_RETENTION_DAYS (runs keep their counts).",
+    ),
+    Periodic(
         name="capacity: binpack deletion costs",
         task="capacity.binpack.tasks.binpack_all_clusters",
         every_seconds=300,

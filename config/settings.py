@@ -211,6 +211,11 @@ PRUNER_MAX_SCALE_DOWNS = env.int("PRUNER_MAX_SCALE_DOWNS", default=20)  # owners
 PRUNER_LABEL_SCHEME = env.str("PRUNER_LABEL_SCHEME", default="auto")  # auto, pod, exported
 PRUNER_PROTECTED_NAMESPACES = env.list("PRUNER_PROTECTED_NAMESPACES",
                                        default=["kube-system", "kube-public", "kube-node-lease"])
+# Days a prune run's skip rows are kept (the run keeps its counts per reason); pruned by the beat.
+PRUNER_SKIP_RETENTION_DAYS = env.float("PRUNER_SKIP_RETENTION_DAYS", default=7.0)
+if not (0 < PRUNER_SKIP_RETENTION_DAYS <= 3650):  # also false for NaN
+    raise ImproperlyConfigured(f"PRUNER_SKIP_RETENTION_DAYS must be a number of days in (0, 3650], "
+                               f"not {PRUNER_SKIP_RETENTION_DAYS!r}")
 
 # --- Capacity: defrag jobs (seed 000) ------------------------------------------------
 CAPACITY_DEFRAG_TIMEOUT_SECONDS = env.int("CAPACITY_DEFRAG_TIMEOUT_SECONDS", default=1800)

@@ -91,17 +91,41 @@ def read_owner(gateway: kube.KubeGateway, kind: str, namespace: str, name: str) 
     return obj
 
 
-def scale_to_zero(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
-                  now: datetime) -> tuple[dict, dict, dict]:
-    """Returns (owner as re-read, restore_state, applied_state)."""
+def scale_to_zero_intent(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
+                         now: datetime) -> tuple[dict, dict, dict]:
+    """Re-read the owner and say what scaling it to zero would take away and set.
+
+    Returns (owner as re-read, restore_state, applied_state); changes nothing, so the
+    caller can record both states before `write` touches the cluster."""
     obj = read_owner(gateway, kind, namespace, name)
     if _annotations(obj).get(OPT_OUT_ANNOTATION) == "false":
         raise NothingToDo(f"{kind} {namespace}/{name} opted out ({OPT_OUT_ANNOTATION}: \"false\") since the plan")
     before, target = current_state(method, obj), _target_state(method, now)
     if _at_target(method, before, target):
         raise NothingToDo(f"{kind} {namespace}/{name} is already scaled to zero")
-    _write(gateway, kind, namespace, name, method, target)
     return obj, before, target
+
+
+def write(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str, state: dict) -> dict:
+    """Set `state` (an applied_state or a restore_state) on the owner."""
+    return _write(gateway, kind, namespace, name, method, state)
+
+
+# What the owner holds now, against a recorded intent.
+APPLIED, NOT_APPLIED, CHANGED = "applied", "not-applied", "changed"
+
+
+def settle(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
+           restore_state: dict, applied_state: dict) -> tuple[dict, str, dict]:
+    """Whether a scale-down whose outcome was not recorded took effect, from the owner's
+    real state: (owner, APPLIED | NOT_APPLIED | CHANGED, its current state)."""
+    obj = read_owner(gateway, kind, namespace, name)
+    state = current_state(method, obj)
+    if _at_target(method, state, applied_state):
+        return obj, APPLIED, state
+    if state == restore_state:
+        return obj, NOT_APPLIED, state
+    return obj, CHANGED, state
 
 
 def restore(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,

@@ -16,7 +16,7 @@ class DecisionInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = ("namespace", "pod", "owner_kind", "owner_name", "decision", "reason", "max_utilization",
+    fields = ("namespace", "pod", "count", "owner_kind", "owner_name", "decision", "reason", "max_utilization",
               "result", "restore")
     readonly_fields = fields
 
@@ -30,8 +30,18 @@ class PruneRunAdmin(admin.ModelAdmin):
                     "idle_candidates", "planned", "acted", "failed", "kube_api_calls", "duration_seconds")
     list_filter = ("cluster", "mode", "status")
     date_hierarchy = "evaluated_at"
-    readonly_fields = [f.name for f in PruneRun._meta.fields] + ["utilization_charts"]
+    readonly_fields = [f.name for f in PruneRun._meta.fields if f.name != "skip_counts"] + [
+        "skipped_by_reason", "utilization_charts"]
     inlines = [DecisionInline]
+
+    @admin.display(description="pods skipped, per reason")
+    def skipped_by_reason(self, run: PruneRun):
+        counts = sorted((run.skip_counts or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        if not counts:
+            return "none"
+        total = sum(n for _, n in counts)
+        return format_html('<span id="skip-counts">{} pods: {}</span>', total,
+                           format_html_join(", ", "{} {}", ((reason, n) for reason, n in counts)))
 
     def has_add_permission(self, request):
         return False
@@ -50,7 +60,8 @@ class PruneRunAdmin(admin.ModelAdmin):
         except PrometheusError as exc:
             return format_html("charts unavailable: {}", exc)
         end = run.evaluated_at.timestamp()
-        rows = ((d.namespace, d.pod, d.get_decision_display(), d.reason,
+        rows = ((d.namespace, d.pod if d.count == 1 else f"{d.pod} (+{d.count - 1} more)",
+                 d.get_decision_display(), d.reason,
                  sparkline(history.get((d.namespace, d.pod), []), start=end - window, end=end,
                            threshold=threshold))
                 for d in decisions)
@@ -62,7 +73,7 @@ class PruneRunAdmin(admin.ModelAdmin):
 
 @admin.register(PruneDecision)
 class PruneDecisionAdmin(admin.ModelAdmin):
-    list_display = ("run", "namespace", "pod", "owner_kind", "owner_name", "decision", "reason", "method",
+    list_display = ("run", "namespace", "pod", "count", "owner_kind", "owner_name", "decision", "reason", "method",
                     "max_utilization", "result", "event_sent", "restore")
     list_filter = ("decision", "reason", "result", "restore", "owner_kind", "method", "run__cluster", "run__mode")
     search_fields = ("namespace", "pod", "owner_name")
@@ -90,7 +101,7 @@ class PruneDecisionAdmin(admin.ModelAdmin):
                 result = services.prune_decision_restore(
                     kube_gateway=gateway_for(cluster), decision=decision,
                     actor=request.user.get_username(), now=clock.now())
-            except KubeError as exc:
+            except (KubeError, ValueError) as exc:
                 self.message_user(request, f"{decision}: {exc}", messages.ERROR)
                 continue
             if result.restore == PruneDecision.Restore.RESTORED:

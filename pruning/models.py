@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from django.db import models
 
+POD_NAMES_KEPT = 50  # pod names listed on one shared skip row
+
 
 class PruneRun(models.Model):
     class Mode(models.TextChoices):
@@ -39,6 +41,15 @@ class PruneRun(models.Model):
     failed = models.PositiveIntegerField(default=0, help_text="Actions that failed.")
     kube_api_calls = models.PositiveIntegerField(default=0, help_text="Kubernetes API requests this run made.")
     errors = models.JSONField(default=list, blank=True, help_text="Errors met, one text each.")
+    skip_counts = models.JSONField(default=dict, blank=True,
+                                   help_text="Pods skipped per reason ({reason: pods}); kept after the skip "
+                                             "rows themselves expire (PRUNER_SKIP_RETENTION_DAYS).")
+    lease_owner = models.CharField(max_length=200, blank=True,
+                                   help_text="The worker (host:pid:token) or reconcile that owns the running run.")
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="The owner renews this while it works (at most a minute ahead); a running run whose "
+                  "lease has expired lost its worker and is reconciled from the cluster by the beat.")
 
     class Meta:
         ordering = ["-started_at"]
@@ -55,6 +66,7 @@ class PruneDecision(models.Model):
     class Result(models.TextChoices):
         NONE = "", "no action (skipped)"
         DRY_RUN = "dry-run", "would act (dry run)"
+        ACTING = "acting", "acting (before-state recorded, write sent or about to be)"
         SUCCEEDED = "succeeded", "succeeded"
         FAILED = "failed", "failed"
 
@@ -67,7 +79,12 @@ class PruneDecision(models.Model):
     run = models.ForeignKey(PruneRun, on_delete=models.CASCADE, related_name="decisions",
                             help_text="The run that made this decision.")
     namespace = models.CharField(max_length=253, db_index=True, help_text="The pod's namespace.")
-    pod = models.CharField(max_length=253, help_text="The pod whose GPUs looked idle.")
+    pod = models.CharField(max_length=253, help_text="The pod whose GPUs looked idle (the first one, when the "
+                                                     "row stands for several skipped pods).")
+    count = models.PositiveIntegerField(default=1, help_text="Pods this row stands for: skipped pods of one run "
+                                                             "with the same reason and owner share one row.")
+    pods = models.JSONField(default=list, blank=True,
+                            help_text=f"Names of the pods a shared skip row stands for (at most {POD_NAMES_KEPT}).")
     owner_kind = models.CharField(max_length=64, blank=True, help_text="Kind of the object acted on.")
     owner_api_version = models.CharField(max_length=128, blank=True, help_text="Its apiVersion.")
     owner_name = models.CharField(max_length=253, blank=True, help_text="Name of the object acted on.")
@@ -104,4 +121,7 @@ class PruneDecision(models.Model):
 
     @property
     def restorable(self) -> bool:
-        return self.result == self.Result.SUCCEEDED and self.restore != self.Restore.RESTORED
+        # An `acting` row may have changed the owner (its worker died after the write):
+        # restore first settles it from the cluster, then undoes it if it acted.
+        return (self.result in (self.Result.SUCCEEDED, self.Result.ACTING)
+                and self.restore != self.Restore.RESTORED)

@@ -2,28 +2,66 @@
 
 One run = one PromQL query + a fixed handful of Kubernetes LISTs (`selectors.cluster_view`)
 + for each owner acted on: one GET (re-read), one write, one Event.
+
+A run is owned by its worker through a lease on its row (renewed before every step, at
+most `LEASE_SECONDS` ahead). Every scale-down is written ahead: the decision row holds
+the before-state and `acting` before the Kubernetes write, `succeeded` or `failed` after
+it. A run whose lease lapsed lost its worker: `prune_runs_reconcile` completes it from
+the cluster's real state, so whatever a dead worker took away can still be restored.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
+import socket
 import time
-from dataclasses import asdict, dataclass
-from datetime import datetime
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 
 from django.conf import settings as dj_settings
 from django.db import transaction
 
 from clusters import kube
-from clusters.errors import KubeError, PrometheusError
+from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, is_transient
 from clusters.prometheus import PrometheusGateway
+from config import clock
 
 from . import actions, planning, selectors
-from .models import PruneDecision, PruneRun
+from .models import POD_NAMES_KEPT, PruneDecision, PruneRun
 from .query import IdleQuery, parse_result
 
 log = logging.getLogger(__name__)
 EVENT_COMPONENT = "gpu-capacity-pruner"
+
+LEASE_SECONDS = 60            # a run's lease reaches at most this far ahead of its last renewal
+CONFLICT_ATTEMPTS = 3         # re-read and retry a write refused with 409 this many times in all
+RECONCILE_GIVE_UP = timedelta(hours=1)  # a run whose owners cannot be read is marked failed after this
+R_INTERRUPTED = "run-interrupted"  # a planned scale-down its run's worker never reached
+
+# Bounds of the run parameters: beyond them a value is a typo, not a wish.
+MAX_WINDOW_SECONDS = 7 * 24 * 3600
+MAX_GRACE_SECONDS = 7 * 24 * 3600
+MAX_SCALE_DOWNS = 10_000
+
+
+class PruneParamError(ValueError):
+    """A run parameter out of range; `field` names it (the CLI maps it to its flag)."""
+
+    def __init__(self, field: str, message: str, *, setting: str = ""):
+        super().__init__(message)
+        self.field = field
+        self.setting = setting   # the setting the bad value came from, when it came from one
+
+
+def _whole(value, field: str, what: str, *, low: int, high: int, unit: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PruneParamError(field, f"{what} must be a whole number{unit}, got {value!r}")
+    if not low <= value <= high:
+        raise PruneParamError(field, f"{what} must be between {low} and {high}{unit}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -43,16 +81,31 @@ class PruneParams:
 
     def __post_init__(self):
         if self.run_mode not in PruneRun.Mode.values:
-            raise ValueError(f"run mode must be one of {', '.join(PruneRun.Mode.values)}, got {self.run_mode!r}")
-        if not isinstance(self.window_seconds, int) or self.window_seconds < self.step_seconds:
-            raise ValueError(f"the idle window must be whole seconds >= {self.step_seconds}, "
-                             f"got {self.window_seconds!r}")
-        if not 0 < self.idle_threshold <= 1:
-            raise ValueError(f"idle threshold is a fraction in (0, 1], got {self.idle_threshold!r}")
-        if self.grace_seconds < 0:
-            raise ValueError(f"grace period must be >= 0 seconds, got {self.grace_seconds!r}")
-        if self.max_scale_downs < 0:
-            raise ValueError(f"cap on scale-downs must be >= 0, got {self.max_scale_downs!r}")
+            raise PruneParamError("run_mode", f"run mode must be one of {', '.join(PruneRun.Mode.values)}, "
+                                              f"got {self.run_mode!r}")
+        if isinstance(self.window_seconds, int) and not isinstance(self.window_seconds, bool) \
+                and self.window_seconds < self.step_seconds:
+            raise PruneParamError("window_seconds", f"the idle window must be whole seconds >= "
+                                                    f"{self.step_seconds}, got {self.window_seconds!r}")
+        _whole(self.window_seconds, "window_seconds", "the idle window", low=self.step_seconds,
+               high=MAX_WINDOW_SECONDS, unit=" seconds")
+        threshold = self.idle_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+                or not math.isfinite(threshold) or not 0 < threshold <= 1:
+            raise PruneParamError("idle_threshold", f"idle threshold is a fraction in (0, 1], got {threshold!r}")
+        if isinstance(self.grace_seconds, int) and not isinstance(self.grace_seconds, bool) \
+                and self.grace_seconds < 0:
+            raise PruneParamError("grace_seconds", f"grace period must be >= 0 seconds, got {self.grace_seconds!r}")
+        _whole(self.grace_seconds, "grace_seconds", "the grace period", low=0, high=MAX_GRACE_SECONDS,
+               unit=" seconds")
+        # Zero would plan and then act on nothing: a dry run says that more plainly.
+        _whole(self.max_scale_downs, "max_scale_downs", "the cap on scale-downs per run", low=1,
+               high=MAX_SCALE_DOWNS)
+        for name in ("namespace", "model_name"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise PruneParamError(name, f"the {name.replace('_', ' ')} filter is empty: leave it out "
+                                            "to match everything")
         self.query()  # filters, label scheme and gap resolution fail here, before any run is recorded
 
     @classmethod
@@ -66,8 +119,16 @@ class PruneParams:
                                                cls.protected_namespaces)),
             label_scheme=getattr(dj_settings, "PRUNER_LABEL_SCHEME", "auto"),
         )
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**base)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        base.update(given)
+        try:
+            return cls(**base)
+        except PruneParamError as exc:
+            if exc.field in given or exc.field not in SETTING_OF:
+                raise
+            # A value from the settings: name the setting an operator has to fix.
+            raise PruneParamError(exc.field, f"{SETTING_OF[exc.field]}: {exc}",
+                                  setting=SETTING_OF[exc.field]) from None
 
     def query(self) -> IdleQuery:
         return IdleQuery(window_seconds=self.window_seconds, namespace=self.namespace,
@@ -75,11 +136,15 @@ class PruneParams:
                          step_seconds=self.step_seconds, max_gap_seconds=self.max_gap_seconds)
 
 
-def _event_message(d: PruneDecision, run: PruneRun, params: PruneParams) -> str:
-    peak = "no" if d.max_utilization is None else f"{d.max_utilization:.3f}"
-    return (f"GPUs of pod {d.namespace}/{d.pod} stayed under {params.idle_threshold:g} utilization "
-            f"(max {peak}) for {params.window_seconds // 60} min: scaled to zero ({d.method}) by prune run "
-            f"{run.pk}. Restore from the capacity admin, or scale it back up.")
+SETTING_OF = {"window_seconds": "PRUNER_DURATION_MINUTES", "idle_threshold": "PRUNER_IDLE_THRESHOLD",
+              "grace_seconds": "PRUNER_GRACE_SECONDS", "max_scale_downs": "PRUNER_MAX_SCALE_DOWNS",
+              "label_scheme": "PRUNER_LABEL_SCHEME"}
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error as the run records it: whether trying again may help, then what it said."""
+    kind = "transient" if is_transient(exc) else "refused"
+    return f"{kind}: {exc}"
 
 
 SA_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -113,15 +178,43 @@ def prometheus_for(*, cluster=None, url: str | None = None, token: str | None = 
                              verify_tls=verify)
 
 
+def lease_holder_name(prefix: str = "worker") -> str:
+    """Who holds a lease: the process (host and pid) and a token unique to this holding."""
+    return f"{prefix}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class _Lease:
+    """The running run's lease, held by this process; every renewal is one conditional UPDATE."""
+    run: PruneRun
+    wall_clock: Callable[[], datetime]
+
+    def renew(self, **fields) -> bool:
+        """Push the expiry a lease ahead (and save `fields` with it). False when the lease
+        was lost: the run was reconciled meanwhile and this process must stop acting."""
+        expires = self.wall_clock() + timedelta(seconds=LEASE_SECONDS)
+        held = PruneRun.objects.filter(pk=self.run.pk, status=PruneRun.Status.RUNNING,
+                                       lease_owner=self.run.lease_owner).update(lease_expires_at=expires, **fields)
+        if held:
+            self.run.lease_expires_at = expires
+        return bool(held)
+
+
 def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusGateway,
-                      params: PruneParams, now: datetime, cluster=None, actor: str = "") -> PruneRun:
-    """One pass: query, plan, record and — in scale-down mode — act. Returns the run."""
+                      params: PruneParams, now: datetime, cluster=None, actor: str = "",
+                      wall_clock: Callable[[], datetime] | None = None) -> PruneRun:
+    """One pass: query, plan, record and — in scale-down mode — act. Returns the run.
+
+    `now` is the run's evaluation time; `wall_clock` (default the product clock) times its lease."""
+    wall_clock = wall_clock or clock.now
     started = time.perf_counter()
     calls_before = kube_gateway.calls_total()
     query = params.query()
     promql = query.promql()
     run = PruneRun.objects.create(cluster=cluster, actor=actor, mode=params.run_mode, evaluated_at=now,
-                                  parameters=asdict(params), query=promql)
+                                  parameters=asdict(params), query=promql, lease_owner=lease_holder_name(),
+                                  lease_expires_at=wall_clock() + timedelta(seconds=LEASE_SECONDS))
+    lease = _Lease(run, wall_clock)
     try:
         series = parse_result(prometheus.query(promql, at=now), label_scheme=query.label_scheme)
         idle_pods = _pods_under_threshold(series, params.idle_threshold)
@@ -134,21 +227,27 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                 cluster=cluster, namespaces={ns for ns, _ in idle_pods}),
             max_scale_downs=params.max_scale_downs))
     except (PrometheusError, KubeError) as exc:
-        run.status, run.errors = PruneRun.Status.FAILED, [str(exc)]
+        run.status, run.errors = PruneRun.Status.FAILED, [describe_error(exc)]
         _finish(run, started, kube_gateway, calls_before)
         raise
-    with transaction.atomic():  # one commit for all rows, not one per insert batch
-        decisions = PruneDecision.objects.bulk_create([_record(run, d, params) for d in plan.decisions],
-                                                      batch_size=500)
     run.pods_seen, run.busy_pods = plan.pods_seen, plan.busy
     run.idle_candidates, run.planned = len(plan.decisions), len(plan.to_prune)
+    run.skip_counts = dict(Counter(d.reason for d in plan.decisions if d.decision == planning.SKIP))
+    counts = {f: getattr(run, f) for f in ("pods_seen", "busy_pods", "idle_candidates", "planned", "skip_counts")}
+    if not lease.renew(**counts):
+        return _lease_lost(run)
+    with transaction.atomic():  # one commit for all rows, not one per insert batch
+        decisions = PruneDecision.objects.bulk_create(_records(run, plan.decisions, params), batch_size=500)
     if params.run_mode == PruneRun.Mode.SCALE_DOWN:
         for record in decisions:
-            if record.decision == PruneDecision.Decision.PRUNE:
-                _act(kube_gateway, run, record, params, now)
-    run.acted = sum(1 for d in decisions if d.result == PruneDecision.Result.SUCCEEDED)
-    run.failed = sum(1 for d in decisions if d.result == PruneDecision.Result.FAILED)
-    run.errors = [f"{d.owner_kind} {d.namespace}/{d.owner_name}: {d.error}" for d in decisions if d.error]
+            if record.decision != PruneDecision.Decision.PRUNE:
+                continue
+            # IMPORTANT: renew before each write, never after: a worker that lost its run to
+            # the reconcile must not touch the cluster again for it.
+            if not lease.renew():
+                return _lease_lost(run)
+            _act(kube_gateway, run, record, params, now)
+    _count(run)
     run.status = PruneRun.Status.PARTIAL if run.failed else PruneRun.Status.SUCCEEDED
     _finish(run, started, kube_gateway, calls_before)
     return run
@@ -160,53 +259,294 @@ def _pods_under_threshold(series, threshold: float) -> set[tuple[str, str]]:
     return {(g.namespace, g.pod) for g in series} - busy
 
 
+def _count(run: PruneRun) -> None:
+    """The run's totals from its decision rows, as the database holds them now."""
+    rows = list(run.decisions.all())
+    run.acted = sum(1 for d in rows if d.result == PruneDecision.Result.SUCCEEDED)
+    run.failed = sum(1 for d in rows if d.result == PruneDecision.Result.FAILED)
+    run.errors = (list(run.errors or []) +
+                  [f"{d.owner_kind} {d.namespace}/{d.owner_name}: {d.error}"
+                   for d in rows if d.error and d.decision == PruneDecision.Decision.PRUNE])
+
+
 def _finish(run: PruneRun, started: float, gateway: kube.KubeGateway, calls_before: int) -> None:
+    """Record the outcome and release the lease, unless the reconcile took the run over."""
     run.duration_seconds = time.perf_counter() - started
     run.kube_api_calls = gateway.calls_total() - calls_before
-    run.save()
+    fields = {f: getattr(run, f) for f in ("status", "errors", "duration_seconds", "kube_api_calls", "pods_seen",
+                                           "busy_pods", "idle_candidates", "planned", "acted", "failed",
+                                           "skip_counts")}
+    done = PruneRun.objects.filter(pk=run.pk, status=PruneRun.Status.RUNNING,
+                                   lease_owner=run.lease_owner).update(lease_expires_at=None, **fields)
+    if done:
+        run.lease_expires_at = None
+    else:
+        _lease_lost(run)
+
+
+def _lease_lost(run: PruneRun) -> PruneRun:
+    log.warning("prune run %s: lease lost to the reconcile; this worker stops acting on it", run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def _records(run: PruneRun, decisions, params: PruneParams) -> list[PruneDecision]:
+    """One row per planned scale-down; skipped pods of one reason and owner share a row
+    with their count (a beat of dry runs would otherwise repeat every vanished pod)."""
+    rows: list[PruneDecision] = []
+    shared: dict[tuple, PruneDecision] = {}
+    for d in decisions:
+        if d.decision == planning.SKIP:
+            key = (d.reason, d.owner.key if d.owner else None)
+            row = shared.get(key)
+            if row is not None:
+                row.count += 1
+                if len(row.pods) < POD_NAMES_KEPT:
+                    row.pods.append(f"{d.namespace}/{d.pod}")
+                if d.max_utilization is not None:
+                    row.max_utilization = max(row.max_utilization or 0.0, d.max_utilization)
+                continue
+        row = _record(run, d, params)
+        if d.decision == planning.SKIP:
+            shared[key] = row
+        rows.append(row)
+    return rows
 
 
 def _record(run: PruneRun, d: planning.Decision, params: PruneParams) -> PruneDecision:
     prune = d.decision == planning.PRUNE
     return PruneDecision(
-        run=run, namespace=d.namespace, pod=d.pod, gpus=list(d.gpus), max_utilization=d.max_utilization,
-        decision=d.decision, reason=d.reason, method=d.method,
+        run=run, namespace=d.namespace, pod=d.pod, pods=[f"{d.namespace}/{d.pod}"], count=1, gpus=list(d.gpus),
+        max_utilization=d.max_utilization, decision=d.decision, reason=d.reason, method=d.method,
         owner_kind=d.owner.kind if d.owner else "", owner_name=d.owner.name if d.owner else "",
         owner_api_version=d.owner.api_version if d.owner else "", owner_uid=d.owner.uid if d.owner else "",
         result=PruneDecision.Result.DRY_RUN if prune and params.run_mode == PruneRun.Mode.DRY_RUN else "")
 
 
+def _save_outcome(d: PruneDecision, **fields) -> bool:
+    """Move an `acting` decision to its outcome: one conditional UPDATE, so a worker and
+    the reconcile never both decide it. A worker that saw its own write succeed may
+    correct a `failed` the reconcile wrote while the write was still on its way."""
+    allowed = [PruneDecision.Result.ACTING]
+    if fields.get("result") == PruneDecision.Result.SUCCEEDED:
+        allowed.append(PruneDecision.Result.FAILED)
+    done = PruneDecision.objects.filter(pk=d.pk, result__in=allowed).update(**fields)
+    d.refresh_from_db()
+    return bool(done)
+
+
 def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: PruneParams,
          now: datetime) -> None:
-    try:
-        owner, before, after = actions.scale_to_zero(gateway, kind=d.owner_kind, namespace=d.namespace,
-                                                      name=d.owner_name, method=d.method, now=now)
-    except actions.NothingToDo as exc:
-        d.decision, d.reason, d.error = PruneDecision.Decision.SKIP, "changed-before-action", str(exc)
-        d.save()
+    last_conflict: Conflict | None = None
+    for _ in range(CONFLICT_ATTEMPTS):
+        try:
+            owner, before, target = actions.scale_to_zero_intent(
+                gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name, method=d.method, now=now)
+        except actions.NothingToDo as exc:
+            d.decision, d.reason, d.error = PruneDecision.Decision.SKIP, "changed-before-action", str(exc)
+            d.result, d.restore_state, d.applied_state = "", None, None
+            d.save(update_fields=["decision", "reason", "error", "result", "restore_state", "applied_state"])
+            return
+        except KubeError as exc:
+            d.result, d.error = PruneDecision.Result.FAILED, f"could not re-read it ({describe_error(exc)})"
+            d.save(update_fields=["result", "error"])
+            log.warning("prune of %s %s/%s failed: %s", d.owner_kind, d.namespace, d.owner_name, exc)
+            return
+        # IMPORTANT: the before-state and `acting` are committed before the write. A worker
+        # that dies after the write leaves a row the reconcile completes and restore undoes.
+        d.result, d.restore_state, d.applied_state, d.error = PruneDecision.Result.ACTING, before, target, ""
+        d.save(update_fields=["result", "restore_state", "applied_state", "error"])
+        try:
+            actions.write(gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name,
+                          method=d.method, state=target)
+        except Conflict as exc:
+            last_conflict = exc   # changed under us: re-read and decide again
+            continue
+        except KubeError as exc:
+            if is_transient(exc):
+                # The write may have landed before the answer was lost: the owner says.
+                decision_settle(gateway, d, run=run, now=now,
+                                cause=f"the write failed ({describe_error(exc)}) after retries")
+            else:
+                # IMPORTANT: a failed action is recorded, never announced (gpu-pruner sent its
+                # Event before the patch and so announced failures).
+                _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
+                              error=f"the write was {describe_error(exc)}; nothing was changed")
+            log.warning("prune of %s %s/%s: %s", d.owner_kind, d.namespace, d.owner_name, d.error or exc)
+            return
+        # Announced once: unless the reconcile, taking over a slow write, already did.
+        if _save_outcome(d, result=PruneDecision.Result.SUCCEEDED, acted_at=now) and not d.event_sent:
+            _announce(gateway, run, d, params, owner, now)
         return
-    except KubeError as exc:
-        # IMPORTANT: a failed action is recorded, never announced (gpu-pruner sent its
-        # Event before the patch and so announced failures).
-        d.result, d.error = PruneDecision.Result.FAILED, str(exc)
-        d.save()
-        log.warning("prune of %s %s/%s failed: %s", d.owner_kind, d.namespace, d.owner_name, exc)
-        return
-    d.result, d.restore_state, d.applied_state, d.acted_at = PruneDecision.Result.SUCCEEDED, before, after, now
+    _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
+                  error=f"refused: the owner kept changing under the write ({CONFLICT_ATTEMPTS} re-reads): "
+                        f"{last_conflict}; nothing was changed")
+
+
+def _announce(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: PruneParams | None,
+              owner: dict, now: datetime, note: str = "") -> None:
     try:
-        gateway.create_event(owner, reason="GPUIdleScaledToZero", message=_event_message(d, run, params),
+        gateway.create_event(owner, reason="GPUIdleScaledToZero", message=_event_message(d, run, params) + note,
                              component=EVENT_COMPONENT, now=now)
         d.event_sent = True
     except KubeError as exc:
         d.error = f"scaled to zero, but the Event failed: {exc}"
-    d.save()
+    d.save(update_fields=["event_sent", "error"])
+
+
+def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRun, now: datetime,
+                    cause: str) -> bool:
+    """Settle an `acting` decision from its owner's real state. False when the owner
+    could not be read: the decision stays `acting` (the beat tries again)."""
+    try:
+        owner, outcome, state = actions.settle(gateway, kind=d.owner_kind, namespace=d.namespace,
+                                               name=d.owner_name, method=d.method,
+                                               restore_state=d.restore_state, applied_state=d.applied_state)
+    except NotFound:
+        return _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
+                             error=f"{cause}; the {d.owner_kind} no longer exists: nothing to restore") or True
+    except KubeError as exc:
+        PruneDecision.objects.filter(pk=d.pk, result=PruneDecision.Result.ACTING).update(
+            error=f"{cause}; outcome not yet known, the owner could not be read ({describe_error(exc)})")
+        d.refresh_from_db()
+        return False
+    if outcome == actions.APPLIED:
+        if _save_outcome(d, result=PruneDecision.Result.SUCCEEDED, acted_at=now, error=""):
+            params = PruneParams(**_params_fields(run.parameters)) if run.parameters else None
+            _announce(gateway, run, d, params, owner, now, note=f" (confirmed from the cluster: {cause})")
+        return True
+    if outcome == actions.NOT_APPLIED:
+        _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
+                      error=f"{cause}; the owner still holds {state}: nothing was changed")
+        return True
+    _save_outcome(d, result=PruneDecision.Result.FAILED,
+                  error=f"{cause}; the owner now holds {state}, neither what it had ({d.restore_state}) nor "
+                        f"what the prune set ({d.applied_state}): left as found")
+    return True
+
+
+def _params_fields(parameters: dict) -> dict:
+    names = {f for f in PruneParams.__dataclass_fields__}
+    out = {k: v for k, v in parameters.items() if k in names}
+    if "protected_namespaces" in out:
+        out["protected_namespaces"] = tuple(out["protected_namespaces"])
+    return out
+
+
+def _event_message(d: PruneDecision, run: PruneRun, params: PruneParams | None) -> str:
+    peak = "no" if d.max_utilization is None else f"{d.max_utilization:.3f}"
+    if params is None:
+        return f"Pod {d.namespace}/{d.pod} looked idle: scaled to zero ({d.method}) by prune run {run.pk}."
+    return (f"GPUs of pod {d.namespace}/{d.pod} stayed under {params.idle_threshold:g} utilization "
+            f"(max {peak}) for {params.window_seconds // 60} min: scaled to zero ({d.method}) by prune run "
+            f"{run.pk}. Restore from the capacity admin, or scale it back up.")
+
+
+@dataclass
+class ReconcileReport:
+    runs_completed: list[int] = field(default_factory=list)
+    runs_failed: list[int] = field(default_factory=list)
+    runs_pending: list[int] = field(default_factory=list)   # owners unreadable: tried again next beat
+    decisions_settled: int = 0
+
+
+def prune_runs_reconcile(*, now: datetime, gateway_of: Callable | None = None,
+                         give_up_after: timedelta = RECONCILE_GIVE_UP) -> ReconcileReport:
+    """Complete every run left `running` by a worker whose lease lapsed, from the cluster's
+    real state, and settle `acting` decisions whose run has ended. Idempotent."""
+    gateway_of = gateway_of or kube.gateway_for
+    report = ReconcileReport()
+    stale = PruneRun.objects.filter(status=PruneRun.Status.RUNNING, lease_expires_at__lt=now) | \
+        PruneRun.objects.filter(status=PruneRun.Status.RUNNING, lease_expires_at__isnull=True)
+    for run in stale.select_related("cluster").order_by("pk"):
+        lapsed_at = run.lease_expires_at
+        holder = lease_holder_name("reconcile")
+        # Claim it with one conditional UPDATE: two beats never reconcile one run together.
+        claimed = PruneRun.objects.filter(pk=run.pk, status=PruneRun.Status.RUNNING, lease_owner=run.lease_owner,
+                                          lease_expires_at=lapsed_at).update(
+            lease_owner=holder, lease_expires_at=now + timedelta(seconds=LEASE_SECONDS))
+        if not claimed:
+            continue
+        run.refresh_from_db()
+        _run_reconcile(run, now=now, lapsed_at=lapsed_at, gateway_of=gateway_of,
+                       give_up_after=give_up_after, report=report)
+    leftover = (PruneDecision.objects.filter(result=PruneDecision.Result.ACTING)
+                .exclude(run__status=PruneRun.Status.RUNNING).select_related("run__cluster"))
+    for d in leftover:
+        if d.run.cluster is not None and decision_settle(gateway_of(d.run.cluster), d, run=d.run, now=now,
+                                                         cause="re-checked after its run ended"):
+            report.decisions_settled += 1
+    return report
+
+
+def _run_reconcile(run: PruneRun, *, now: datetime, lapsed_at, gateway_of, give_up_after: timedelta,
+                   report: ReconcileReport) -> None:
+    when = f"{lapsed_at:%Y-%m-%d %H:%M:%S %Z}" if lapsed_at else "an unknown time"
+    cause = f"the run's worker stopped (its lease lapsed at {when})"
+    unresolved = 0
+    for d in run.decisions.filter(result=PruneDecision.Result.ACTING):
+        if run.cluster is None:
+            _save_outcome(d, result=PruneDecision.Result.FAILED,
+                          error=f"{cause}; outcome unknown: the run names no registered cluster to read")
+            continue
+        if decision_settle(gateway_of(run.cluster), d, run=run, now=now, cause=cause):
+            report.decisions_settled += 1
+        else:
+            unresolved += 1
+    not_reached = run.decisions.filter(decision=PruneDecision.Decision.PRUNE, result="") \
+        if run.mode == PruneRun.Mode.SCALE_DOWN else run.decisions.none()
+    interrupted = not_reached.update(decision=PruneDecision.Decision.SKIP, reason=R_INTERRUPTED,
+                                     error=f"{cause} before acting on it; nothing was changed, the next run "
+                                           "decides again")
+    if unresolved and now - run.started_at < give_up_after:
+        # Leave it to the next beat: the lease stays lapsed so any reconcile may take it.
+        PruneRun.objects.filter(pk=run.pk, lease_owner=run.lease_owner).update(lease_expires_at=now)
+        report.runs_pending.append(run.pk)
+        return
+    _count(run)
+    decided = run.decisions.exists()
+    # A run that saw pods but found none idle had nothing to record; any other run without
+    # rows stopped before it recorded its decisions (nothing was changed then).
+    nothing_to_record = run.pods_seen > 0 and run.idle_candidates == 0
+    note = f"{cause}; reconciled from the cluster at {now:%Y-%m-%d %H:%M:%S %Z}"
+    if unresolved:
+        note += (f": {unresolved} scale-down(s) could not be confirmed (the cluster could not be read); the beat "
+                 "keeps checking them and restore re-checks each owner first")
+    elif interrupted:
+        note += f": {interrupted} planned scale-down(s) were never started"
+    elif not decided and not nothing_to_record:
+        note += ": it stopped before recording any decision; nothing was changed"
+    run.errors.insert(0, note)
+    if unresolved or interrupted or (not decided and not nothing_to_record):
+        run.status = PruneRun.Status.FAILED
+    else:
+        run.status = PruneRun.Status.PARTIAL if run.failed else PruneRun.Status.SUCCEEDED
+    PruneRun.objects.filter(pk=run.pk, lease_owner=run.lease_owner).update(
+        status=run.status, errors=run.errors, acted=run.acted, failed=run.failed, lease_expires_at=None)
+    (report.runs_failed if run.status == PruneRun.Status.FAILED else report.runs_completed).append(run.pk)
+    log.warning("prune run %s reconciled: %s", run.pk, note)
+
+
+def prune_skip_rows_expire(*, now: datetime, retention: timedelta) -> int:
+    """Delete skip rows of runs older than `retention` (their counts stay on the run)."""
+    deleted, _ = PruneDecision.objects.filter(decision=PruneDecision.Decision.SKIP,
+                                              run__started_at__lt=now - retention).delete()
+    return deleted
 
 
 def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDecision, actor: str,
                            now: datetime) -> PruneDecision:
-    """Put back exactly what the prune took away. Idempotent: a restored decision is left alone."""
+    """Put back exactly what the prune took away. Idempotent: a restored decision is left alone.
+
+    A decision still `acting` (its worker died around the write) is first settled from
+    the owner's real state: undone when it took effect, refused when it did not."""
     if decision.restore == PruneDecision.Restore.RESTORED:
         return decision
+    if decision.result == PruneDecision.Result.ACTING:
+        if not decision_settle(kube_gateway, decision, run=decision.run, now=now,
+                               cause="settled before a restore"):
+            raise KubeError(f"decision {decision.pk}: whether the prune took effect is not known yet "
+                            f"({decision.error}); try again", code=0)
     if decision.result != PruneDecision.Result.SUCCEEDED:
         raise ValueError(f"decision {decision.pk} ({decision.namespace}/{decision.pod}) was not acted on "
                          f"(result {decision.result or 'none'!r}): nothing to restore")
@@ -215,7 +555,7 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
             kube_gateway, kind=decision.owner_kind, namespace=decision.namespace, name=decision.owner_name,
             method=decision.method, restore_state=decision.restore_state, applied_state=decision.applied_state)
     except KubeError as exc:
-        decision.restore, decision.error = PruneDecision.Restore.FAILED, f"restore failed: {exc}"
+        decision.restore, decision.error = PruneDecision.Restore.FAILED, f"restore failed ({describe_error(exc)})"
         decision.save(update_fields=["restore", "error"])
         return decision
     decision.restored_by, decision.restored_at = actor, now

@@ -5,6 +5,7 @@ Dry run unless `-r scale-down`. `--json` prints one JSON object per decision.
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import datetime
 
@@ -12,6 +13,41 @@ from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError, PrometheusError
 from pruning.query import FilterError
+
+
+# Each run parameter's flag, to name it in an error.
+FLAGS = {"window_seconds": "--duration", "idle_threshold": "--idle-threshold", "grace_seconds": "--grace-period",
+         "max_scale_downs": "--max-scale-downs", "namespace": "--namespace", "model_name": "--model-name",
+         "run_mode": "--run-mode", "label_scheme": "--label-scheme"}
+MAX_CHECK_INTERVAL = 86_400.0   # seconds: one run a day is the slowest daemon that makes sense
+MAX_RUNS = 1_000_000
+
+
+def _minutes_to_seconds(minutes: int | None) -> int | None:
+    if minutes is None:
+        return None
+    if not 1 <= minutes <= MAX_WINDOW_MINUTES:
+        raise CommandError(f"--duration: minutes of idleness must be between 1 and {MAX_WINDOW_MINUTES}, "
+                           f"got {minutes}")
+    return minutes * 60
+
+
+MAX_WINDOW_MINUTES = 7 * 24 * 60
+
+
+def _check_flags(opts: dict) -> None:
+    """Values argparse lets through but no run can use: refused before anything starts."""
+    interval = opts["check_interval"]
+    if not math.isfinite(interval) or not 0 <= interval <= MAX_CHECK_INTERVAL:
+        raise CommandError(f"--check-interval: seconds between runs must be between 0 and "
+                           f"{MAX_CHECK_INTERVAL:g}, got {interval}")
+    if not 0 <= opts["runs"] <= MAX_RUNS:
+        raise CommandError(f"--runs: must be between 0 (no limit) and {MAX_RUNS}, got {opts['runs']}")
+    for flag in ("cluster", "namespace", "model_name", "prometheus_url", "prometheus_token", "at"):
+        value = opts[flag]
+        if value is not None and not value.strip():
+            name = "--" + flag.replace("_", "-")
+            raise CommandError(f"{name}: is empty; leave the flag out to use the default")
 
 
 class Command(BaseCommand):
@@ -51,29 +87,32 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         from clusters.kube import gateway_for
-        from clusters.selectors import cluster_get
         from clusters.models import Cluster
+        from clusters.selectors import cluster_get
         from config import clock
-        from pruning.services import PruneParams, prometheus_for, prune_run_execute
+        from pruning.services import PruneParamError, PruneParams, prometheus_for, prune_run_execute
 
+        _check_flags(opts)
         try:
             cluster = cluster_get(name=opts["cluster"])
         except Cluster.DoesNotExist as exc:
             raise CommandError(str(exc)) from None
-        if opts["check_interval"] < 0:
-            raise CommandError("--check-interval must be >= 0 seconds")
         try:
             params = PruneParams.from_settings(
-                window_seconds=opts["duration"] * 60 if opts["duration"] else None, namespace=opts["namespace"], model_name=opts["model_name"],
-                run_mode=opts["run_mode"], idle_threshold=opts["idle_threshold"],
+                window_seconds=_minutes_to_seconds(opts["duration"]), namespace=opts["namespace"],
+                model_name=opts["model_name"], run_mode=opts["run_mode"], idle_threshold=opts["idle_threshold"],
                 grace_seconds=opts["grace_period"], label_scheme=opts["label_scheme"],
                 max_scale_downs=opts["max_scale_downs"])
-            params.query()  # validates the filters before anything runs
             prometheus = prometheus_for(cluster=cluster, url=opts["prometheus_url"], token=opts["prometheus_token"],
                                         verify_tls=False if opts["insecure_skip_tls_verify"] else None)
             at = datetime.fromisoformat(opts["at"].replace("Z", "+00:00")) if opts["at"] else None
-        except (ValueError, FilterError, PrometheusError) as exc:
+        except PruneParamError as exc:
+            flag = FLAGS.get(exc.field)
+            raise CommandError(f"{flag}: {exc}" if flag and not exc.setting else str(exc)) from None
+        except FilterError as exc:
             raise CommandError(str(exc)) from None
+        except (ValueError, PrometheusError) as exc:
+            raise CommandError(f"--at: {exc}" if opts["at"] and "isoformat" in str(exc) else str(exc)) from None
         if at is not None and at.tzinfo is None:
             raise CommandError("--at needs a time zone, e.g. 2026-01-01T12:00:00Z")
         runs = 0
@@ -96,7 +135,8 @@ class Command(BaseCommand):
         for d in run.decisions.all():
             if as_json:
                 self.stdout.write(json.dumps({
-                    "run": run.pk, "mode": run.mode, "namespace": d.namespace, "pod": d.pod,
+                    "run": run.pk, "mode": run.mode, "namespace": d.namespace, "pod": d.pod, "count": d.count,
+                    "pods": d.pods,
                     "owner": {"apiVersion": d.owner_api_version, "kind": d.owner_kind, "name": d.owner_name}
                     if d.owner_kind else None,
                     "gpus": d.gpus, "max_utilization": d.max_utilization, "decision": d.decision,
@@ -105,8 +145,10 @@ class Command(BaseCommand):
             else:
                 owner = f"{d.owner_kind}/{d.owner_name}" if d.owner_kind else "-"
                 verb = {"dry-run": "would scale to zero", "succeeded": "scaled to zero",
+                        "acting": f"outcome not yet known: {d.error}",
                         "failed": f"FAILED: {d.error}"}.get(d.result, "skip")
-                self.stdout.write(f"{d.namespace}/{d.pod} -> {owner}: {verb} ({d.reason})")
+                more = f" (+{d.count - 1} more)" if d.count > 1 else ""
+                self.stdout.write(f"{d.namespace}/{d.pod}{more} -> {owner}: {verb} ({d.reason})")
         if not as_json:
             self.stdout.write(f"run {run.pk} ({run.mode}): {run.pods_seen} pods with GPU data, {run.busy_pods} busy, "
                               f"{run.idle_candidates} looked idle, {run.planned} planned, {run.acted} acted, "
