@@ -37,10 +37,19 @@ def org_activity_record(org_slug: str, *, at: datetime | None = None) -> bool:
     now_mono = _monotonic()
     if _deadlines.get(org_slug, 0.0) > now_mono:
         return False
+    return _record_slow(org_slug, now_mono, at) is not None
+
+
+def org_activity_record_result(org_slug: str, *, at: datetime | None = None):
+    """The same, returning what the write did (`MarkActiveResult`: did the org wake, did
+    its wake reach the queue), or None when throttled."""
+    now_mono = _monotonic()
+    if _deadlines.get(org_slug, 0.0) > now_mono:
+        return None
     return _record_slow(org_slug, now_mono, at)
 
 
-def _record_slow(org_slug: str, now_mono: float, at: datetime | None) -> bool:
+def _record_slow(org_slug: str, now_mono: float, at: datetime | None):
     window = settings.ORGS_ACTIVITY_THROTTLE_SECONDS
     _deadlines[org_slug] = now_mono + window
     try:
@@ -50,11 +59,11 @@ def _record_slow(org_slug: str, now_mono: float, at: datetime | None) -> bool:
                        exc, org_slug)
         won = True
     if not won:
-        return False
+        return None
     from orgs.services import org_mark_active
 
     try:
-        org_mark_active(org_slug=org_slug, at=at, cause=DormancySwitch.Cause.ACTIVITY, actor=None)
+        result = org_mark_active(org_slug=org_slug, at=at, cause=DormancySwitch.Cause.ACTIVITY, actor=None)
     except Exception:
         # The write did not happen: let the next call try again instead of losing a window.
         _deadlines.pop(org_slug, None)
@@ -63,7 +72,7 @@ def _record_slow(org_slug: str, now_mono: float, at: datetime | None) -> bool:
         except Exception:  # noqa: BLE001
             pass
         raise
-    return True
+    return result
 
 
 def throttle_reset() -> None:

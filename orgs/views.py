@@ -1,8 +1,9 @@
 """The activity endpoint for product code in other processes and services.
 
 POST /api/orgs/<slug>/activity with `Authorization: Bearer <token>` (one token per caller)
-→ 200 {"org": slug, "recorded": bool}; 401 no/unknown token; 403 the caller may not
-record activity; 404 unknown org.
+→ 200 {"org": slug, "recorded": bool, "woke": bool, "message": str}; when the org woke but
+its wake could not be queued, "message" says so and when the retry task applies it.
+401 no/unknown token; 403 the caller may not record activity; 404 unknown org.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from orgs.activity import org_activity_record
+from orgs.activity import org_activity_record_result
 from orgs.models import Org
 from orgs.tokens import activity_token_user
 
@@ -36,5 +37,8 @@ def activity(request, slug: str) -> JsonResponse:
         return _error(403, f"caller {user.get_username()!r} lacks the permission orgs.record_activity")
     if not Org.objects.filter(slug=slug).exists():
         return _error(404, f"no org with slug {slug!r}")
-    recorded = org_activity_record(slug)
-    return JsonResponse({"org": slug, "recorded": recorded})
+    result = org_activity_record_result(slug)
+    if result is None:
+        return JsonResponse({"org": slug, "recorded": False, "woke": False,
+                             "message": f"{slug}: activity already recorded in this window"})
+    return JsonResponse({"org": slug, "recorded": True, "woke": result.woke, "message": result.describe()})

@@ -284,3 +284,65 @@ def test_the_version_is_read_from_the_controller_image_when_the_label_says_devel
 ])
 def test_image_tags(image, tag):
     assert discovery.image_tag(image) == tag
+
+
+# --- what the panel and the schedule show -------------------------------------------------------
+def test_the_panel_shows_the_partial_state_the_lever_and_the_groups_found(sim_cluster_factory, celery_eager, client):
+    from django.contrib.auth.models import User
+
+    sim = sim_cluster_factory(world(knative_label="devel", sim_knative="1.15", unserved=("serving.kserve.io",),
+                                    orgs={"acme": [pynode("acme")]}))
+    sim.advance(0)
+    services.orgs_sync(cluster=sim.cluster, now=clock.now())
+    make_idle("acme")
+    sim.control.set_faults(seed=0, error_rate=1.0, match={"verbs": ["patch"]})
+    services.dormancy_sweep(now=clock.now())
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+
+    org_page = client.get(f"/admin/orgs/org/{Org.objects.get(slug='acme').id}/change/").content.decode()
+    assert "partial: enabled not yet on 1 part(s), retried every minute" in org_page
+    assert "podautoscaler-patch: Knative version unknown" in org_page
+    cluster_page = client.get(f"/admin/clusters/cluster/{sim.cluster.id}/change/").content.decode()
+    assert "KServe: not served" in cluster_page and "Knative Serving: served (v1)" in cluster_page
+    assert "replaces no pod" in cluster_page
+
+
+def test_the_discovery_task_records_each_clusters_groups(sim_cluster_factory):
+    from clusters.tasks import discovery_refresh_all
+
+    sim = sim_cluster_factory(world(unserved=("serving.kserve.io", "kubeflow.org")))
+    found = discovery_refresh_all()
+    assert "serving.kserve.io" not in found[sim.cluster.name] and "serving.knative.dev" in found[sim.cluster.name]
+    row = Cluster.objects.get(id=sim.cluster.id)
+    assert row.api_groups_seen_at is not None and row.api_groups_error == ""
+    assert [p for p in SCHEDULES if p.task == "clusters.tasks.discovery_refresh_all"][0].every_seconds == 300
+
+
+def test_a_scenario_may_not_hold_objects_of_a_group_it_does_not_serve(sim_cluster_factory):
+    from simcluster.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="InferenceService is in API group 'serving.kserve.io', which this "
+                                            "scenario's Simulation says is not served"):
+        sim_cluster_factory(world(unserved=("serving.kserve.io",),
+                                  orgs={"acme": [inference_service("acme", "llm", product=H100)]}))
+
+
+def test_the_activity_api_says_when_a_wake_could_not_be_queued(sim_cluster_factory, celery_eager, client,
+                                                              redis_cache, broker_down):  # noqa: F811
+    from django.contrib.auth.models import Permission, User
+
+    from orgs.tokens import activity_token_issue
+
+    sim = sim_cluster_factory(world(orgs={"acme": [pynode("acme")]}))
+    sim.advance(0)
+    services.orgs_sync(cluster=sim.cluster, now=clock.now())
+    Org.objects.filter(slug="acme").update(dormant=True, applied="enabled")
+    user = User.objects.create_user("model-gateway")
+    user.user_permissions.add(Permission.objects.get(codename="record_activity"))
+    token = activity_token_issue(caller="model-gateway", user=user, actor=None, now=clock.now())
+
+    body = client.post("/api/orgs/acme/activity", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+
+    assert body["recorded"] and body["woke"]
+    assert "could not be queued" in body["message"] and "within 2 minutes" in body["message"]
+    assert not Org.objects.get(slug="acme").dormant

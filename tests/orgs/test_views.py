@@ -34,7 +34,8 @@ def post(client, slug, token=None, scheme="Bearer"):
 def test_a_caller_with_a_token_records_activity(client, make_org, token, redis_cache):
     org = make_org("acme", idle_hours=5)
     response = post(client, "acme", token)
-    assert response.status_code == 200 and response.json() == {"org": "acme", "recorded": True}
+    assert response.status_code == 200 and response.json() == {
+        "org": "acme", "recorded": True, "woke": False, "message": "acme: activity recorded (it was awake)"}
     assert clock.now() - Org.objects.get(id=org.id).last_activity_at < timedelta(seconds=5)
     assert post(client, "acme", token).json()["recorded"] is False, "throttled"
 

@@ -201,7 +201,7 @@ def test_beat_fires_the_hourly_sweep_on_the_injected_clock_and_the_worker_scales
     assert acme.dormant_since - real_now >= timedelta(hours=1)
     [switch] = acme.switches.all()
     assert (switch.direction, switch.cause, switch.actor) == ("dormant", "sweep", None)
-    assert switch.patched == ["ksvc acme/pynode: min-scale 1 → 0"] and switch.errors == []
+    assert switch.patched == ["ksvc acme/pynode: min-scale 1 → 0 (owner's value 1 recorded)"] and switch.errors == []
 
     initech = Org.objects.get(slug="initech")
     assert initech.dormant, "the worker's sweep reads the injected clock: 23.5 h + 1 h is over 24 h"
