@@ -44,6 +44,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     _core("Pod", "pods", short=("po",), sub=("status", "eviction", "binding")),
     _core("Service", "services", short=("svc",), sub=("status",)),
     _core("Event", "events", short=("ev",)),
+    _core("ConfigMap", "configmaps", short=("cm",)),
     ResourceType("events.k8s.io", "v1", "Event", "events", True, ("ev",)),
     ResourceType("apps", "v1", "Deployment", "deployments", True, ("deploy",), ("status", "scale")),
     ResourceType("apps", "v1", "ReplicaSet", "replicasets", True, ("rs",), ("status", "scale")),
@@ -93,6 +94,7 @@ NODES = by_path("", "v1", "nodes")
 PODS = by_path("", "v1", "pods")
 SERVICES = by_path("", "v1", "services")
 EVENTS = by_path("", "v1", "events")
+CONFIGMAPS = by_path("", "v1", "configmaps")
 DEPLOYMENTS = by_path("apps", "v1", "deployments")
 REPLICASETS = by_path("apps", "v1", "replicasets")
 STATEFULSETS = by_path("apps", "v1", "statefulsets")

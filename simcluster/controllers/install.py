@@ -1,9 +1,13 @@
 """The namespaces real Knative and KServe installs create, with the version labels the
-product reads to learn which behaviour to expect (e.g. the 1.21 PA annotation rule)."""
+product reads to learn which behaviour to expect (e.g. the 1.21 PA annotation rule), and
+Knative's `config-autoscaler` ConfigMap (empty: every default), which a scenario or an
+operator may fill in (`allow-zero-initial-scale`, `scale-to-zero-pod-retention-period`...)."""
 from __future__ import annotations
 
-from ..resources import NAMESPACES
+from ..resources import CONFIGMAPS, NAMESPACES
 from ._serving import KNATIVE_NAMESPACE, KSERVE_NAMESPACE, VERSION_LABEL
+
+AUTOSCALER_CONFIG = "config-autoscaler"
 
 
 class InstallController:
@@ -22,6 +26,12 @@ class InstallController:
                     "app.kubernetes.io/name": app, VERSION_LABEL: version,
                     "kubernetes.io/metadata.name": namespace}},
                     "status": {"phase": "Active"}})
+        if sim.store.get(NAMESPACES, None, KNATIVE_NAMESPACE) is not None and \
+                sim.store.get(CONFIGMAPS, KNATIVE_NAMESPACE, AUTOSCALER_CONFIG) is None:
+            sim.store.create(CONFIGMAPS, {"metadata": {
+                "name": AUTOSCALER_CONFIG, "namespace": KNATIVE_NAMESPACE,
+                "labels": {"app.kubernetes.io/name": "knative-serving",
+                           "app.kubernetes.io/component": "autoscaler"}}, "data": {}})
 
 
 def _major_minor(version: str) -> str:

@@ -3,9 +3,19 @@
 desiredScale comes from the load alone — never from how many pods exist — so an
 orphaned pod (still labelled with the revision, so counted in actualScale and still
 served traffic) does not make the KPA scale its revision down. Knative's averaging
-over the stable window is modelled as "the peak concurrency seen in the window", and
-scale to zero happens after `window + scale-to-zero grace` without traffic, only when
-min-scale allows it (or the revision is no longer routed).
+over the stable window is modelled as "the peak concurrency seen in the window".
+
+Timing of a scale-down (each from the PA's `autoscaling.knative.dev/*` annotation, else
+`config-autoscaler`, see autoscaler_config.py):
+- `scale-down-delay`: a lower desired scale applies only once it has held for the delay
+  (the autoscaler keeps the maximum over that time), scale to zero included;
+- the PA turns inactive when desired reaches 0 (window + delay after the last load), and
+  its last pod goes once it has been inactive for the longer of
+  `scale-to-zero-grace-period` and `scale-to-zero-pod-retention-period` (scaler.go,
+  handleScaleToZero); only when min-scale allows it (or the revision is unrouted) and
+  `enable-scale-to-zero` is on.
+- `initial-scale`: until the scale target is first initialized the KPA keeps at least
+  that many pods (GetInitialScale: 0 only with `allow-zero-initial-scale`).
 """
 from __future__ import annotations
 
@@ -16,6 +26,7 @@ from ...resources import DEPLOYMENTS, PODAUTOSCALERS, PODS
 from ...store import copy
 from .._serving import is_true, merge_conditions, pod_ready, write_status
 from . import labels as L
+from .autoscaler_config import AutoscalerConfig, autoscaler_config, initial_scale
 
 
 class KPAController:
@@ -40,6 +51,7 @@ class KPAController:
         if not pas:
             return
         ready = _ready_pods_by_revision(store)
+        config = autoscaler_config(sim)
         now = sim.clock.now()
         self._timers = {t for t in self._timers if t > now}
         for pa in pas:
@@ -48,33 +60,41 @@ class KPAController:
             meta = pa["metadata"]
             revision = (meta.get("labels") or {}).get(L.REVISION, meta["name"])
             actual = ready.get((meta["namespace"], revision), 0)
-            desired = self._desired(sim, pa, revision, actual)
+            desired = self._desired(sim, config, pa, revision, actual)
             self._scale(store, pa, desired)
-            self._status(sim, pa, desired, actual)
+            self._status(sim, config, pa, desired, actual)
         live = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pas}
         for key in [k for k in self._history if k not in live]:
             self._history.pop(key, None)
             self._idle_since.pop(key, None)
 
-    def _desired(self, sim, pa: dict, revision: str, actual: int) -> int:
+    def _desired(self, sim, config: AutoscalerConfig, pa: dict, revision: str, actual: int) -> int:
         meta = pa["metadata"]
         key = (meta["namespace"], meta["name"])
         annotations = meta.get("annotations") or {}
         now = sim.clock.now()
         settings = sim.settings
-        window = L.scale_number(annotations, "window", settings.stable_window_seconds)
-        grace = settings.scale_to_zero_grace_seconds
+
+        def seconds(name: str, default: float) -> float:
+            value = L.scale_duration(annotations, name)
+            return default if value is None else value
+
+        window = seconds("window", config.stable_window)
+        delay = seconds("scale-down-delay", config.scale_down_delay)
+        retention = seconds("scale-to-zero-pod-retention-period", config.pod_retention)
         load = float(sim.load.get((meta["namespace"], revision), 0.0))
 
         history = self._history.setdefault(key, [])
         if not history or history[-1][1] != load:
             history.append((now, load))
-        # Keep the entry in force at the window's start and every change after it.
-        start = now - timedelta(seconds=window)
+        # The desired scale at t reads the window before t, and a scale-down waits for
+        # the delay: keep the entry in force at (now - window - delay) and every change after.
+        horizon = window + delay
+        start = now - timedelta(seconds=horizon)
         while len(history) > 1 and history[1][0] <= start:
             history.pop(0)
         if len(history) > 1:
-            self._wake(sim, history[1][0] + timedelta(seconds=window))
+            self._wake(sim, history[1][0] + timedelta(seconds=horizon))
         peak = max(c for _, c in history)
         if load > 0:
             self._idle_since.pop(key, None)
@@ -87,20 +107,23 @@ class KPAController:
         if peak > 0:
             want = math.ceil(peak / target)
         else:
-            zero_at = idle_since + timedelta(seconds=window + grace)
+            # Desired reaches 0 `horizon` after the last load; the last pod then stays
+            # until the PA has been inactive for the grace period and the retention period.
+            zero_at = idle_since + timedelta(seconds=horizon + max(config.scale_to_zero_grace, retention))
             if now >= zero_at:
                 want = 0
             else:
-                want = 1 if actual or is_true(pa, "ScaleTargetInitialized") else 0
+                want = 1 if actual or is_true(pa, "Active") else 0
                 self._wake(sim, zero_at)
 
-        initial = L.scale_number(annotations, "initial-scale", 1)
         if not is_true(pa, "ScaleTargetInitialized"):
-            want = max(want, int(initial))
-        min_scale = L.scale_number(annotations, "min-scale", 0) or 0
+            want = max(want, initial_scale(config, annotations))
+        min_scale = L.scale_number(annotations, "min-scale", config.min_scale) or 0
         if (pa.get("spec") or {}).get("reachability") == "Unreachable":
             min_scale = 0   # an unrouted revision may always scale to zero
-        max_scale = L.scale_number(annotations, "max-scale", 0) or 0
+        if not config.enable_scale_to_zero:
+            min_scale = max(min_scale, 1)
+        max_scale = L.scale_number(annotations, "max-scale", config.max_scale) or 0
         want = max(want, int(min_scale))
         if max_scale > 0:
             want = min(want, int(max_scale))
@@ -118,10 +141,9 @@ class KPAController:
         store.put(DEPLOYMENTS, new)
 
     @staticmethod
-    def _status(sim, pa: dict, desired: int, actual: int) -> None:
+    def _status(sim, config: AutoscalerConfig, pa: dict, desired: int, actual: int) -> None:
         meta = pa["metadata"]
-        annotations = meta.get("annotations") or {}
-        initial = int(L.scale_number(annotations, "initial-scale", 1))
+        initial = initial_scale(config, meta.get("annotations"))
         initialized = is_true(pa, "ScaleTargetInitialized") or actual >= max(initial, 1) or initial == 0
         if desired == 0 and actual == 0:
             active = {"type": "Active", "status": "False", "reason": "NoTraffic",

@@ -1,6 +1,8 @@
 """Knative label and annotation keys (knative.dev/serving/pkg/apis/serving)."""
 from __future__ import annotations
 
+import re
+
 SERVICE = "serving.knative.dev/service"
 CONFIGURATION = "serving.knative.dev/configuration"
 CONFIGURATION_UID = "serving.knative.dev/configurationUID"
@@ -20,6 +22,7 @@ SCALE_KEYS = {
     "class": "class",
     "window": "window",
     "scale-down-delay": "scaleDownDelay",
+    "scale-to-zero-pod-retention-period": "scaleToZeroPodRetentionPeriod",
 }
 
 
@@ -44,3 +47,31 @@ def scale_number(annotations: dict | None, key: str, default: float | None = Non
         return float(str(value).rstrip("s"))
     except ValueError:
         return default
+
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(text) -> float | None:
+    """A Go duration ("60s", "1m30s", "1.5h", "0") in seconds; None when it is not one.
+    Knative's duration annotations and config keys are parsed with time.ParseDuration."""
+    text = str(text).strip()
+    if text in ("0", "+0", "-0"):
+        return 0.0
+    if not text or text[0] == "-":
+        return None
+    text = text.lstrip("+")
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            return None
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    return total if pos == len(text) and pos else None
+
+
+def scale_duration(annotations: dict | None, key: str) -> float | None:
+    """`autoscaling.knative.dev/<key>` as a duration in seconds (None: absent or invalid)."""
+    value = scale_annotation(annotations, key)
+    return None if value is None else parse_duration(value)

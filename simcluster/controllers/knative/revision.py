@@ -1,9 +1,16 @@
 """Knative Revision: a Deployment `<rev>-deployment` and a PodAutoscaler `<rev>`.
 
-The KPA owns the Deployment's replicas, so this controller sets them only when it
-creates the Deployment. The PA's `autoscaling.knative.dev/*` annotations follow the
-Revision on every reconcile from Knative 1.21 on (a direct PA patch is reverted);
-on 1.20 and older they are set only when the PA is created.
+- The Deployment starts at the revision's initial scale (its `initial-scale` annotation,
+  else config-autoscaler's; MakeDeployment in resources/deploy.go) and the KPA owns its
+  replicas after that.
+- Its pod template carries the Revision's annotations, so changing any Revision
+  annotation (min-scale included) changes the template and rolls the pods: a new
+  ReplicaSet (checkAndUpdateDeployment in cruds.go). Measured on Knative 1.15.
+- The PA is made from the Revision's annotations when it is created (MakePA). Up to
+  Knative 1.20 (measured on 1.15) they are never copied again: the PA does not follow
+  a Revision annotation patch, and a direct PA patch stays. From 1.21 on (as read in
+  the sources, not run) the Revision's `autoscaling.knative.dev/*` annotations are
+  copied onto the PA on every reconcile, so a direct PA patch is reverted.
 """
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from ...resources import DEPLOYMENTS, PODAUTOSCALERS, PODS, REVISIONS
 from ...store import copy
 from .._serving import condition, contains, knative_version, merge_conditions, owner_ref, pod_ready, write_status
 from . import labels as L
+from .autoscaler_config import autoscaler_config, initial_scale
 
 # Annotations on the Revision that are not copied to its pods (they are Knative's own).
 _NOT_FOR_PODS = ("serving.knative.dev/creator", "serving.knative.dev/lastModifier",
@@ -32,10 +40,11 @@ class RevisionController:
             return
         pods_by_rev = _pods_by_revision(store)
         copy_annotations = knative_version(sim) >= (1, 21)
+        config = autoscaler_config(sim)
         for rev in revisions:
             if rev["metadata"].get("deletionTimestamp"):
                 continue
-            deployment = self._deployment(store, rev)
+            deployment = self._deployment(store, rev, initial_scale(config, rev["metadata"].get("annotations")))
             pa = self._pa(store, rev, copy_annotations)
             self._status(sim, rev, deployment, pa,
                          pods_by_rev.get((rev["metadata"]["namespace"], rev["metadata"]["name"]), []))
@@ -50,7 +59,7 @@ class RevisionController:
         labels.setdefault("app", meta["name"])
         return labels
 
-    def _deployment(self, store, rev: dict) -> dict:
+    def _deployment(self, store, rev: dict, initial: int) -> dict:
         meta = rev["metadata"]
         spec = rev.get("spec") or {}
         pod_spec = {k: v for k, v in spec.items() if k not in ("containerConcurrency", "timeoutSeconds")}
@@ -69,7 +78,7 @@ class RevisionController:
             return store.create(DEPLOYMENTS, {
                 "metadata": {"name": name, "namespace": meta["namespace"], "labels": labels,
                              "annotations": annotations, "ownerReferences": [owner_ref(rev)]},
-                "spec": {"replicas": _initial_scale(meta.get("annotations")),
+                "spec": {"replicas": initial,
                          "progressDeadlineSeconds": 600,
                          "strategy": {"type": "RollingUpdate",
                                       "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"}},
@@ -136,8 +145,11 @@ class RevisionController:
             for cond in (pod.get("status") or {}).get("conditions") or ():
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                     unschedulable = cond
-        if ready_pods or was_available:
-            # Once up, a revision stays Ready when it scales to zero (Active says so).
+        # PropagateAutoscalerStatus: a PA whose scale target is initialized (its first pods
+        # were ready, or its initial scale is 0) makes the resources available. Once up, a
+        # revision stays Ready when it scales to zero (Active says so).
+        initialized = (condition(pa, "ScaleTargetInitialized") or {}).get("status") == "True"
+        if ready_pods or was_available or initialized:
             resources = {"type": "ResourcesAvailable", "status": "True"}
         elif unschedulable:
             resources = {"type": "ResourcesAvailable", "status": "False",
@@ -145,7 +157,7 @@ class RevisionController:
                          "message": unschedulable.get("message") or "the pod cannot be scheduled"}
         else:
             resources = {"type": "ResourcesAvailable", "status": "Unknown", "reason": "Deploying"}
-        healthy = {"type": "ContainerHealthy", "status": "True"} if ready_pods or was_available else \
+        healthy = {"type": "ContainerHealthy", "status": "True"} if ready_pods or was_available or initialized else \
             {"type": "ContainerHealthy", "status": "Unknown", "reason": "Deploying"}
         ready = {"type": "Ready", "status": resources["status"], "reason": resources.get("reason"),
                  "message": resources.get("message")}
@@ -174,12 +186,6 @@ def _pods_by_revision(store) -> dict[tuple[str, str], list[dict]]:
         if rev:
             index.setdefault((pod["metadata"]["namespace"], rev), []).append(pod)
     return index
-
-
-def _initial_scale(annotations: dict | None) -> int:
-    initial = L.scale_number(annotations, "initial-scale", 1)
-    min_scale = L.scale_number(annotations, "min-scale", 0)
-    return int(max(initial, min_scale))
 
 
 def _named_containers(containers: list[dict]) -> list[dict]:
