@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "orgs",
     "pruning",
     "capacity",
+    "demo",  # demo-only controls; they refuse to run unless DEMO_MODE is set
 ]
 X_FRAME_OPTIONS = "SAMEORIGIN"  # django-admin-interface shows related-object popups in frames
 SILENCED_SYSTEM_CHECKS = ["security.W019"]
@@ -180,6 +181,8 @@ CELERY_TIMEZONE = "UTC"
 # --- The injected clock (config/clock.py) ---------------------------------------------
 # A file holding a number of seconds to add to the wall clock; tests move time with it.
 CLOCK_OFFSET_FILE = env.str("CLOCK_OFFSET_FILE", default="")
+# Set by `make demo` only: enables the demo controls (demo_clock, demo_load).
+DEMO_MODE = env.bool("DEMO_MODE", default=False)
 
 # --- The default cluster ------------------------------------------------------------
 DEFAULT_CLUSTER_NAME = env.str("CLUSTER_NAME", default="default")

@@ -1,20 +1,28 @@
 #!/usr/bin/env python
 """Start the whole product on embedded defaults: `make demo`.
 
-1. the demo simulated cluster (simcluster/scenarios/demo.yaml, real-time clock),
+0. checks its ports are free (DEMO_WEB_PORT, DEMO_PROMETHEUS_PORT, DEMO_SIMCLUSTER_PORT)
+   and that no other demo runs from the same folder, before touching anything;
+1. starts from a clean state — the SQLite database, Prometheus data, the clock offset
+   and queued Celery messages of an earlier demo are removed — unless DEMO_KEEP=1;
+2. the demo simulated cluster (simcluster/scenarios/demo.yaml, real-time clock),
    writing var/kubeconfig;
-2. migrations on SQLite (var/db.sqlite3), the demo operator account, the orgs of the
+3. migrations on SQLite (var/db.sqlite3), the demo operator account, the orgs of the
    cluster (sync_orgs);
-3. web (Django on http://127.0.0.1:8000/admin/), a Celery worker and beat — on Redis
+4. Prometheus scraping the simulated cluster's DCGM exporter (`/metrics`) when the
+   `prometheus` binary is installed, so the pruner reads real data; said clearly when not;
+5. web (Django on http://127.0.0.1:8000/admin/), a Celery worker and beat — on Redis
    when one answers at REDIS_URL (default redis://127.0.0.1:6379/0), else on kombu's
    filesystem transport under var/;
-4. Prometheus scraping the simulated cluster's DCGM exporter (`/metrics`) when the
-   `prometheus` binary is installed, so the pruner reads real data; said clearly when not.
+6. once the web answers: writes var/demo.env, which `manage.py` uses from any shell
+   while the demo runs, and prints the panel's URL.
 
-Ctrl-C stops everything. Needs no root and no services.
+Everything lives under VAR_DIR (default var/). Ctrl-C stops everything and removes
+var/demo.env. Needs no root and no services.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,17 +30,97 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+VAR = Path(os.environ.get("VAR_DIR") or ROOT / "var").resolve()
+DEMO_ENV = VAR / "demo.env"           # read by manage.py (see its docstring)
+CLOCK_OFFSET = VAR / "clock-offset"   # CLOCK_OFFSET_FILE: moved by `manage.py demo_clock`
 PY = sys.executable
 OPERATOR = ("operator", "operator-demo")
-WEB_PORT = int(os.environ.get("DEMO_WEB_PORT", "8000"))
-PROMETHEUS_PORT = int(os.environ.get("DEMO_PROMETHEUS_PORT", "9090"))
 # Scrape as often as dcgm-exporter is usually scraped; the pruner's window is minutes.
 SCRAPE_INTERVAL = "15s"
+WEB_ANSWER_SECONDS = 120   # how long the web may take to answer its first request
+# What an earlier demo leaves behind and a fresh simulated cluster must not meet.
+STATE = ("db.sqlite3", "db.sqlite3-journal", "db.sqlite3-wal", "db.sqlite3-shm", "prometheus",
+         "clock-offset", "celery-queue", "celery-processed", "prometheus.yml", "kubeconfig")
+
+
+class DemoError(Exception):
+    """Said on one line, and the demo does not start (or stops)."""
+
+
+def port_setting(name: str, default: int, *, allow_zero: bool = False) -> int:
+    raw = os.environ.get(name, str(default)).strip()
+    low = 0 if allow_zero else 1
+    if not raw.isdigit() or not low <= int(raw) <= 65535:
+        raise DemoError(f"{name}={raw!r} is not a port number ({low}-65535)")
+    return int(raw)
+
+
+def port_free(port: int) -> bool:
+    """Would a server bind 127.0.0.1:port? (SO_REUSEADDR as runserver and Prometheus set
+    it, so a port left in TIME_WAIT by a stopped demo does not count as taken.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def ports_check(ports: list[tuple[str, str, int]]) -> None:
+    taken = [f"port {port} ({what}) is in use: free it or set {variable} to another port"
+             for what, variable, port in ports if port and not port_free(port)]
+    if taken:
+        raise DemoError("; ".join(taken))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def demo_env_read() -> dict[str, str]:
+    try:
+        lines = DEMO_ENV.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def other_demo_check() -> None:
+    running = demo_env_read()
+    raw_pid = running.get("DEMO_PID", "")
+    pid = int(raw_pid) if raw_pid.isdigit() else 0
+    if pid and pid != os.getpid() and pid_alive(pid):
+        raise DemoError(f"a demo already runs from {VAR} (pid {pid}, panel {running.get('DEMO_URL', '?')}): "
+                        "stop it first (Ctrl-C in its shell), or give this one its own VAR_DIR and ports")
+
+
+def state_clean(keep: bool) -> str:
+    if keep:
+        return f"DEMO_KEEP=1: kept the database, Prometheus data and clock offset under {VAR}"
+    removed = []
+    for name in STATE:
+        path = VAR / name
+        if path.is_dir():
+            shutil.rmtree(path)
+            removed.append(name)
+        elif path.exists():
+            path.unlink()
+            removed.append(name)
+    return (f"fresh state: removed {', '.join(removed)} under {VAR} (DEMO_KEEP=1 keeps them)" if removed
+            else f"fresh state under {VAR}")
 
 
 def redis_answers(url: str) -> bool:
@@ -49,9 +137,26 @@ def wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
         if proc.poll() is not None:
-            sys.exit(f"the simulated cluster exited with {proc.returncode} before writing {path}")
+            raise DemoError(f"the simulated cluster exited with {proc.returncode} before writing {path}")
         if time.monotonic() > deadline:
-            sys.exit(f"the simulated cluster wrote no {path} within {seconds:.0f}s")
+            raise DemoError(f"the simulated cluster wrote no {path} within {seconds:.0f}s")
+        time.sleep(0.2)
+
+
+def web_wait(url: str, proc: subprocess.Popen, seconds: float) -> None:
+    """Until GET /healthz answers 200 from the web we started."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise DemoError(f"the web server exited with {proc.returncode} before answering at {url}")
+        try:
+            with urllib.request.urlopen(url + "healthz", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise DemoError(f"the web server did not answer at {url} within {seconds:.0f}s")
         time.sleep(0.2)
 
 
@@ -60,6 +165,14 @@ def cluster_url(kubeconfig: Path) -> str:
 
     config = yaml.safe_load(kubeconfig.read_text())
     return config["clusters"][0]["cluster"]["server"]
+
+
+def sim_advance(sim_url: str, seconds: float) -> None:
+    request = urllib.request.Request(sim_url.rstrip("/") + "/simcluster/v1/advance",
+                                     data=json.dumps({"seconds": seconds}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300):
+        pass
 
 
 def prometheus_config(sim_url: str) -> str:
@@ -73,23 +186,53 @@ def prometheus_config(sim_url: str) -> str:
             f"    static_configs:\n      - targets: ['{target}']\n")
 
 
-def main() -> None:
-    VAR.mkdir(exist_ok=True)
+def env_file_write(values: dict[str, str]) -> None:
+    tmp = DEMO_ENV.with_suffix(".env.tmp")
+    tmp.write_text("# Written by `make demo` while it runs; manage.py uses it when DJANGO_SECRET_KEY is unset.\n"
+                   + "".join(f"{key}={value}\n" for key, value in values.items()), encoding="utf-8")
+    os.replace(tmp, DEMO_ENV)
+
+
+def env_file_remove() -> None:
+    if demo_env_read().get("DEMO_PID") == str(os.getpid()):
+        DEMO_ENV.unlink(missing_ok=True)
+
+
+def main() -> int:
+    started = time.monotonic()
+    prometheus = shutil.which("prometheus")
+    web_port = port_setting("DEMO_WEB_PORT", 8000)
+    prometheus_port = port_setting("DEMO_PROMETHEUS_PORT", 9090)
+    sim_port = port_setting("DEMO_SIMCLUSTER_PORT", 0, allow_zero=True)
+    keep = os.environ.get("DEMO_KEEP", "") not in ("", "0")
+    # IMPORTANT: before anything is removed or started — a second demo must not harm the first.
+    ports_check([("web", "DEMO_WEB_PORT", web_port), ("simulated cluster", "DEMO_SIMCLUSTER_PORT", sim_port)]
+                + ([("Prometheus", "DEMO_PROMETHEUS_PORT", prometheus_port)] if prometheus else []))
+    VAR.mkdir(parents=True, exist_ok=True)
+    other_demo_check()
+    DEMO_ENV.unlink(missing_ok=True)
+    cleaned = state_clean(keep)
+    print(cleaned, flush=True)
+
     kubeconfig = VAR / "kubeconfig"
     kubeconfig.unlink(missing_ok=True)
-    env = dict(os.environ)
-    env.setdefault("DJANGO_DEBUG", "1")
-    env["KUBECONFIG"] = str(kubeconfig)
-    redis_url = env.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    web_url = f"http://127.0.0.1:{web_port}/"
+    # The demo's own settings, whatever the shell holds: its database is wiped at start,
+    # so it must never be anyone else's, and its cluster is the simulated one.
+    demo = {"DEMO_PID": str(os.getpid()), "DEMO_URL": web_url + "admin/", "DEMO_MODE": "1",
+            "DJANGO_DEBUG": "1", "VAR_DIR": str(VAR), "DATABASE_URL": f"sqlite:///{VAR / 'db.sqlite3'}",
+            "KUBECONFIG": str(kubeconfig), "KUBE_CONTEXT": "", "KUBE_IN_CLUSTER": "0",
+            "CLOCK_OFFSET_FILE": str(CLOCK_OFFSET), "PROMETHEUS_URL": ""}
+    redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
     if redis_answers(redis_url):
-        env["REDIS_URL"] = redis_url
+        demo.update(REDIS_URL=redis_url, CELERY_BROKER_URL=redis_url)
         broker = redis_url
     else:
-        env["REDIS_URL"] = ""
-        env.setdefault("CELERY_BROKER_URL", "filesystem://")
-        broker = "filesystem:// under var/ (no Redis answered at " + redis_url + ")"
+        demo.update(REDIS_URL="", CELERY_BROKER_URL="filesystem://")
+        broker = f"filesystem:// under {VAR} (no Redis answered at {redis_url})"
         for folder in ("celery-queue", "celery-processed"):
             (VAR / folder).mkdir(exist_ok=True)
+    env = {**os.environ, **demo}
 
     procs: list[tuple[str, subprocess.Popen]] = []
 
@@ -98,62 +241,92 @@ def main() -> None:
         procs.append((name, proc))
         return proc
 
-    def stop_all(*_):
-        for name, proc in reversed(procs):
+    def stop_all(code: int) -> None:
+        env_file_remove()
+        for _, proc in reversed(procs):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for name, proc in procs:
+                # The leader only: a Celery worker stops its own pool (warm shutdown).
+                proc.terminate()
+        for _, proc in procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        sys.exit(0)
+        procs.clear()
+        sys.exit(code)
 
-    signal.signal(signal.SIGINT, stop_all)
-    signal.signal(signal.SIGTERM, stop_all)
+    def on_signal(*_):
+        stop_all(0)
+
+    def run(*args: str) -> None:
+        done = subprocess.run(args, cwd=ROOT, env=env)
+        if done.returncode:
+            raise DemoError(f"`{' '.join(args[1:])}` failed with exit status {done.returncode}")
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         sim = start("simcluster", PY, "-m", "simcluster", "serve", "--scenario", "simcluster/scenarios/demo.yaml",
-                    "--speed", "1", "--port", "0", "--kubeconfig-out", str(kubeconfig))
+                    "--speed", "1", "--port", str(sim_port), "--kubeconfig-out", str(kubeconfig))
         wait_for(kubeconfig, sim, 60)
+        sim_url = cluster_url(kubeconfig)
+        try:
+            offset = float(CLOCK_OFFSET.read_text().strip() or 0) if keep and CLOCK_OFFSET.exists() else 0.0
+        except ValueError:
+            raise DemoError(f"{CLOCK_OFFSET} does not hold a number of seconds; remove it or drop DEMO_KEEP") \
+                from None
+        if offset > 0:
+            # The kept product clock is ahead of wall time: the fresh cluster must be too.
+            sim_advance(sim_url, offset)
         manage = [PY, "manage.py"]
-        subprocess.run([*manage, "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
-        subprocess.run([*manage, "shell", "-c", (
+        run(*manage, "migrate", "--noinput", "-v0")
+        run(*manage, "shell", "-c", (
             "from django.contrib.auth import get_user_model; U = get_user_model(); "
             f"u = U.objects.filter(username='{OPERATOR[0]}').first() or "
-            f"U.objects.create_superuser('{OPERATOR[0]}', 'operator@example.com', '{OPERATOR[1]}')")],
-            cwd=ROOT, env=env, check=True)
-        prometheus = shutil.which("prometheus")
+            f"U.objects.create_superuser('{OPERATOR[0]}', 'operator@example.com', '{OPERATOR[1]}')"))
         if prometheus:
             config = VAR / "prometheus.yml"
-            config.write_text(prometheus_config(cluster_url(kubeconfig)))
-            env["PROMETHEUS_URL"] = f"http://127.0.0.1:{PROMETHEUS_PORT}"
+            config.write_text(prometheus_config(sim_url))
+            env["PROMETHEUS_URL"] = demo["PROMETHEUS_URL"] = f"http://127.0.0.1:{prometheus_port}"
             start("prometheus", prometheus, f"--config.file={config}", f"--storage.tsdb.path={VAR / 'prometheus'}",
-                  f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}")
+                  f"--web.listen-address=127.0.0.1:{prometheus_port}")
             metrics = f"Prometheus {env['PROMETHEUS_URL']} scraping the simulated DCGM exporter"
         else:
             metrics = ("OFF: no `prometheus` binary (apt-get install prometheus); the pruner has no GPU "
                        "data and finds nothing idle")
         subprocess.run([*manage, "sync_orgs"], cwd=ROOT, env=env, check=False)
-        start("web", *manage, "runserver", f"127.0.0.1:{WEB_PORT}", "--noreload")
+        web = start("web", *manage, "runserver", f"127.0.0.1:{web_port}", "--noreload")
         start("worker", PY, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2")
         start("beat", PY, "-m", "celery", "-A", "config", "beat", "-l", "info")
+        web_wait(web_url, web, WEB_ANSWER_SECONDS)
+        env_file_write(demo)
         print(f"""
-  GPU capacity control plane is up.
-    admin:    http://127.0.0.1:{WEB_PORT}/admin/   user {OPERATOR[0]!r}  password {OPERATOR[1]!r}
-    cluster:  simulated, kubeconfig {kubeconfig}  (kubectl --kubeconfig {kubeconfig} get pods -A)
+  GPU capacity control plane is up (in {time.monotonic() - started:.1f} s).
+    admin:    {web_url}admin/   user {OPERATOR[0]!r}  password {OPERATOR[1]!r}
+    cluster:  simulated at {sim_url} (kubectl --kubeconfig {kubeconfig} get pods -A)
     broker:   {broker}
     metrics:  {metrics}
+    CLIs:     from any shell: .venv/bin/python manage.py <command>  (uses {DEMO_ENV} while the demo runs)
+    controls: manage.py demo_clock advance 25h   manage.py demo_load acme/llama-3-8b busy|idle
   Ctrl-C stops everything.
 """, flush=True)
         while True:
             for name, proc in procs:
                 if proc.poll() is not None:
                     print(f"{name} exited with {proc.returncode}; stopping the rest", flush=True)
-                    stop_all()
+                    stop_all(1)
             time.sleep(1)
+    except DemoError as exc:
+        print(f"make demo: {exc}", file=sys.stderr, flush=True)
+        stop_all(1)
     finally:
-        stop_all()
+        if procs:
+            stop_all(1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except DemoError as exc:  # before anything started: nothing to stop
+        sys.exit(f"make demo: {exc}")
