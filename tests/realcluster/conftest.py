@@ -98,3 +98,17 @@ def sim_tier(tmp_path_factory):
     kubeconfig = tmp_path_factory.mktemp("simcluster") / "kubeconfig"
     with running_cluster(str(SCENARIO), kubeconfig_out=kubeconfig) as url:
         yield Backend("simcluster", str(kubeconfig), advance=SimControl(url).advance)
+
+
+@pytest.fixture
+def real_cluster(db, real_tier):
+    """The real tier registered as the product's `default` Cluster: the product talks to it
+    through `clusters.kube` exactly as to any cluster. Yields (cluster row, backend)."""
+    from clusters.kube import forget_gateways
+    from clusters.models import Cluster
+
+    cluster, _ = Cluster.objects.update_or_create(
+        name="default", defaults={"kubeconfig_path": real_tier.kubeconfig_path, "kube_context": "",
+                                  "in_cluster": False})
+    yield cluster, real_tier
+    forget_gateways()
