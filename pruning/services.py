@@ -248,7 +248,9 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                 return _lease_lost(run)
             _act(kube_gateway, run, record, params, now)
     _count(run)
-    run.status = PruneRun.Status.PARTIAL if run.failed else PruneRun.Status.SUCCEEDED
+    # A scale-down whose outcome could not be read back is no success: the beat settles it.
+    unsettled = run.decisions.filter(result=PruneDecision.Result.ACTING).exists()
+    run.status = PruneRun.Status.PARTIAL if run.failed or unsettled else PruneRun.Status.SUCCEEDED
     _finish(run, started, kube_gateway, calls_before)
     return run
 
@@ -266,7 +268,7 @@ def _count(run: PruneRun) -> None:
     run.failed = sum(1 for d in rows if d.result == PruneDecision.Result.FAILED)
     run.errors = (list(run.errors or []) +
                   [f"{d.owner_kind} {d.namespace}/{d.owner_name}: {d.error}"
-                   for d in rows if d.error and d.decision == PruneDecision.Decision.PRUNE])
+                   for d in rows if d.error and d.reason != R_INTERRUPTED])
 
 
 def _finish(run: PruneRun, started: float, gateway: kube.KubeGateway, calls_before: int) -> None:

@@ -234,3 +234,34 @@ def test_the_task_retries_a_transient_failure_and_not_a_refusal(world, tmp_path,
     down_runs = PruneRun.objects.filter(cluster=unreachable)
     assert down_runs.count() == 4 and all(r.errors[0].startswith("transient: ") for r in down_runs)
     assert not PruneRun.objects.filter(status="running").exists()
+
+
+def test_an_unreadable_cluster_keeps_the_run_pending_then_failed_and_the_decision_checked(world, tmp_path):
+    from clusters.kube import KubeGateway
+    from simcluster.kubeconfig import write_kubeconfig
+
+    crash_worker(world, "after-write")
+    run = PruneRun.objects.get()
+    down = KubeGateway.from_kubeconfig(str(write_kubeconfig(tmp_path / "down", "http://127.0.0.1:9")),
+                                       retry_attempts=1, backoff=0.0)
+
+    report = prune_runs_reconcile(now=after_the_lease(), gateway_of=lambda cluster: down)
+    assert report.runs_pending == [run.pk]
+    run.refresh_from_db()
+    decision = run.decisions.get(decision="prune")
+    assert run.status == "running" and decision.result == "acting"
+    assert "outcome not yet known, the owner could not be read (transient: " in decision.error
+
+    # An hour on, the run is marked failed, and says why; the decision is still checked.
+    later = clock.now() + timedelta(hours=1, minutes=1)
+    assert prune_runs_reconcile(now=later, gateway_of=lambda cluster: down).runs_failed == [run.pk]
+    run.refresh_from_db()
+    assert run.status == "failed" and "1 scale-down(s) could not be confirmed" in run.errors[0]
+    assert PruneDecision.objects.get(pk=decision.pk).restorable
+
+    # The cluster answers again: the next beat settles it, and restore brings the replicas back.
+    assert prune_runs_reconcile(now=later).decisions_settled == 1
+    decision.refresh_from_db()
+    assert decision.result == "succeeded"
+    prune_decision_restore(kube_gateway=world.gateway, decision=decision, actor="alice", now=world.now())
+    assert replicas(world) == 3
