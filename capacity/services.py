@@ -317,7 +317,8 @@ def defrag_job_step(*, job: DefragJob, gateway: kube.KubeGateway | None = None,
     try:
         _requests_honour(job, now)
         handler = _HANDLERS.get(job.state)
-        if handler is not None:
+        # Not before its next check: a retry said "retrying in 5s", and so it is, whoever steps it.
+        if handler is not None and not (job.next_check_at and now < job.next_check_at):
             handler(job, gateway, now)
     except StaleJob as exc:
         log.info("%s: re-reading", exc)
@@ -464,8 +465,9 @@ def _step_orphan(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
         # Else the patch was applied before a crash: record it now, do not patch again.
         orphan.state, orphan.orphaned_at = OrphanState.ORPHANED, now
         _event(gateway, job, _pod_ref(orphan), reason="DefragOrphan", now=now,
-               message=f"Orphaned by defrag job #{job.pk} of node {job.node_name}: "
-                       f"ReplicaSet {orphan.revision.replicaset} replaces it elsewhere; it keeps serving")
+               message=f"Orphaned by defrag job #{job.pk} of node {job.node_name}: ReplicaSet "
+                       f"{orphan.revision.replicaset} no longer counts it and creates a replacement; it keeps "
+                       f"serving until the job ends it")
         _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} orphaned")
         _commit(job, orphans=[orphan], now=now, audits=[dict(
             action="pod_orphan", target=f"Pod/{orphan.namespace}/{orphan.pod_name}",
@@ -804,9 +806,11 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
         except NotFound:
             # Deleted before a worker died (our request), or by someone else: the outcome wanted.
             _append_log(job, f"Node {job.node_name} is gone")
-        audits.append(dict(action="node_delete", target=f"Node/{job.node_name}"))
+            audits.append(dict(action="node_delete", target=f"Node/{job.node_name}", new={"already_gone": True}))
+        else:
+            audits.append(dict(action="node_delete", target=f"Node/{job.node_name}"))
     job.state, job.finished_at, job.next_check_at = JobState.DRAINED, now, None
-    _append_log(job, f"Node {job.node_name} drained: every orphan evicted and gone")
+    _append_log(job, f"Node {job.node_name} drained: every orphan is gone")
     _event(gateway, job, _node_ref(job), reason="DefragDrained", message=f"Node {job.node_name} drained", now=now)
     # IMPORTANT: the node deletion and the final state in one record: a worker dying between
     # two records would redo the (harmless, NotFound) delete and audit it twice.

@@ -80,7 +80,7 @@ def _resting(job: DefragJob) -> bool:
 def _pause(job: DefragJob) -> float:
     if not job.next_check_at:
         return 0.0
-    return max(0.0, min((job.next_check_at - clock.now()).total_seconds(), job.poll_interval_seconds))
+    return max(0.0, (job.next_check_at - clock.now()).total_seconds())
 
 
 def _wait(job: DefragJob, pause: float) -> None:
