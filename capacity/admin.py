@@ -15,7 +15,7 @@ from clusters.errors import KubeError
 from clusters.models import Cluster
 
 from capacity.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
-from capacity.services import (
+from capacity.defrag.services import (
     POLL_RANGE,
     TIMEOUT_RANGE,
     DefragError,

@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 
 from capacity.models import DefragJob, JobState
 from clusters import kube
-from capacity.services import defrag_job_step
+from capacity.defrag.services import defrag_job_step
 from config import clock
 from tests.browser.conftest import shot
 

@@ -66,7 +66,7 @@ def test_json_then_abort_then_bad_input(running, capsys):
 
 
 def test_the_celery_task_carries_a_confirmed_job_to_safe(running, celery_eager):
-    from capacity.services import defrag_discover, defrag_job_start
+    from capacity.defrag.services import defrag_discover, defrag_job_start
 
     handle, kube = running
     node = kube.node_with_pods()

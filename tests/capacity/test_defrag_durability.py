@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from capacity import tasks
+from capacity.defrag import tasks
 from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
-from capacity.services import (
+from capacity.defrag.services import (
     LEASE_SECONDS,
     defrag_job_abort,
     defrag_job_lease_acquire,
@@ -125,7 +125,7 @@ def test_two_runners_finishing_an_abort_at_once_record_it_once(defrag_world):
     # A second runner loaded the job before the first uncordon was recorded: it tries again.
     stale = DefragJob.objects.get(pk=job.pk)
     stale.version, stale.abort_node_outcome = 0, ""
-    from capacity import services
+    from capacity.defrag import services
 
     services._loaded(stale)
     with pytest.raises(services.StaleJob):

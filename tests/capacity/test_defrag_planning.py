@@ -6,19 +6,19 @@ from datetime import UTC, datetime
 import pytest
 
 from defrag_builders import make_model_pod, make_node, make_pod
-from capacity.planning import (
+from capacity.defrag.planning import (
     DefragPlan,
     RevisionScale,
     Role,
     blockers_remaining,
     defrag_plan,
-    fragmentation_view,
     orphan_patch,
     pod_classify,
     progress_line,
     replicaset_ready_pods,
     revision_satisfied,
 )
+from capacity.planning import fragmentation_view
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
 REV = "bt-deployment-qvr7e9w-00001"
@@ -200,7 +200,7 @@ def test_ready_pods_of_a_replicaset_leave_out_orphans_unready_and_terminating_po
 
 # ---- the job's log as the CLI shows it, bad numbers, and the abort that cannot finish ------
 
-from capacity.planning import LogFolder, abort_stuck_message, interval_validate, log_lines_to_drop  # noqa: E402
+from capacity.defrag.planning import LogFolder, abort_stuck_message, interval_validate, log_lines_to_drop  # noqa: E402
 
 
 def fold(lines):
@@ -258,3 +258,32 @@ def test_the_stuck_abort_names_the_orphans_the_pending_replacement_and_who_holds
                               "(0/3 nodes are available: 1 node(s) were unschedulable).")
     assert "node n2 (8 free GPU(s), cordoned by defrag job #7 (safe))" in message
     assert "`manage.py defrag n1 --abort --keep-orphans`" in message
+
+
+# ---- the next step, decided from the job's record ------------------------------------------
+
+from datetime import timedelta  # noqa: E402
+
+from capacity.defrag.planning import Step, defrag_step_decide  # noqa: E402
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("state, next_check, abort, drain, step", [
+    ("confirmed", None, False, False, Step.RECORD),
+    ("waiting", NOW + timedelta(seconds=5), False, False, Step.NOT_DUE),
+    ("waiting", NOW, False, False, Step.CHECK),
+    ("waiting", NOW + timedelta(seconds=5), True, False, Step.TAKE_UP_ABORT),   # an abort does not wait
+    ("safe", None, False, False, Step.REST),
+    ("safe", None, False, True, Step.TAKE_UP_DRAIN),
+    ("safe", None, True, True, Step.TAKE_UP_ABORT),                             # abort wins over drain
+    ("failed", None, False, True, Step.REST),                                   # drain only from safe
+    ("abort-stuck", None, False, False, Step.REST),
+    ("abort-stuck", None, True, False, Step.TAKE_UP_ABORT),                     # the operator's choice
+    ("aborted", None, True, False, Step.REST),
+    ("drained", None, True, False, Step.REST),
+    ("aborting", NOW - timedelta(seconds=1), False, False, Step.ABORT),
+])
+def test_the_next_step_is_decided_from_the_record(state, next_check, abort, drain, step):
+    assert defrag_step_decide(state=state, now=NOW, next_check_at=next_check, abort_pending=abort,
+                              drain_requested=drain) == step

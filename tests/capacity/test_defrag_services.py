@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from capacity import services
+from capacity.defrag import services
 from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
-from capacity.services import (
+from capacity.defrag.services import (
     SAFE_MESSAGE,
     DefragError,
     defrag_discover,

@@ -19,7 +19,7 @@ import kubernetes
 import pytest
 import yaml
 
-from capacity import services as defrag
+from capacity.defrag import services as defrag
 from capacity.binpack.services import pod_deletion_costs_apply
 from capacity.models import JobState
 from capacity.models_binpack import BinpackRun

@@ -17,9 +17,9 @@ from clusters.selectors import cluster_get
 from config import clock
 
 from capacity.models import RESTING_STATES, AbortChoice, DefragJob, JobState
-from capacity.planning import LogFolder, interval_validate
+from capacity.defrag.planning import LogFolder, interval_validate
 from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
-from capacity.services import (
+from capacity.defrag.services import (
     POLL_RANGE,
     TIMEOUT_RANGE,
     DefragError,

@@ -31,7 +31,6 @@ from clusters.snapshot import NodeView, PodView, snapshot_take
 from config import clock
 
 from capacity.models import (
-    FINAL_STATES,
     LIVE_STATES,
     RUNNING_STATES,
     AbortChoice,
@@ -43,11 +42,13 @@ from capacity.models import (
     JobState,
     OrphanState,
 )
-from capacity.planning import (
+from capacity.defrag.planning import (
     REVISION_LABEL,
     TEMPLATE_HASH_LABEL,
     DefragPlan,
+    Step,
     abort_stuck_message,
+    defrag_step_decide,
     interval_validate,
     log_lines_to_drop,
     RevisionScale,
@@ -296,7 +297,7 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
 
 
 def _enqueue(job: DefragJob) -> None:
-    from capacity.tasks import defrag_job_run
+    from capacity.defrag.tasks import defrag_job_run
 
     transaction.on_commit(lambda: defrag_job_run.delay(job.pk))
 
@@ -315,11 +316,14 @@ def defrag_job_step(*, job: DefragJob, gateway: kube.KubeGateway | None = None,
     job.refresh_from_db()  # decide from what the database says now, never from a stale copy
     _loaded(job)
     try:
-        _requests_honour(job, now)
-        handler = _HANDLERS.get(job.state)
-        # Not before its next check: a retry said "retrying in 5s", and so it is, whoever steps it.
-        if handler is not None and not (job.next_check_at and now < job.next_check_at):
-            handler(job, gateway, now)
+        # Decide from the record, then act; taking up a request is a step of its own, after
+        # which the job's own step follows at once (an abort starts undoing right away).
+        step = _decide(job, now)
+        if step in (Step.TAKE_UP_ABORT, Step.TAKE_UP_DRAIN):
+            _ACTIONS[step](job, gateway, now)
+            step = _decide(job, now)
+        if step in _ACTIONS:
+            _ACTIONS[step](job, gateway, now)
     except StaleJob as exc:
         log.info("%s: re-reading", exc)
     except KubeError as exc:
@@ -338,28 +342,32 @@ def defrag_job_step(*, job: DefragJob, gateway: kube.KubeGateway | None = None,
     return _loaded(job)
 
 
-def _requests_honour(job: DefragJob, now: datetime) -> None:
-    """Take up an operator's request before anything else: an abort wins over whatever the
-    job was doing; a drain applies to a safe job only (an abort requested since wins)."""
-    if job.state in FINAL_STATES:
-        return
-    if job.abort_pending:
-        old = job.state
-        deadline = settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS
-        job.state, job.operator_id, job.next_check_at, job.error = (
-            JobState.ABORTING, job.abort_requested_by_id, None, "")
-        job.abort_started_at = max(now, job.abort_requested_at)
-        job.abort_deadline_at = job.abort_started_at + timedelta(seconds=deadline)
-        choice = {AbortChoice.KEEP: "; orphans that cannot end are kept (operator's choice)",
-                  AbortChoice.DELETE: "; orphans are deleted even if their revision is not back to scale "
-                                      "(operator's choice)"}.get(job.abort_choice, "")
-        _append_log(job, f"Abort taken up (the job was {old}){choice}; replacements have {deadline}s to become "
-                         f"ready")
-        _commit(job, fields=["state", "operator", "abort_started_at", "abort_deadline_at"], now=now)
-    elif job.drain_requested_at is not None and job.state == JobState.SAFE:
-        job.state, job.operator_id, job.next_check_at = JobState.DRAINING, job.drain_requested_by_id, None
-        _append_log(job, "Drain taken up" + (" (the Node will be deleted)" if job.delete_node else ""))
-        _commit(job, fields=["state", "operator"], now=now)
+def _decide(job: DefragJob, now: datetime) -> str:
+    return defrag_step_decide(state=job.state, now=now, next_check_at=job.next_check_at,
+                              abort_pending=job.abort_pending, drain_requested=job.drain_requested_at is not None)
+
+
+def _take_up_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
+    """An abort wins over whatever the job was doing: from here on the job undoes."""
+    old = job.state
+    deadline = settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS
+    job.state, job.operator_id, job.next_check_at, job.error = (
+        JobState.ABORTING, job.abort_requested_by_id, None, "")
+    job.abort_started_at = max(now, job.abort_requested_at)
+    job.abort_deadline_at = job.abort_started_at + timedelta(seconds=deadline)
+    choice = {AbortChoice.KEEP: "; orphans that cannot end are kept (operator's choice)",
+              AbortChoice.DELETE: "; orphans are deleted even if their revision is not back to scale "
+                                  "(operator's choice)"}.get(job.abort_choice, "")
+    _append_log(job, f"Abort taken up (the job was {old}){choice}; replacements have {deadline}s to become "
+                     f"ready")
+    _commit(job, fields=["state", "operator", "abort_started_at", "abort_deadline_at"], now=now)
+
+
+def _take_up_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
+    """A drain applies to a safe job only (`defrag_step_decide`); an abort requested since wins."""
+    job.state, job.operator_id, job.next_check_at = JobState.DRAINING, job.drain_requested_by_id, None
+    _append_log(job, "Drain taken up" + (" (the Node will be deleted)" if job.delete_node else ""))
+    _commit(job, fields=["state", "operator"], now=now)
 
 
 def _timed_out(job: DefragJob, now: datetime) -> bool:
@@ -480,8 +488,6 @@ def _step_orphan(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
 
 def _step_wait(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
     """Step 5: one check of every revision: 2 API calls per revision, however many pods."""
-    if job.next_check_at and now < job.next_check_at:
-        return
     lines = ["---"]
     revisions = list(job.revisions.all())
     all_ok = True
@@ -708,8 +714,6 @@ def _abort_node(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
 
 
 def _step_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
-    if job.next_check_at and now < job.next_check_at:
-        return
     if job.abort_node_outcome in ("", NODE_UNCORDONING):
         _abort_node(job, gateway, now)
     _settle_planned(job, gateway, now)
@@ -790,8 +794,6 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
 
 
 def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
-    if job.next_check_at and now < job.next_check_at:
-        return
     _settle_planned(job, gateway, now)
     waiting, _ = _end_orphans(job, gateway, now, evict=True)
     if waiting:
@@ -927,11 +929,13 @@ def defrag_jobs_due(*, now: datetime) -> list[int]:
     return list(DefragJob.objects.filter(wanted & unleased & due).order_by("pk").values_list("pk", flat=True))
 
 
-_HANDLERS = {
-    JobState.CONFIRMED: _step_record,
-    JobState.RECORDED: _step_cordon,
-    JobState.CORDONED: _step_orphan,
-    JobState.WAITING: _step_wait,
-    JobState.DRAINING: _step_drain,
-    JobState.ABORTING: _step_abort,
+_ACTIONS = {
+    Step.TAKE_UP_ABORT: _take_up_abort,
+    Step.TAKE_UP_DRAIN: _take_up_drain,
+    Step.RECORD: _step_record,
+    Step.CORDON: _step_cordon,
+    Step.ORPHAN: _step_orphan,
+    Step.CHECK: _step_wait,
+    Step.DRAIN: _step_drain,
+    Step.ABORT: _step_abort,
 }

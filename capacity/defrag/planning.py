@@ -1,0 +1,409 @@
+"""Pure decisions for defrag jobs: no ORM, no HTTP, no clock.
+
+The rules are the seed's (`/work/shared/seeds/000_c8979cc70a1e55c1.txt`) plus what
+`kubectl drain`, Karpenter and cluster-autoscaler honour (shared/KUBERNETES.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from clusters.snapshot import NodeView, PodView
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+REVISION_LABEL = "serving.knative.dev/revision"
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+
+
+class Role:
+    MODEL = "model"      # a Knative revision's pod: the job orphans it
+    IGNORED = "ignored"  # DaemonSet, mirror and finished pods: kubectl drain skips them too
+    BLOCKER = "blocker"  # would be hurt by removing the node, or says so itself
+
+
+@dataclass(frozen=True)
+class PodEntry:
+    namespace: str
+    name: str
+    uid: str
+    gpus: int
+    phase: str
+    role: str
+    reason: str
+    owner_chain: tuple[str, ...]
+    revision: str | None = None
+    replicaset: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class RevisionScale:
+    """What discovery read for one revision: PodAutoscaler actualScale and ReplicaSet replicas."""
+
+    kpa_scale: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class RevisionEntry:
+    namespace: str
+    revision: str
+    replicaset: str
+    kpa_scale: int
+    replicas: int
+    pods: tuple[str, ...]
+
+    @property
+    def overprovision(self) -> int:
+        """The seed's `m`: how many of this revision's pods sit on the node."""
+        return len(self.pods)
+
+
+@dataclass(frozen=True)
+class DefragPlan:
+    node: str
+    gpu_product: str
+    unschedulable: bool
+    pods: tuple[PodEntry, ...]
+    revisions: tuple[RevisionEntry, ...]
+
+    @property
+    def model_pods(self) -> tuple[PodEntry, ...]:
+        return tuple(p for p in self.pods if p.role == Role.MODEL)
+
+    @property
+    def blockers(self) -> tuple[PodEntry, ...]:
+        return tuple(p for p in self.pods if p.role == Role.BLOCKER)
+
+    @property
+    def ignored(self) -> tuple[PodEntry, ...]:
+        return tuple(p for p in self.pods if p.role == Role.IGNORED)
+
+    def revision_of(self, pod: PodEntry) -> RevisionEntry | None:
+        return next((r for r in self.revisions if r.namespace == pod.namespace and r.revision == pod.revision), None)
+
+    def report_lines(self) -> list[str]:
+        """The seed's report, then what it did not show: blockers and ignored pods."""
+        lines = ["Found pods to defrag:"] if self.model_pods else [f"No model pods to defrag on {self.node}."]
+        for pod in self.model_pods:
+            rev = self.revision_of(pod)
+            lines.append(f"\t{pod.key}")
+            lines.append(f"\t\t- {pod.gpus}x {self.gpu_product or 'unknown'} GPUs")
+            lines.append(f"\t\t- STATUS=[{pod.phase}] REPLICAS={rev.replicas if rev else '?'} "
+                         f"KPA_SCALE={rev.kpa_scale if rev else '?'}")
+        if self.blockers:
+            lines.append("Blockers (the job will not move these; the node is not safe while they run):")
+            lines.extend(f"\t{p.key} - {p.reason}" for p in self.blockers)
+        if self.ignored:
+            lines.append("Ignored: " + ", ".join(f"{p.key} ({p.reason})" for p in self.ignored))
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.node, "gpu_product": self.gpu_product, "unschedulable": self.unschedulable,
+            "pods": [{"namespace": p.namespace, "name": p.name, "uid": p.uid, "gpus": p.gpus, "phase": p.phase,
+                      "role": p.role, "reason": p.reason, "owner_chain": list(p.owner_chain),
+                      "revision": p.revision, "replicaset": p.replicaset} for p in self.pods],
+            "revisions": [{"namespace": r.namespace, "revision": r.revision, "replicaset": r.replicaset,
+                           "kpa_scale": r.kpa_scale, "replicas": r.replicas, "pods": list(r.pods),
+                           "overprovision": r.overprovision} for r in self.revisions],
+            "lines": self.report_lines(),
+        }
+
+
+def _owner_chain(pod: PodView) -> tuple[str, ...]:
+    owner = pod.controller
+    if owner is None:
+        return ()
+    chain = [f"{owner.kind}/{owner.name}"]
+    template_hash = pod.labels.get(TEMPLATE_HASH_LABEL)
+    if owner.kind == "ReplicaSet" and template_hash and owner.name.endswith(f"-{template_hash}"):
+        chain.append(f"Deployment/{owner.name[: -len(template_hash) - 1]}")
+    if pod.labels.get(REVISION_LABEL):
+        chain.append(f"Revision/{pod.labels[REVISION_LABEL]}")
+    return tuple(chain)
+
+
+def pod_classify(pod: PodView) -> tuple[str, str]:
+    """(role, why) of a pod on the node being emptied."""
+    owner = pod.controller
+    if pod.annotations.get(MIRROR_ANNOTATION):
+        return Role.IGNORED, "mirror pod"
+    if owner is not None and owner.kind == "DaemonSet":
+        return Role.IGNORED, "DaemonSet pod"
+    if pod.phase in ("Succeeded", "Failed"):
+        return Role.IGNORED, f"finished ({pod.phase})"
+    if pod.terminating:
+        return Role.IGNORED, "already terminating"
+    if pod.annotations.get(DO_NOT_DISRUPT) == "true":
+        return Role.BLOCKER, f'{DO_NOT_DISRUPT}: "true"'
+    if pod.annotations.get(SAFE_TO_EVICT) == "false":
+        return Role.BLOCKER, f'{SAFE_TO_EVICT}: "false"'
+    if owner is None:
+        return Role.BLOCKER, "bare pod (no controller would replace it)"
+    if owner.kind == "ReplicaSet" and pod.labels.get(REVISION_LABEL):
+        if not pod.labels.get(TEMPLATE_HASH_LABEL):
+            return Role.BLOCKER, f"no {TEMPLATE_HASH_LABEL} label: orphaning would not release it"
+        return Role.MODEL, f"Knative revision {pod.labels[REVISION_LABEL]}"
+    if owner.kind == "ReplicaSet":
+        return Role.BLOCKER, "ReplicaSet pod outside Knative (no PodAutoscaler counts an orphan)"
+    if owner.kind == "StatefulSet":
+        return Role.BLOCKER, "StatefulSet pod (a notebook or stateful workload)"
+    return Role.BLOCKER, f"owned by {owner.kind} {owner.name}"
+
+
+def blockers_remaining(pods: Iterable[PodView], *, node: str, own_orphans: Collection[str]) -> list[str]:
+    """Pods on `node` that still keep it unsafe once every revision is covered, as
+    "ns/name (why)". The job's own orphans (by uid) are not blockers: they have no
+    controller precisely because the job released them, and the job tracks them until
+    they are gone (drain evicts them, abort deletes them)."""
+    return [f"{p.namespace}/{p.name} ({why})" for p in sorted(pods, key=lambda p: (p.namespace, p.name))
+            if p.node_name == node and p.uid not in own_orphans
+            for role, why in [pod_classify(p)] if role == Role.BLOCKER]
+
+
+def defrag_plan(*, node: NodeView, pods: Iterable[PodView],
+                scales: Mapping[tuple[str, str], RevisionScale]) -> DefragPlan:
+    """The discovery report of step 1: every pod on the node, and per revision its scales.
+
+    `scales[(namespace, revision)]` holds what was read for each revision of a model pod;
+    a model pod whose revision has no entry (no PodAutoscaler) becomes a blocker.
+    """
+    entries: list[PodEntry] = []
+    by_revision: dict[tuple[str, str], list[PodEntry]] = {}
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+        if pod.node_name != node.name:
+            continue
+        role, reason = pod_classify(pod)
+        revision = pod.labels.get(REVISION_LABEL) if role == Role.MODEL else None
+        if role == Role.MODEL and (pod.namespace, revision) not in scales:
+            role, reason, revision = Role.BLOCKER, f"no PodAutoscaler found for revision {revision}", None
+        entry = PodEntry(namespace=pod.namespace, name=pod.name, uid=pod.uid, gpus=pod.gpus, phase=pod.phase,
+                         role=role, reason=reason, owner_chain=_owner_chain(pod), revision=revision,
+                         replicaset=pod.controller.name if role == Role.MODEL else None)
+        entries.append(entry)
+        if role == Role.MODEL:
+            by_revision.setdefault((pod.namespace, revision), []).append(entry)
+    revisions = []
+    for (namespace, revision), members in sorted(by_revision.items()):
+        replicasets = {m.replicaset for m in members}
+        if len(replicasets) != 1:
+            # Two ReplicaSets for one revision means a rollout in flight; the RS count would lie.
+            raise ValueError(f"revision {namespace}/{revision} has pods of several ReplicaSets on "
+                             f"{node.name}: {sorted(replicasets)}; retry when the rollout is done")
+        scale = scales[(namespace, revision)]
+        revisions.append(RevisionEntry(namespace=namespace, revision=revision, replicaset=replicasets.pop(),
+                                       kpa_scale=scale.kpa_scale, replicas=scale.replicas,
+                                       pods=tuple(m.name for m in members)))
+    return DefragPlan(node=node.name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
+                      unschedulable=node.unschedulable, pods=tuple(entries), revisions=tuple(revisions))
+
+
+def replicaset_ready_pods(pods: Iterable[Mapping], *, replicaset: str) -> int:
+    """Pods (API dicts) the ReplicaSet itself controls that are Running, Ready and not
+    terminating: what a revision serves without any orphan. Read from the pods, not from
+    the ReplicaSet's `status.readyReplicas`, which still counts a just-released orphan
+    until the ReplicaSet controller next syncs (abort right after orphaning)."""
+    count = 0
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+        if owner is None or owner.get("kind") != "ReplicaSet" or owner.get("name") != replicaset:
+            continue
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+            continue
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()):
+            count += 1
+    return count
+
+
+def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial_replicas: int,
+                       overprovision: int) -> bool:
+    """Step 5 of the seed: the revision serves enough without the node's pods.
+
+    The first condition covers a static or growing model, the second one that scaled down
+    meanwhile (its ReplicaSet now wants fewer than it had).
+    """
+    return (current_kpa_scale >= initial_replicas + overprovision
+            or current_kpa_scale >= current_replicas + overprovision)
+
+
+def progress_line(*, revision: str, overprovision: int, current_kpa_scale: int, current_replicas: int,
+                  initial_kpa_scale: int) -> str:
+    """The seed's progress line, word for word."""
+    return (f"Revision {revision} - {overprovision} extra needed - current_scale={current_kpa_scale} "
+            f"replicas={current_replicas} initial_scale={initial_kpa_scale}")
+
+
+def orphan_patch(*, uid: str, owner_references: list, has_template_hash: bool) -> list[dict]:
+    """Step 4 as one JSON patch: the `test` ops make it fail (409/422) if the pod was
+    replaced (uid) or its owners changed since it was read, so nothing is orphaned by mistake."""
+    ops: list[dict] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+    if owner_references:
+        ops.append({"op": "test", "path": "/metadata/ownerReferences", "value": owner_references})
+        ops.append({"op": "remove", "path": "/metadata/ownerReferences"})
+    if has_template_hash:
+        # "/" in a label key is escaped as "~1" in a JSON pointer (RFC 6901); this key has none.
+        ops.append({"op": "remove", "path": f"/metadata/labels/{TEMPLATE_HASH_LABEL}"})
+    return ops
+
+
+# ---- the job's log, the CLI's view of it, and the abort that cannot finish ---------------
+
+# Progress lines kept per job: the first LOG_HEAD (the report and the first steps) and the
+# newest LOG_TAIL (where it is now). A 30-minute wait at 1 s polls writes ~3,600 lines.
+LOG_HEAD = 100
+LOG_TAIL = 400
+
+
+def log_lines_to_drop(*, log_seq: int, head: int = LOG_HEAD, tail: int = LOG_TAIL) -> tuple[int, int] | None:
+    """The (first, last) sequence numbers to drop once the job has written `log_seq` lines,
+    or None while everything fits. The head and the tail are always kept."""
+    if log_seq <= head + tail:
+        return None
+    return head + 1, log_seq - tail
+
+
+class LogFolder:
+    """Folds repeated blocks of lines for a terminal, as lines stream in.
+
+    A wait prints the same two lines every poll ("---", "Revision … current_scale=1 …");
+    after the first copy of a block that repeats, the copies are counted and shown as one
+    line "… ×N (the N line(s) above, N times in all)" when something new arrives or the
+    job ends. Blocks up to `max_period` lines are recognised.
+    """
+
+    def __init__(self, max_period: int = 8):
+        self.max_period = max_period
+        self.recent: list[str] = []   # the lines printed, newest last (a window)
+        self.period = 0               # >0: inside a repeat of the last `period` printed lines
+        self.count = 1                # copies of the block seen, the printed one included
+        self.partial: list[str] = []  # lines of the next copy seen so far
+
+    def _printed(self, line: str) -> list[str]:
+        self.recent = (self.recent + [line])[-2 * self.max_period:]
+        return [line]
+
+    def _close(self) -> list[str]:
+        out = []
+        if self.period and self.count > 1:
+            out.append(f"… ×{self.count} (the {self.period} line(s) above, {self.count} times in all)")
+        pending, self.partial, self.period, self.count = self.partial, [], 0, 1
+        for line in pending:
+            out.extend(self._printed(line))
+        return out
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to print now for one new line (often none, while a block repeats)."""
+        if self.period:
+            block = self.recent[-self.period:]
+            if block[len(self.partial)] == line:
+                self.partial.append(line)
+                if len(self.partial) == self.period:
+                    self.count += 1
+                    self.partial = []
+                return []
+            return self._close() + self.feed(line)
+        # Not in a repeat: does this line start a second copy of the block just printed?
+        for period in range(1, min(self.max_period, len(self.recent)) + 1):
+            if self.recent[-period] == line:
+                self.period, self.partial = period, [line]
+                if period == 1:
+                    self.count, self.partial = 2, []
+                return []
+        return self._printed(line)
+
+    def flush(self) -> list[str]:
+        """The lines still held back (call when the job ends)."""
+        return self._close()
+
+
+def abort_stuck_message(*, node: str, waited_seconds: float, kept: Sequence[Mapping], cordoned: Sequence[Mapping],
+                        chosen_keep: bool) -> str:
+    """Why an abort cannot end its orphans, what holds the room, and the operator's choice.
+
+    `kept`: per revision {"revision", "ready", "wanted", "orphans": [ns/name], "gpus", "pending": [(pod, why)]};
+    `cordoned`: other cordoned nodes with free GPUs {"node", "free", "holder"} (holder: "defrag job #7 (safe)"
+    or "an operator (no defrag job)").
+    """
+    parts = []
+    for entry in kept:
+        pending = "; ".join(f"{pod} is Pending ({why})" if why else f"{pod} is not ready yet"
+                            for pod, why in entry["pending"]) or "no replacement pod exists yet"
+        parts.append(f"revision {entry['revision']} has {entry['ready']}/{entry['wanted']} ready without its "
+                     f"orphan(s) {', '.join(entry['orphans'])} ({entry['gpus']} GPU(s) on {node}): {pending}")
+    room = [f"node {node} (its free GPUs are held by the orphans)"]
+    room += [f"node {c['node']} ({c['free']} free GPU(s), cordoned by {c['holder']})" for c in cordoned]
+    head = ("Abort stopped, orphans kept as the operator chose" if chosen_keep
+            else f"Abort stuck after {waited_seconds:.0f}s: the replacements cannot become ready")
+    lines = [f"{head}. " + ". ".join(parts) + ".",
+             "The room they need: " + ", ".join(room) + "."]
+    if chosen_keep:
+        lines.append("The orphans keep serving and this job keeps tracking them (state abort-stuck). Abort again "
+                     "once room appears, or delete them anyway.")
+    else:
+        lines.append("Nothing more is done until the operator chooses: keep the orphans (they keep serving; the "
+                     "job stays abort-stuck and tracks them) or delete them anyway (capacity drops to the ready "
+                     f"counts above). CLI: `manage.py defrag {node} --abort --keep-orphans` or "
+                     f"`manage.py defrag {node} --abort --delete-orphans`.")
+    return " ".join(lines)
+
+
+def interval_validate(value, *, field: str, minimum: float, maximum: float, whole: bool = False) -> str | None:
+    """None when `value` is a usable number of seconds, else the error naming `field`."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{field} must be a number of seconds, got {value!r}"
+    if not math.isfinite(value):
+        return f"{field} must be a finite number of seconds, got {value!r}"
+    if whole and value != int(value):
+        return f"{field} must be a whole number of seconds, got {value!r}"
+    if not minimum <= value <= maximum:
+        return f"{field} must be between {minimum:g} and {maximum:g} seconds, got {value!r}"
+    return None
+
+
+# ---- the next step of a job: decided from its record, then carried out -------------------
+
+class Step:
+    """What the next step of a job does; `services.defrag_job_step` carries it out."""
+    TAKE_UP_ABORT = "take up abort"  # an operator's abort request, before anything else
+    TAKE_UP_DRAIN = "take up drain"  # a drain request on a safe job
+    NOT_DUE = "not due"              # the next check (or a retry) is later
+    REST = "rest"                    # nothing to do without an operator
+    RECORD = "record"                # step 2: record the scales
+    CORDON = "cordon"                # step 3
+    ORPHAN = "orphan"                # step 4
+    CHECK = "check"                  # step 5: one check of every revision
+    DRAIN = "drain"                  # evict the orphans, then delete the Node if asked
+    ABORT = "abort"                  # undo the cordon, end the orphans, or stop as abort-stuck
+
+
+_STATE_STEPS = {"confirmed": Step.RECORD, "recorded": Step.CORDON, "cordoned": Step.ORPHAN, "waiting": Step.CHECK,
+                "draining": Step.DRAIN, "aborting": Step.ABORT}
+_FINAL = ("drained", "aborted")
+
+
+def defrag_step_decide(*, state: str, now: datetime, next_check_at: datetime | None, abort_pending: bool,
+                       drain_requested: bool) -> str:
+    """The next step of a job from its record: an operator's request wins over the job's own
+    progress (an abort over everything but a finished job, a drain only on a safe job), and
+    nothing happens before the job's next check."""
+    if state in _FINAL:
+        return Step.REST
+    if abort_pending:
+        return Step.TAKE_UP_ABORT
+    if drain_requested and state == "safe":
+        return Step.TAKE_UP_DRAIN
+    step = _STATE_STEPS.get(state, Step.REST)
+    if step != Step.REST and next_check_at is not None and now < next_check_at:
+        return Step.NOT_DUE
+    return step

@@ -1,0 +1,113 @@
+"""Defrag tasks: short steps under a lease, and the resume beat.
+
+Their names stay `capacity.tasks.…`: messages already queued and the installed beat row
+name them so, and a rename would strand them across a deploy.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from celery import shared_task
+
+from clusters.errors import KubeError
+from config import clock
+
+from capacity.models import RESTING_STATES, DefragJob, JobState
+from capacity.defrag.services import (
+    defrag_job_lease_acquire,
+    defrag_job_lease_release,
+    defrag_job_lease_renew,
+    defrag_job_step,
+    defrag_job_wait,
+    defrag_jobs_due,
+)
+
+log = logging.getLogger(__name__)
+
+
+# A step task stops after this many seconds of wall time and re-queues itself: a step is a
+# short task (a killed worker loses at most this much), well below the broker's
+# visibility timeout (config/settings.py) and the lease (services.LEASE_SECONDS).
+STEP_BUDGET_SECONDS = 20.0
+# The longest a job's next check is queued ahead (seconds): below the visibility timeout.
+MAX_COUNTDOWN_SECONDS = 60.0
+
+
+def _owner(task) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{getattr(task.request, 'id', None) or 'local'}"
+
+
+@shared_task(name="capacity.tasks.defrag_job_run", bind=True, acks_late=True, reject_on_worker_lost=True,
+             ignore_result=True)
+def defrag_job_run(self, job_id: int) -> str:
+    """Step the job for a short while under its lease, then hand it back to the queue.
+
+    Two copies of this task for one job (a redelivered message, the resume beat) do not
+    step it together: the second finds the lease taken and returns. A worker killed
+    mid-step leaves the lease to expire (at most a minute); `defrag_jobs_resume` then
+    re-queues the job and the next worker resumes from its recorded step.
+    """
+    owner = _owner(self)
+    if not defrag_job_lease_acquire(job_id=job_id, owner=owner, now=clock.now()):
+        return "leased"
+    job = DefragJob.objects.filter(pk=job_id).first()
+    if job is None:
+        return "missing"
+    started = time.monotonic()
+    try:
+        while True:
+            job = defrag_job_step(job=job, now=clock.now())
+            if _resting(job):
+                return job.state
+            if not defrag_job_lease_renew(job_id=job_id, owner=owner, now=clock.now()):
+                return "lease lost"
+            left = STEP_BUDGET_SECONDS - (time.monotonic() - started)
+            pause = _pause(job)
+            if pause > left:
+                break
+            if pause > 0:
+                _wait(job, pause)
+    finally:
+        defrag_job_lease_release(job_id=job_id, owner=owner)
+    defrag_job_run.apply_async((job_id,), countdown=min(_pause(job), MAX_COUNTDOWN_SECONDS))
+    return job.state
+
+
+def _resting(job: DefragJob) -> bool:
+    """Nothing to do until an operator asks (their request re-queues the job)."""
+    return job.state in RESTING_STATES and not job.abort_pending and not (
+        job.state == JobState.SAFE and job.drain_requested_at)
+
+
+def _pause(job: DefragJob) -> float:
+    if not job.next_check_at:
+        return 0.0
+    return max(0.0, (job.next_check_at - clock.now()).total_seconds())
+
+
+def _wait(job: DefragJob, pause: float) -> None:
+    """Until the next check, or until one of the job's PodAutoscalers changes."""
+    if job.state == JobState.WAITING and not job.error:
+        try:
+            woken = defrag_job_wait(job=job, timeout_seconds=pause)
+        except KubeError as exc:  # the watch failed: fall back to the interval
+            log.warning("defrag job %s: watch failed, polling: %s", job.pk, exc)
+            time.sleep(pause)
+            return
+        if woken:
+            DefragJob.objects.filter(pk=job.pk, state=JobState.WAITING).update(next_check_at=None)
+    else:
+        time.sleep(pause)
+
+
+@shared_task(name="capacity.tasks.defrag_jobs_resume", ignore_result=True)
+def defrag_jobs_resume() -> int:
+    """Every minute (config/schedule.py): re-queue each live job that should be stepped and
+    no worker holds (its lease expired, or its queued message was lost)."""
+    due = defrag_jobs_due(now=clock.now())
+    for job_id in due:
+        defrag_job_run.delay(job_id)
+    return len(due)
