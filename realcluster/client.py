@@ -28,12 +28,13 @@ class Api:
         self.context = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else ssl._create_unverified_context()
         self._resources: dict[tuple[str, str], tuple[str, bool]] | None = None
 
-    def request(self, method: str, path: str, body: dict | None = None) -> Response:
+    def request(self, method: str, path: str, body: dict | None = None, *,
+                content_type: str = "application/json") -> Response:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.server + path, data=data, method=method)
         request.add_header("Accept", "application/json")
         if data is not None:
-            request.add_header("Content-Type", "application/json")
+            request.add_header("Content-Type", content_type)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:

@@ -8,7 +8,6 @@ its storage and the controllers on the apiserver.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ import yaml
 from simcluster.scenario import ScenarioError
 
 from . import netns
-from .build import BuildError, binaries
+from .build import KNATIVE_SERVING_VERSION, BuildError, binaries
 from .client import Api
 from .kubeconfig import write_kubeconfig
 from .pki import INSIDE_IP, Pki, PkiError, pki_create
@@ -34,16 +33,17 @@ SERVICE_CIDR = "10.96.0.0/12"
 POD_CIDR = "10.244.0.0/16"
 READY_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 15.0
-PR_SET_PDEATHSIG = 1
 
 
 class UpError(RuntimeError):
     """The tier could not come up; the message names the component and its log."""
 
 
-def _die_with_parent() -> None:
+def _die_with_parent_argv(argv: list[str]) -> list[str]:
     # A component outliving a killed `up` would hold etcd's data and the namespace.
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # setpriv (util-linux) sets the death signal in the child, so no Python runs between
+    # fork and exec (`up` has threads by the time Knative starts).
+    return ["setpriv", "--pdeathsig", "TERM", "--", *argv]
 
 
 @dataclass
@@ -51,14 +51,17 @@ class Component:
     name: str
     argv: list[str]
     log_path: Path
+    env: dict | None = None
+    # Knative's components drain for up to a minute on SIGTERM; nothing here needs it.
+    stop_timeout: float = STOP_TIMEOUT_SECONDS
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
         # Own process group: a terminal's Ctrl-C reaches only `up`, which stops the
         # components in order instead of all at once.
-        self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(_die_with_parent_argv(self.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=self.env, start_new_session=True)
         log.close()
 
     def alive(self) -> bool:
@@ -69,7 +72,7 @@ class Component:
             return
         self.process.terminate()
         try:
-            self.process.wait(STOP_TIMEOUT_SECONDS)
+            self.process.wait(self.stop_timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -98,6 +101,8 @@ class Tier:
     components: list[Component] = field(default_factory=list)
     pki: Pki | None = None
     log: object = print
+    with_knative: bool = False
+    stop_event: threading.Event = field(default_factory=threading.Event)
 
     @property
     def pid_file(self) -> Path:
@@ -108,7 +113,7 @@ class Tier:
         started = time.monotonic()
         scenario = scenario_read(scenario_path) if scenario_path else None   # bad input fails before anything runs
         try:
-            bins = binaries()
+            bins = binaries(("knative",) if self.with_knative else ())
         except BuildError as exc:
             raise UpError(str(exc)) from None
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +126,7 @@ class Tier:
         self.pki = pki = pki_create(self.state_dir / "pki", extra_tokens=extra_tokens)
         inside = f"https://{INSIDE_IP}:{APISERVER_PORT}"
         configs = {}
-        for who in ("controller-manager", "scheduler", "kwok"):
+        for who in ("controller-manager", "scheduler", "kwok", "knative"):
             configs[who] = write_kubeconfig(self.state_dir / f"{who}.kubeconfig", inside,
                                             ca_cert=pki.ca_cert, token=pki.tokens[who])
         admin = Api(inside, token=pki.tokens["admin"], ca_cert=pki.ca_cert)
@@ -178,6 +183,15 @@ class Tier:
             "--server-address", "127.0.0.1:10247",
         ], ready=lambda: Api("http://127.0.0.1:10247").answers("/healthz"), started=started)
 
+        if self.with_knative:
+            self._knative_up(bins, admin, configs["knative"], scenario, started)
+
+        if self.with_knative:
+            from .knative import ingress_ready_loop
+            # IMPORTANT: after the last component is forked (see the relay below).
+            threading.Thread(target=ingress_ready_loop, args=(admin, self.stop_event), daemon=True,
+                             name="knative-ingress").start()
+
         if scenario is not None:
             try:
                 result = scenario_apply(admin, scenario)
@@ -199,11 +213,17 @@ class Tier:
         self.log(f"realcluster ready in {time.monotonic() - started:.1f} s at {host_url}; "
                  f"kubeconfig {self.kubeconfig_out}; memory {total:.0f} MiB RSS ({memory})")
 
-    def _start(self, name: str, argv: list[str], *, ready, started: float) -> None:
-        component = Component(name, argv, self.state_dir / "logs" / f"{name}.log")
+    def _start(self, name: str, argv: list[str], *, ready, started: float, env: dict | None = None,
+               stop_timeout: float = STOP_TIMEOUT_SECONDS, namespace_port: int | None = None) -> None:
+        component = Component(name, argv, self.state_dir / "logs" / f"{name}.log", env=env,
+                              stop_timeout=stop_timeout)
         self.components.append(component)
         step = time.monotonic()
-        component.start()
+        if namespace_port is None:
+            component.start()
+        else:
+            with netns.NestedNamespace(namespace_port):
+                component.start()
         deadline = step + READY_TIMEOUT_SECONDS
         while not ready():
             if not component.alive():
@@ -214,6 +234,46 @@ class Tier:
                               f"its log ({component.log_path}) ends:\n{component.log_tail()}")
             time.sleep(0.1)
         self.log(f"{name} ready (+{time.monotonic() - step:.1f} s, {time.monotonic() - started:.1f} s in)")
+
+    def _knative_up(self, bins: dict, admin: Api, kubeconfig: Path, scenario, started: float) -> None:
+        from . import knative
+
+        step = time.monotonic()
+        registries = knative.scenario_registries(scenario.objects if scenario else [])
+        created = 0
+        for doc in knative.manifests(INSIDE_IP, extra_registries=registries):
+            path = admin.collection_path(doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace"))
+            if path is None:   # a kind from a CRD created a moment ago
+                admin.resources(refresh=True)
+                path = admin.collection_path(doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace"))
+            answer = admin.request("POST", path, doc)
+            if answer.status not in (200, 201, 409):
+                message = answer.body.get("message") if isinstance(answer.body, dict) else answer.body
+                raise UpError(f"Knative install: {knative.describe(doc)}: the apiserver answered "
+                              f"{answer.status}: {message}")
+            created += answer.status != 409
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not all(admin.collection_path(v, k, "default") for v, k in knative.SERVED_KINDS):
+            if time.monotonic() > deadline:
+                raise UpError("Knative's CRDs were not served within "
+                              f"{READY_TIMEOUT_SECONDS:.0f} s")
+            time.sleep(0.2)
+            admin.resources(refresh=True)
+        self.log(f"Knative Serving {KNATIVE_SERVING_VERSION} installed: {created} objects "
+                 f"(+{time.monotonic() - step:.1f} s, {time.monotonic() - started:.1f} s in)")
+        for name in ("webhook", "controller", "autoscaler", "activator"):
+            env = {**os.environ, **knative.component_env(name, kubeconfig=kubeconfig, pod_ip=INSIDE_IP)}
+            port = knative.COMPONENTS[name]["METRICS_PROMETHEUS_PORT"]
+            if name == "webhook":
+                ready = lambda: knative.webhook_configured(admin)   # noqa: E731 - its CA bundles are in
+            elif name == "autoscaler":
+                ready = lambda: knative.autoscaler_leading(admin)   # noqa: E731 - it runs a nested namespace
+            else:
+                ready = (lambda p: lambda: Api(f"http://127.0.0.1:{p}").answers("/metrics"))(port)
+            self._start(f"knative-{name}", [str(bins[f"knative-{name}"])], ready=ready, started=started,
+                        env=env, stop_timeout=2.0,
+                        # The autoscaler's stats server and the controller's probes both bind :8080.
+                        namespace_port=APISERVER_PORT if name == "autoscaler" else None)
 
     def _wait_nodes_ready(self, api: Api) -> int:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
@@ -232,6 +292,7 @@ class Tier:
 
     # --- stopping -----------------------------------------------------------------------------
     def down(self) -> None:
+        self.stop_event.set()
         for component in reversed(self.components):
             component.stop()
             self.log(f"{component.name} stopped")
@@ -260,7 +321,8 @@ def scheduler_config_for(placement: str, kubeconfig: Path) -> dict:
 
 def up_main(args) -> int:
     tier = Tier(state_dir=Path(args.state_dir).resolve(), kubeconfig_out=Path(args.kubeconfig_out).resolve(),
-                port=args.port, log=lambda message: print(f"realcluster: {message}", flush=True))
+                port=args.port, with_knative="knative" in args.with_sets,
+                log=lambda message: print(f"realcluster: {message}", flush=True))
     stop = threading.Event()
     coming_up = True
 

@@ -42,14 +42,9 @@ def enter_private_namespace() -> None:
     if os.geteuid() != 0:
         raise NamespaceError("the real tier runs in its own network namespace, which needs root "
                              "(CAP_SYS_ADMIN); run it as root, e.g. in the CI container")
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        error = ctypes.get_errno()
-        raise NamespaceError(f"unshare(CLONE_NEWNET) failed: {os.strerror(error)}")
-    for command in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", NAMESPACE_CIDR, "dev", "lo"]):
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise NamespaceError(f"`{' '.join(command)}` failed in the new namespace: {result.stderr.strip()}")
+    if _libc().unshare(CLONE_NEWNET) != 0:
+        raise NamespaceError(f"unshare(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())}")
+    _setup_lo()
 
 
 class _Connection:
@@ -67,6 +62,49 @@ class _Connection:
                 return
         for sock in self.sockets:
             sock.close()
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _setup_lo() -> None:
+    for command in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", NAMESPACE_CIDR, "dev", "lo"]):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise NamespaceError(f"`{' '.join(command)}` failed in the new namespace: {result.stderr.strip()}")
+
+
+class NestedNamespace:
+    """A second private namespace for a program that must bind a port another one holds
+    (Knative's autoscaler and controller both bind :8080, as separate pods would). Only
+    the calling thread enters it, long enough to open a relay listener on
+    10.0.0.1:`port` and start the program; the relay then pipes each connection to the
+    same address in the tier's namespace (the apiserver)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.listener: socket.socket | None = None
+        self._home: int | None = None
+
+    def __enter__(self) -> "NestedNamespace":
+        libc = _libc()
+        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        if libc.unshare(CLONE_NEWNET) != 0:
+            raise NamespaceError(f"unshare(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())}")
+        _setup_lo()
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((NAMESPACE_CIDR.split("/")[0], self.port))
+        self.listener.listen(64)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # IMPORTANT: back home before the relay thread starts (threads inherit the namespace).
+        if _libc().setns(self._home, CLONE_NEWNET) != 0:
+            raise NamespaceError(f"setns back to the tier's namespace failed: {os.strerror(ctypes.get_errno())}")
+        os.close(self._home)
+        relay_start(self.listener, (NAMESPACE_CIDR.split("/")[0], self.port))
 
 
 def _pipe(source: socket.socket, sink: socket.socket, connection: _Connection) -> None:

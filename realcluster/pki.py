@@ -27,6 +27,10 @@ IDENTITIES = {
     "controller-manager": ("system:kube-controller-manager", ()),
     "scheduler": ("system:kube-scheduler", ()),
     "kwok": ("realcluster-kwok", ("system:masters",)),   # writes node and pod status of fake kubelets
+    # Knative's components act as the ServiceAccount their Deployments would run as, so
+    # Serving's own ClusterRoleBindings grant them what they grant in a cluster.
+    "knative": ("system:serviceaccount:knative-serving:controller",
+                ("system:serviceaccounts", "system:serviceaccounts:knative-serving")),
 }
 
 
