@@ -23,6 +23,7 @@ from capacity.defrag.services import (
     defrag_job_abort,
     defrag_job_drain,
     defrag_job_start,
+    eviction_retry_seconds,
 )
 
 
@@ -152,6 +153,7 @@ class DefragJobAdmin(admin.ModelAdmin):
             messages.error(request, "Type the node name exactly to confirm the drain.")
         return TemplateResponse(request, "capacity/defrag_drain_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
+            "retry": f"{eviction_retry_seconds(job):g}",
             "orphans": job.orphans.filter(state="orphaned"), "title": f"Drain node {job.node_name}?"})
 
     def abort_view(self, request, pk: int):

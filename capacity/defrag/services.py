@@ -797,7 +797,7 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
     _settle_planned(job, gateway, now)
     waiting, _ = _end_orphans(job, gateway, now, evict=True)
     if waiting:
-        job.next_check_at = now + timedelta(seconds=_eviction_retry(job))
+        job.next_check_at = now + timedelta(seconds=eviction_retry_seconds(job))
         _commit(job, now=now)
         return
     audits = []
@@ -820,7 +820,7 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
             audits=audits + [dict(action="job_drain", target=f"Node/{job.node_name}")])
 
 
-def _eviction_retry(job: DefragJob) -> float:
+def eviction_retry_seconds(job: DefragJob) -> float:
     """Seconds until a refused eviction is tried again: kubectl's 5 s, or the job's poll
     interval when that is shorter (what the log line must say)."""
     return min(job.poll_interval_seconds, EVICTION_RETRY_SECONDS)
@@ -861,7 +861,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                 gateway.evict(orphan.pod_name, namespace=orphan.namespace)
             except TooManyRequests as exc:
                 _append_log(job, f"Eviction of {orphan.namespace}/{orphan.pod_name} refused "
-                                 f"(PodDisruptionBudget): retrying in {_eviction_retry(job):g}s")
+                                 f"(PodDisruptionBudget): retrying in {eviction_retry_seconds(job):g}s")
                 job.error = str(exc)
                 continue
             except NotFound:

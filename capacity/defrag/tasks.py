@@ -37,7 +37,10 @@ MAX_COUNTDOWN_SECONDS = 60.0
 
 
 def _owner(task) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{getattr(task.request, 'id', None) or 'local'}"
+    """The message's id: a message redelivered after its worker was killed (acks_late,
+    reject_on_worker_lost) takes its own lease back at once instead of waiting it out."""
+    task_id = getattr(task.request, "id", None)
+    return f"task:{task_id}" if task_id else f"local:{socket.gethostname()}:{os.getpid()}"
 
 
 @shared_task(name="capacity.tasks.defrag_job_run", bind=True, acks_late=True, reject_on_worker_lost=True,
@@ -53,6 +56,7 @@ def defrag_job_run(self, job_id: int) -> str:
     owner = _owner(self)
     if not defrag_job_lease_acquire(job_id=job_id, owner=owner, now=clock.now()):
         return "leased"
+    log.info("defrag job %s: stepped by %s on %s pid %s", job_id, owner, socket.gethostname(), os.getpid())
     job = DefragJob.objects.filter(pk=job_id).first()
     if job is None:
         return "missing"

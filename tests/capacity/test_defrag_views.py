@@ -99,6 +99,7 @@ def test_drain_page_needs_its_own_permission(sim_cluster_factory, client, django
     client.force_login(user)
     page = client.get(f"/admin/capacity/defragjob/{job.pk}/drain/")
     assert page.status_code == 200 and "Type the node name" in page.content.decode()
+    assert "refusals are retried every 5 s" in page.content.decode()    # kubectl's 5 s: the job polls every 10 s
     wrong = client.post(f"/admin/capacity/defragjob/{job.pk}/drain/", {"confirm": "n2"})
     assert wrong.status_code == 200
     job.refresh_from_db()

@@ -7,6 +7,8 @@ job ran), folds repeated lines ("… ×464") and always ends with the job's fina
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import time
 
@@ -26,6 +28,8 @@ from capacity.defrag.services import (
     defrag_discover,
     defrag_job_abort,
     defrag_job_drain,
+    defrag_job_lease_acquire,
+    defrag_job_lease_release,
     defrag_job_log_after,
     defrag_job_start,
     defrag_job_step,
@@ -140,14 +144,25 @@ class Command(BaseCommand):
         return answer in ("y", "yes")
 
     def _run(self, job: DefragJob) -> DefragJob:
-        """Step the job in this process until it rests, printing the new log lines."""
-        while True:
-            job = defrag_job_step(job=job, now=clock.now())
-            self._print_new(job)
-            if job.state in RESTING_STATES and not job.abort_pending:
-                return job
-            if job.next_check_at:
-                time.sleep(max(0.0, (job.next_check_at - clock.now()).total_seconds()))
+        """Step the job in this process until it rests, printing the new log lines.
+
+        The command holds the job's lease like a worker does; while a worker holds it (the
+        job was started from the panel), the command only follows the log."""
+        owner = f"cli:{socket.gethostname()}:{os.getpid()}"
+        try:
+            while True:
+                if defrag_job_lease_acquire(job_id=job.pk, owner=owner, now=clock.now()):
+                    job = defrag_job_step(job=job, now=clock.now())
+                else:
+                    job.refresh_from_db()
+                self._print_new(job)
+                if job.state in RESTING_STATES and not job.abort_pending and not (
+                        job.state == JobState.SAFE and job.drain_requested_at):
+                    return job
+                pause = (job.next_check_at - clock.now()).total_seconds() if job.next_check_at else 0.0
+                time.sleep(max(0.0, pause) if job.lease_owner in ("", owner) else max(0.5, min(pause, 2.0)))
+        finally:
+            defrag_job_lease_release(job_id=job.pk, owner=owner)
 
     def _print_new(self, job: DefragJob) -> None:
         """Lines after the last one printed, by number: a gap (lines the job no longer
