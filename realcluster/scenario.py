@@ -67,7 +67,10 @@ def _settings_not_applied(settings: SimSettings) -> list[str]:
         if spec_field.name == "placement":
             continue   # the scheduler's scoring strategy (see cluster.scheduler_config)
         if getattr(settings, spec_field.name) != getattr(defaults, spec_field.name):
-            ignored.append(f"spec.{spec_field.name}")
+            note = {"knative_version": " (with --with knative this tier runs Knative Serving 1.15)",
+                    "tokens": " (honoured: they are in the apiserver's token file)"}.get(spec_field.name, "")
+            if spec_field.name != "tokens":
+                ignored.append(f"spec.{spec_field.name}{note}")
     return ignored
 
 

@@ -55,6 +55,14 @@ class Backend:
                 time.sleep(0.1)
         raise NotSettled(f"{self.name}: {what} not reached within {seconds:.0f} s")
 
+    def wait(self, seconds: float) -> None:
+        """Let `seconds` pass with nothing asked: to see that something does NOT happen
+        (a value not reverted). simcluster advances its clock; the real tier really waits."""
+        if self.advance is not None:
+            self.advance(seconds)
+        else:
+            time.sleep(seconds)
+
     def namespace_create(self, prefix: str) -> str:
         name = f"{prefix}-{next(_namespaces)}-{int(time.time() * 1000) % 100000}"
         self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
