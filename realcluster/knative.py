@@ -9,7 +9,10 @@ namespace (10.0.0.1), not as pods. What a cluster install would give them is mad
   configuration names port 8443: the apiserver dials the webhook process directly (it
   makes its own certificate and fills in the CA bundles);
 - the activator's Service selects nothing; an Endpoints object points it at 10.0.0.1;
-- the queue-proxy image becomes a `dev.local/` name (no registry digest lookup);
+- the queue-proxy image becomes a `dev.local/` name, and the registries of the scenario's
+  images skip the digest lookup (there is no registry to ask);
+- `config-features` enables nodeSelector, affinity and tolerations in Knative Services,
+  as a GPU platform does (Knative refuses them by default);
 - there is no networking layer: `ingress_ready_loop` marks each KIngress Ready, as an
   ingress controller would once it had programmed its proxies.
 Deployments and HPAs of the components themselves are not created.
@@ -42,6 +45,8 @@ COMPONENTS = {
     "activator": {"METRICS_DOMAIN": "knative.dev/internal/serving", "METRICS_PROMETHEUS_PORT": "9094",
                   "PROFILING_PORT": "8048"},
 }
+GPU_PODSPEC_FEATURES = ("kubernetes.podspec-nodeselector", "kubernetes.podspec-affinity",
+                        "kubernetes.podspec-tolerations")
 SKIPPED_KINDS = {"Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget",
                  "Certificate",   # serving's routing certificate needs a certificate controller
                  "Image"}         # the image cache needs caching's controller
@@ -121,6 +126,10 @@ def _adapt(doc: dict, inside_ip: str, extra_registries: set[str]) -> dict:
         doc["data"]["queue-sidecar-image"] = QUEUE_IMAGE
         skipped = {"kind.local", "ko.local", "dev.local", *extra_registries}
         doc["data"]["registries-skipping-tag-resolving"] = ",".join(sorted(skipped))
+    if kind == "ConfigMap" and name == "config-features":
+        # GPU models pick their nodes: Knative refuses these PodSpec fields unless enabled
+        # (its default), and a GPU platform enables them. simcluster does not check them.
+        doc.setdefault("data", {}).update({flag: "enabled" for flag in GPU_PODSPEC_FEATURES})
     if kind == "Service" and name == "webhook":
         doc["spec"] = {"type": "ExternalName", "externalName": "localhost",
                        "ports": [{"name": "https-webhook", "port": WEBHOOK_PORT}]}
