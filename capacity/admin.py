@@ -11,8 +11,10 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from clusters.errors import KubeError
+from clusters import kube
+from clusters.errors import KubeError, NotFound
 from clusters.models import Cluster
+from config.actors import actor_describe
 
 from capacity.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag.services import (
@@ -24,6 +26,8 @@ from capacity.defrag.services import (
     defrag_job_drain,
     defrag_job_start,
     eviction_retry_seconds,
+    node_return_to_service,
+    RETURNABLE_STATES,
 )
 
 
@@ -66,13 +70,17 @@ class AuditInline(ReadOnlyInline):
 
 @admin.register(DefragJob)
 class DefragJobAdmin(admin.ModelAdmin):
-    list_display = ["id", "cluster", "node_name", "state", "requested_by", "created_at", "safe_at", "finished_at"]
+    list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
     list_filter = ["state", "cluster"]
     search_fields = ["node_name"]
     readonly_fields = [f.name for f in DefragJob._meta.fields]
     inlines = [RevisionInline, OrphanInline, AuditInline]
     change_form_template = "capacity/defragjob_change_form.html"
     change_list_template = "capacity/defragjob_change_list.html"
+
+    @admin.display(description="asked by", ordering="requested_by")
+    def asked_by(self, job: DefragJob) -> str:
+        return actor_describe(job.requested_by, job.requested_by_label)
 
     def has_add_permission(self, request):
         return False  # jobs start from the report page ("defrag this node"), never from a blank form
@@ -85,6 +93,8 @@ class DefragJobAdmin(admin.ModelAdmin):
             path("start/", self.admin_site.admin_view(self.start_view), name="capacity_defragjob_start"),
             path("<int:pk>/drain/", self.admin_site.admin_view(self.drain_view), name="capacity_defragjob_drain"),
             path("<int:pk>/abort/", self.admin_site.admin_view(self.abort_view), name="capacity_defragjob_abort"),
+            path("<int:pk>/return-to-service/", self.admin_site.admin_view(self.return_view),
+                 name="capacity_defragjob_return"),
         ]
         return own + super().get_urls()
 
@@ -95,7 +105,9 @@ class DefragJobAdmin(admin.ModelAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         # Every field is the job's own record: no Save buttons; operators act through
         # the drain and abort pages, each with its confirmation.
-        extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"), "show_save": False,
+        extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"),
+                 "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
+                 "returnable_states": RETURNABLE_STATES, "show_save": False,
                  "show_save_and_continue": False, "show_save_and_add_another": False, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
@@ -184,5 +196,33 @@ class DefragJobAdmin(admin.ModelAdmin):
             "deadline": f"{settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}s",
             "kept": job.orphans.filter(state="orphaned"),
             "title": f"Abort defrag of {job.node_name}?"})
+
+    def return_view(self, request, pk: int):
+        """Return the job's node to service (uncordon), after a page that names the node and
+        says what it is now and what will happen to the job."""
+        job = get_object_or_404(DefragJob.objects.select_related("cluster"), pk=pk)
+        if not request.user.has_perm("capacity.return_to_service_defragjob"):
+            raise PermissionDenied("returning a node to service needs the 'Can return a defragged node to "
+                                   "service (uncordon it)' permission")
+        if request.method == "POST" and request.POST.get("confirm") == job.node_name:
+            try:
+                done = node_return_to_service(cluster=job.cluster, node=job.node_name, actor=request.user, job=job)
+            except (DefragError, KubeError) as exc:
+                messages.error(request, f"Nothing changed: {exc}")
+            else:
+                messages.success(request, done.message)
+            return HttpResponseRedirect(self._job_url(job))
+        try:
+            node = kube.gateway_for(job.cluster).get(kube.NODES, job.node_name)
+            node_state = "cordoned" if (node.get("spec") or {}).get("unschedulable") else "schedulable"
+        except NotFound:
+            node_state = "gone"
+        except KubeError as exc:
+            node_state = f"unknown (cannot read the cluster: {exc})"
+        return TemplateResponse(request, "capacity/defrag_return_confirm.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "job": job, "node_state": node_state,
+            "orphans": job.orphans.filter(state__in=["planned", "orphaned", "deleting"]).count(),
+            "title": f"Return node {job.node_name} to service?"})
+
 
 from capacity import admin_binpack, admin_runbook  # noqa: E402,F401  (issue 6: registers their admins)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from config.actors import actor_label_current
+
 
 class JobState(models.TextChoices):
     CONFIRMED = "confirmed", "confirmed (not started)"
@@ -97,6 +99,9 @@ class DefragJob(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="The owner's last sign of life.")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="+", help_text="The operator who confirmed the job.")
+    requested_by_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Where the job was confirmed when not in the panel: cli:<os user>@<host>.")
     operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="+",
                                  help_text="The operator whose request the job carries out now (confirm, drain, abort).")
@@ -113,6 +118,7 @@ class DefragJob(models.Model):
         ordering = ["-created_at", "-id"]
         permissions = [
             ("drain_defragjob", "Can drain (evict and delete) a defragged node"),
+            ("return_to_service_defragjob", "Can return a defragged node to service (uncordon it)"),
             # The dashboard and GPU map name orgs, models and nodes: more than staff status allows.
             ("view_cluster_contents", "Can view a cluster's contents (dashboard, GPU map)"),
         ]
@@ -229,7 +235,12 @@ class DefragAudit(models.Model):
     at = models.DateTimeField(db_index=True, help_text="When it was done (the injected clock).")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="The operator who asked; empty for a worker resuming.")
+    actor_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Who asked when not a panel user: cli:<os user>@<host>; empty for a worker.")
     action = models.CharField(max_length=40, help_text="What was done, e.g. node_cordon, pod_orphan.")
+    cause = models.CharField(max_length=200, blank=True, default="", db_default="",
+                             help_text="Why it was done, where the action alone does not say.")
     target = models.CharField(max_length=300, help_text="What it was done to (Node/name, Pod ns/name).")
     old = models.JSONField(default=dict, blank=True, help_text="The values before.")
     new = models.JSONField(default=dict, blank=True, help_text="The values after.")
@@ -238,7 +249,7 @@ class DefragAudit(models.Model):
         ordering = ["at", "id"]
 
     def __str__(self) -> str:
-        return f"{self.action} {self.target} by {self.actor or 'worker'}"
+        return f"{self.action} {self.target} by {self.actor or self.actor_label or 'worker'}"
 
 from capacity.models_binpack import BinpackCluster, BinpackRun  # noqa: E402,F401  (issue 6)
 from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel  # noqa: E402,F401  (issue 6)

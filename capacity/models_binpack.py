@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from clusters.models import Cluster
+from config.actors import actor_label_current
 
 
 class BinpackRun(models.Model):
@@ -19,6 +20,9 @@ class BinpackRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True, help_text="When the last write returned.")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="The operator who asked; empty for the schedule.")
+    actor_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Who asked when not a panel user: cli:<os user>@<host>; empty for the schedule.")
     trigger = models.CharField(max_length=10, choices=Trigger.choices, help_text="What started the run.")
     dry_run = models.BooleanField(default=False, help_text="Planned only: nothing was written to the cluster.")
     planned = models.IntegerField(default=0, help_text="Pods whose cost the plan changes (or removes).")

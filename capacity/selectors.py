@@ -20,6 +20,15 @@ def defrag_job_live_for_node(*, cluster: Cluster, node_name: str) -> DefragJob |
     return DefragJob.objects.filter(cluster=cluster, node_name=node_name, state__in=LIVE_STATES).first()
 
 
+def defrag_jobs_newest_by_node(*, cluster: Cluster) -> dict[str, DefragJob]:
+    """node name → the newest defrag job that touched it (live or finished): who holds, or
+    last held, a cordoned node."""
+    newest: dict[str, DefragJob] = {}
+    for job in DefragJob.objects.filter(cluster=cluster).order_by("node_name", "-created_at", "-pk"):
+        newest.setdefault(job.node_name, job)
+    return newest
+
+
 def fragmentation_for(*, cluster: Cluster, now: datetime, pool: str | None = None,
                       gateway: kube.KubeGateway | None = None) -> FragmentationView:
     """The GPU map of a cluster: 2 API calls (nodes, pods) however big the cluster."""

@@ -13,7 +13,8 @@ from clusters.models import Cluster
 from config import clock
 
 from capacity.models import DefragJob
-from capacity.selectors import defrag_job_progress, fragmentation_for
+from capacity.defrag.services import defrag_job_holding_reason
+from capacity.selectors import defrag_job_progress, defrag_jobs_newest_by_node, fragmentation_for
 
 CELL = 18  # px per GPU cell in the map
 LABEL_WIDTH = 330  # px for the node name column
@@ -59,10 +60,20 @@ def gpu_map(request, cluster: str):
                                                        for j, c in enumerate(r.cells)]}
             for i, r in enumerate(page.object_list)]
     legend = sorted({(c.org, c.model, c.colour) for r in page.object_list for c in r.cells if c.pod})
+    # Cordoned nodes, and who holds them: a defrag job that rests offers "return to service".
+    newest = defrag_jobs_newest_by_node(cluster=cluster_row)
+    may_return = request.user.has_perm("capacity.return_to_service_defragjob")
+    cordoned = []
+    for r in view.rows:
+        if not r.cordoned:
+            continue
+        job = newest.get(r.name)
+        cordoned.append({"row": r, "job": job,
+                         "returnable": may_return and job is not None and not defrag_job_holding_reason(job)})
     return render(request, "capacity/gpu_map.html", {
         "title": f"GPU map — {cluster_row.name}",
         "cluster": cluster_row, "view": view, "rows": rows, "pool": pool, "legend": legend, "page": page,
-        "candidates": view.candidates[:TOP_CANDIDATES],
+        "candidates": view.candidates[:TOP_CANDIDATES], "cordoned": cordoned,
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
         "cell": CELL - 2, "text_x": LABEL_WIDTH + width * CELL + 8,
     })

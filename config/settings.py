@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "heroicons",  # the panel's icons as inline SVG (no emoji font needed)
     "clusters",
     "orgs",
     "pruning",
@@ -110,6 +111,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Every time the panel shows carries its zone ("2026-11-24 20:15:03 UTC"): config/formats/en.
+FORMAT_MODULE_PATH = ["config.formats"]
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 

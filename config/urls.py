@@ -6,6 +6,8 @@ from config.observability import metrics_view
 
 # The admin home page starts with the clusters box (dashboard and GPU map links).
 admin.site.index_template = "admin/gpu_index.html"
+# The product's name in the header, the browser tab and the home page (not "Django administration").
+admin.site.site_header = admin.site.site_title = admin.site.index_title = "GPU capacity"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

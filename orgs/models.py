@@ -4,6 +4,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from config.actors import actor_label_current
+
 
 class ScaleToZero(models.TextChoices):
     ENABLED = "enabled", "enabled (min-scale 0)"
@@ -76,6 +78,10 @@ class DormancySwitch(models.Model):
     cause = models.CharField(max_length=8, choices=Cause.choices, help_text="What made it switch.")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="The operator, or empty for the schedule/product.")
+    actor_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Who made it switch when not a panel user: cli:<os user>@<host>, or token:<caller> for the "
+                  "activity API; empty for the schedule.")
     patched = models.JSONField(default=list, blank=True,
                                help_text="Workloads patched to apply the switch (kind/namespace/name: old → new).")
     errors = models.JSONField(default=list, blank=True, help_text="Kubernetes failures while applying it.")
@@ -85,13 +91,17 @@ class DormancySwitch(models.Model):
         ordering = ["-at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.org} {self.direction} at {self.at:%Y-%m-%d %H:%M}"
+        return f"{self.org} {self.direction} at {self.at:%Y-%m-%d %H:%M %Z}"
 
 
 class AuditRecord(models.Model):
     at = models.DateTimeField(db_index=True, help_text="When it was done.")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="Who did it; empty for the schedule.")
+    actor_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Who did it when not a panel user: cli:<os user>@<host>, or token:<caller>; empty for the "
+                  "schedule.")
     action = models.CharField(max_length=60, help_text="What was done, e.g. org_disallow_scale_to_zero.")
     cause = models.CharField(max_length=200, blank=True,
                              help_text="Why it was done: the switch, the first apply, a drift repair, a retry…")
@@ -104,7 +114,7 @@ class AuditRecord(models.Model):
         ordering = ["-at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.action} by {self.actor or 'schedule'} at {self.at:%Y-%m-%d %H:%M}"
+        return f"{self.action} by {self.actor or self.actor_label or 'schedule'} at {self.at:%Y-%m-%d %H:%M %Z}"
 
 
 class ActivityToken(models.Model):

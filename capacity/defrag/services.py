@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -29,6 +30,7 @@ from clusters.errors import AlreadyExists, Conflict, Invalid, KubeError, NotFoun
 from clusters.models import Cluster
 from clusters.snapshot import NodeView, PodView, snapshot_take
 from config import clock
+from config.actors import actor_label_current
 
 from capacity.models import (
     LIVE_STATES,
@@ -939,3 +941,109 @@ _ACTIONS = {
     Step.DRAIN: _step_drain,
     Step.ABORT: _step_abort,
 }
+
+
+# ---- return to service ------------------------------------------------------------------------
+
+# A job resting here has no worker acting on the node, and no longer needs it cordoned: the
+# node may take pods again. A job in any other live state is emptying the node (or undoing
+# its own work): uncordoning under it would let replacements land back where it is moving
+# pods from.
+RETURNABLE_STATES = (JobState.SAFE, JobState.BLOCKED, JobState.FAILED, JobState.DRAINED, JobState.ABORTED,
+                     JobState.ABORT_STUCK)
+# Resting jobs that still track orphans serving on the node and have no abort under way:
+# returning the node to service also asks for the abort that ends them (each one only once
+# its revision is back to scale), so no orphan holds a GPU forever and no drain can follow
+# on a node that takes new pods again.
+ENDED_BY_RETURN = (JobState.SAFE, JobState.BLOCKED, JobState.FAILED)
+
+
+@dataclass(frozen=True)
+class ReturnToService:
+    """What `node_return_to_service` did, in the words the panel and the CLI print."""
+
+    node: str
+    job_id: int
+    uncordoned: bool
+    abort_requested: bool
+    message: str
+
+
+def defrag_job_holding_reason(job: DefragJob) -> str:
+    """Why this job does not let the node go now, or "" when it does."""
+    if job.state not in RETURNABLE_STATES:
+        return f"defrag job #{job.pk} is {job.state}: a worker is acting on the node"
+    if job.abort_pending:
+        return f"defrag job #{job.pk} has an abort request not yet taken up"
+    if job.state == JobState.SAFE and job.drain_requested_at is not None:
+        return f"defrag job #{job.pk} has a drain requested"
+    return ""
+
+
+def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob | None = None,
+                           gateway: kube.KubeGateway | None = None, now: datetime | None = None,
+                           enqueue: bool = True) -> ReturnToService:
+    """Uncordon a node a defrag job has held, once no job is acting on it.
+
+    The job is `job`, else the node's live job, else its newest. Refused, changing
+    nothing, when a live job is still acting on the node (or has a request pending), when
+    no defrag job ever held it (the product does not undo a cordon it never had a part
+    in), or when the node is gone. A node already schedulable is left alone (idempotent).
+    A safe, blocked or failed job still tracking orphans is asked to abort as well. Needs
+    `capacity.return_to_service_defragjob` when `actor` is a user.
+    """
+    now = now or clock.now()
+    if actor is not None and not actor.has_perm("capacity.return_to_service_defragjob"):
+        raise DefragError(f"user {actor} may not return nodes to service (needs "
+                          f"capacity.return_to_service_defragjob)")
+    if job is not None and (job.cluster_id != cluster.pk or job.node_name != node):
+        raise DefragError(f"defrag job #{job.pk} is for node {job.node_name!r} of cluster {job.cluster.name!r}, "
+                          f"not {node!r} of {cluster.name!r}")
+    gateway = _gateway(cluster, gateway)
+    with transaction.atomic():
+        live = DefragJob.objects.select_for_update().filter(cluster=cluster, node_name=node,
+                                                            state__in=LIVE_STATES).first()
+        if live is not None and job is not None and live.pk != job.pk:
+            raise DefragError(f"node {node!r} is now held by defrag job #{live.pk} ({live.state}): return it to "
+                              f"service from that job")
+        row = live or (DefragJob.objects.select_for_update().get(pk=job.pk) if job is not None else
+                       DefragJob.objects.filter(cluster=cluster, node_name=node).order_by("-created_at", "-pk")
+                       .select_for_update().first())
+        if row is None:
+            raise DefragError(f"no defrag job has held node {node!r} on cluster {cluster.name!r}: its cordon is not "
+                              f"the product's to undo (kubectl uncordon {node}, if it is meant)")
+        # IMPORTANT: the node is re-read under the job's row lock, right before the patch.
+        try:
+            current = gateway.get(kube.NODES, node)
+        except NotFound:
+            raise DefragError(f"node {node!r} is gone from cluster {cluster.name!r}: nothing to return to "
+                              f"service") from None
+        if not (current.get("spec") or {}).get("unschedulable"):
+            return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False,
+                                   message=f"Node {node} was already schedulable; nothing changed.")
+        holding = defrag_job_holding_reason(row)
+        if holding:
+            raise DefragError(f"node {node!r} is not returned to service: {holding}. Wait until the job rests "
+                              f"(safe, failed, drained, aborted) and try again")
+        orphans = row.orphans.filter(state__in=[OrphanState.PLANNED, OrphanState.ORPHANED,
+                                                OrphanState.DELETING]).count()
+        cause = f"returned to service by an operator; defrag job #{row.pk} was {row.state}"
+        gateway.patch(kube.NODES, node, {"spec": {"unschedulable": False}}, patch_type="strategic")
+        DefragAudit.objects.create(job=row, at=now, actor=actor, action="node_return_to_service",
+                                   target=f"Node/{node}", cause=cause, old={"unschedulable": True},
+                                   new={"unschedulable": False})
+        message = f"Node {node} uncordoned: it takes new pods again."
+        asks_abort = row.state in ENDED_BY_RETURN
+        if row.state == JobState.ABORT_STUCK and orphans:
+            message += (f" Defrag job #{row.pk} still keeps {orphans} orphan(s) serving on it; abort it again to "
+                        f"end them once their replacements are ready.")
+        elif asks_abort and orphans:
+            message += (f" Abort of defrag job #{row.pk} requested: its {orphans} orphan(s) are deleted, each once "
+                        f"its revision is back to scale.")
+        elif asks_abort:
+            message += f" Abort of defrag job #{row.pk} requested: it has no orphan left to end."
+        _log_write(row.pk, [f"{message} (by {actor or actor_label_current() or 'CLI'})"])
+        _event(gateway, row, _node_ref(row, current), reason="DefragReturnToService", message=message, now=now)
+        if asks_abort:
+            defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
+    return ReturnToService(node=node, job_id=row.pk, uncordoned=True, abort_requested=asks_abort, message=message)

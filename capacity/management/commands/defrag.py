@@ -1,6 +1,8 @@
 """`python manage.py defrag NODE`: the seed's script as a command, run in this process.
 
-Exit code 0 only when the node is safe (or, with --drain / --abort, drained / aborted).
+Exit code 0 only when the node is safe (or, with --drain / --abort, drained / aborted;
+with --return-to-service, uncordoned or already schedulable, and the abort it asks of a
+safe, blocked or failed job carried out).
 The command follows the job's numbered log (it never misses the end, however long the
 job ran), folds repeated lines ("… ×464") and always ends with the job's final state.
 """
@@ -12,11 +14,13 @@ import socket
 import sys
 import time
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
 from clusters.selectors import cluster_get
 from config import clock
+from config.actors import acting_as, cli_label
 
 from capacity.models import RESTING_STATES, AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
@@ -33,10 +37,14 @@ from capacity.defrag.services import (
     defrag_job_log_after,
     defrag_job_start,
     defrag_job_step,
+    node_return_to_service,
 )
 
 EXIT_NOT_SAFE = 1
 EXIT_REFUSED = 2
+# What a user named with --as must be allowed to do for each action (the panel asks the same).
+PERMISSIONS = {"start": "capacity.add_defragjob", "drain": "capacity.drain_defragjob",
+               "abort": "capacity.change_defragjob", "return": "capacity.return_to_service_defragjob"}
 
 
 def _number(text: str) -> float:
@@ -49,7 +57,8 @@ def _number(text: str) -> float:
 
 class Command(BaseCommand):
     help = ("Safely empty a GPU node (seed 000): report, confirm, cordon, orphan its model pods and wait until "
-            "their revisions are over-provisioned enough. --drain and --abort act on the node's live job.")
+            "their revisions are over-provisioned enough. --drain and --abort act on the node's live job; "
+            "--return-to-service uncordons the node once its job rests.")
 
     def add_arguments(self, parser):
         parser.add_argument("node", help="Node name.")
@@ -63,6 +72,12 @@ class Command(BaseCommand):
         action = parser.add_mutually_exclusive_group()
         action.add_argument("--drain", action="store_true", help="Evict the orphans of the node's safe job.")
         action.add_argument("--abort", action="store_true", help="Abort the node's live job.")
+        action.add_argument("--return-to-service", action="store_true",
+                            help="Uncordon the node once its defrag job rests (safe, blocked, failed, drained, "
+                                 "aborted, abort-stuck); a safe, blocked or failed job is aborted as well.")
+        parser.add_argument("--as", dest="as_user", default=None, metavar="USER",
+                            help="Act as this panel user (audited as them, their permissions checked); without "
+                                 "it the audit names cli:<os user>@<host>.")
         parser.add_argument("--delete-node", action="store_true", help="With --drain: then delete the Node.")
         orphans = parser.add_mutually_exclusive_group()
         orphans.add_argument("--keep-orphans", action="store_true",
@@ -74,7 +89,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, node: str, cluster: str | None, yes: bool, timeout: float | None,
                poll_interval: float | None, json: bool, drain: bool, abort: bool, delete_node: bool,
-               keep_orphans: bool, delete_orphans: bool, **_):
+               keep_orphans: bool, delete_orphans: bool, return_to_service: bool = False, as_user: str | None = None,
+               **_):
         # IMPORTANT: every flag is checked before anything is read or changed.
         if timeout is not None:
             error = interval_validate(timeout, field="--timeout", minimum=TIMEOUT_RANGE[0],
@@ -91,6 +107,8 @@ class Command(BaseCommand):
             raise CommandError("--delete-node only goes with --drain")
         if (keep_orphans or delete_orphans) and not abort:
             raise CommandError("--keep-orphans and --delete-orphans only go with --abort")
+        action = "drain" if drain else "abort" if abort else "return" if return_to_service else "start"
+        actor = self._actor(as_user, action)
         self.as_json = json
         self.seq, self.last_line = 0, None
         self.folder = LogFolder()
@@ -98,6 +116,51 @@ class Command(BaseCommand):
             cluster_row = cluster_get(name=cluster)
         except Exception as exc:  # Cluster.DoesNotExist names the known clusters
             raise CommandError(str(exc)) from None
+        with acting_as(cli_label()):
+            if return_to_service:
+                return self._return_to_service(cluster_row, node, actor, yes)
+            return self._act(cluster_row, node, actor, yes, timeout, poll_interval, drain, abort, delete_node,
+                             keep_orphans, delete_orphans)
+
+    def _actor(self, username: str | None, action: str):
+        if username is None:
+            return None
+        user = get_user_model().objects.filter(username=username, is_active=True).first()
+        if user is None:
+            raise CommandError(f"--as: no active user named {username!r}")
+        if not user.has_perm(PERMISSIONS[action]):
+            raise CommandError(f"--as: user {username!r} lacks the permission {PERMISSIONS[action]}")
+        return user
+
+    def _return_to_service(self, cluster_row, node: str, actor, yes: bool):
+        if not self._confirm(yes, f"Return node {node} to service (uncordon it)?"):
+            self.stdout.write("Nothing changed.")
+            sys.exit(EXIT_REFUSED)
+        try:
+            done = node_return_to_service(cluster=cluster_row, node=node, actor=actor, enqueue=False)
+        except (DefragError, KubeError) as exc:
+            raise CommandError(f"nothing changed: {exc}") from None
+        result = {"node": done.node, "job": done.job_id, "uncordoned": done.uncordoned,
+                  "abort_requested": done.abort_requested, "message": done.message}
+        if not self.as_json:
+            self.stdout.write(done.message)
+        code = 0
+        if done.abort_requested:
+            # The job's abort is carried out here, as --abort does: the command ends when it rests.
+            job = DefragJob.objects.get(pk=done.job_id)
+            self.seq = job.log_seq
+            job = self._run(job)
+            code = 0 if job.state == JobState.ABORTED else EXIT_NOT_SAFE
+            if not self.as_json:
+                return self._exit(job, code)
+            result["job_progress"] = defrag_job_progress(job=job)
+        if self.as_json:
+            self.stdout.write(json.dumps(result, indent=2, default=str))
+        if code:
+            sys.exit(code)
+
+    def _act(self, cluster_row, node, actor, yes, timeout, poll_interval, drain, abort, delete_node, keep_orphans,
+             delete_orphans):
         try:
             if drain or abort:
                 job = defrag_job_live_for_node(cluster=cluster_row, node_name=node)
@@ -108,7 +171,7 @@ class Command(BaseCommand):
                     if not self._confirm(yes, f"Drain node {node}: evict {job.orphans.filter(state='orphaned').count()}"
                                               f" orphaned pod(s){' and delete the Node' if delete_node else ''}?"):
                         return self._exit(job, EXIT_REFUSED)
-                    job = defrag_job_drain(job=job, actor=None, delete_node=delete_node, enqueue=False)
+                    job = defrag_job_drain(job=job, actor=actor, delete_node=delete_node, enqueue=False)
                     wanted = JobState.DRAINED
                 else:
                     choice = (AbortChoice.KEEP if keep_orphans else AbortChoice.DELETE if delete_orphans
@@ -117,7 +180,7 @@ class Command(BaseCommand):
                             yes, f"Delete the orphans of node {node} even where their revision is not back to "
                                  f"scale (capacity drops)?"):
                         return self._exit(job, EXIT_REFUSED)
-                    job = defrag_job_abort(job=job, actor=None, orphans=choice, poll_interval_seconds=poll_interval,
+                    job = defrag_job_abort(job=job, actor=actor, orphans=choice, poll_interval_seconds=poll_interval,
                                            enqueue=False)
                     wanted = JobState.ABORTED
             else:
@@ -126,7 +189,7 @@ class Command(BaseCommand):
                     self.stdout.write("\n".join(plan.report_lines()) + "\n")
                 if not self._confirm(yes, "Proceed with defrag?"):
                     return self._exit(None, EXIT_REFUSED)
-                job = defrag_job_start(cluster=cluster_row, node_name=node, plan=plan, actor=None,
+                job = defrag_job_start(cluster=cluster_row, node_name=node, plan=plan, actor=actor,
                                        timeout_seconds=timeout, poll_interval_seconds=poll_interval, enqueue=False)
                 self.seq = job.log_seq
                 wanted = JobState.SAFE
