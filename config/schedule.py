@@ -30,7 +30,7 @@ SCHEDULES: tuple[Periodic, ...] = (
         name="orgs: dormancy sweep",
         task="orgs.tasks.dormancy_sweep",
         every_seconds=3600,
-        description="Mark orgs idle for ORGS_DORMANT_AFTER as dormant and enable scale to zero (seed 004).",
+        description="Mark orgs idle for ORGS_DORMANT_AFTER as dormant and enable scale to zero.",
     ),
     Periodic(
         name="orgs: scale-to-zero reconcile",
@@ -75,7 +75,7 @@ SCHEDULES: tuple[Periodic, ...] = (
         name="capacity: binpack deletion costs",
         task="capacity.binpack.tasks.binpack_all_clusters",
         every_seconds=300,
-        description="Write pod-deletion costs so scale-down frees whole GPU nodes (issue 6); "
+        description="Write pod-deletion costs so scale-down frees whole GPU nodes; "
                     "only pods whose cost changes are patched.",
     ),
     Periodic(

@@ -201,14 +201,14 @@ KUBE_RETRY_BACKOFF = env.float("KUBE_RETRY_BACKOFF", default=0.2)
 KUBE_RETRY_BACKOFF_MAX = env.float("KUBE_RETRY_BACKOFF_MAX", default=10.0)
 KUBE_REQUEST_TIMEOUT = env.float("KUBE_REQUEST_TIMEOUT", default=30.0)
 
-# --- Orgs: activity and dormancy (seed 004) -------------------------------------------
+# --- Orgs: activity, dormancy and scale to zero -------------------------------------
 ORGS_DORMANT_AFTER = timedelta(hours=env.float("ORGS_DORMANT_AFTER_HOURS", default=24.0))
 # At most one database write per org per window, across all processes (seconds).
 ORGS_ACTIVITY_THROTTLE_SECONDS = env.int("ORGS_ACTIVITY_THROTTLE_SECONDS", default=60)
 # How many orgs one sweep may switch to dormant (a budget, so a clock jump cannot cool all).
 ORGS_SWEEP_BUDGET = env.int("ORGS_SWEEP_BUDGET", default=100_000)
 
-# --- Pruning: the idle-GPU pruner (issue 5, seed 001) ----------------------------------
+# --- Pruning: the idle-GPU pruner ----------------------------------------------------
 PRUNER_RUN_MODE = env.str("PRUNER_RUN_MODE", default="dry-run")  # or "scale-down"
 PRUNER_DURATION_MINUTES = env.int("PRUNER_DURATION_MINUTES", default=30)
 PRUNER_IDLE_THRESHOLD = env.float("PRUNER_IDLE_THRESHOLD", default=0.01)  # fraction 0-1
@@ -223,7 +223,7 @@ if not (0 < PRUNER_SKIP_RETENTION_DAYS <= 3650):  # also false for NaN
     raise ImproperlyConfigured(f"PRUNER_SKIP_RETENTION_DAYS must be a number of days in (0, 3650], "
                                f"not {PRUNER_SKIP_RETENTION_DAYS!r}")
 
-# --- Capacity: defrag jobs (seed 000) ------------------------------------------------
+# --- Capacity: defrag jobs (empty a GPU node safely) ---------------------------------
 CAPACITY_DEFRAG_TIMEOUT_SECONDS = env.int("CAPACITY_DEFRAG_TIMEOUT_SECONDS", default=1800)
 CAPACITY_DEFRAG_POLL_SECONDS = env.float("CAPACITY_DEFRAG_POLL_SECONDS", default=10.0)
 CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = env.int("CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER", default=2)
@@ -234,14 +234,14 @@ if not 1 <= CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS <= 86400:
     raise ImproperlyConfigured(f"CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS must be 1..86400 seconds, "
                                f"got {CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}")
 
-# --- Capacity: binpack deletion costs and the model-serving runbook (issue 6) ------------
+# --- Capacity: binpack deletion costs and the model-serving runbook --------------------
 # Pods sharing a value of this label form one group, ranked as a whole (Kthena's own
 # ModelServing pods are grouped by modelserving.volcano.sh/group-name regardless).
 BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default="capacity.io/serving-group")
 # Overwrite costs an operator set by hand (pods without our marker annotation).
 BINPACK_OVERRIDE_MANUAL = env.bool("BINPACK_OVERRIDE_MANUAL", default=False)
 BINPACK_MAX_WRITES = env.int("BINPACK_MAX_WRITES", default=10_000)  # pods patched per run
-# "Delete the old revision" (seed 002) stops that revision's pods with this grace period,
+# The runbook's "delete the old revision" stops that revision's pods with this grace period,
 # in seconds (0..300; Knative's own is the revision timeout, 300 s), so the Pending
 # revision gets the GPUs at once. Not 0: a forced delete frees the GPU in the API while
 # the old container may still hold it.
