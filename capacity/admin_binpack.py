@@ -6,15 +6,20 @@ from django.contrib import admin, messages
 from capacity.binpack.planning import FORMULA
 from capacity.models_binpack import BinpackCluster, BinpackRun
 from clusters.errors import KubeError
+from config.actors import actor_describe
 
 
 @admin.register(BinpackRun)
 class BinpackRunAdmin(admin.ModelAdmin):
-    list_display = ("id", "cluster", "trigger", "actor", "dry_run", "started_at", "planned", "written",
+    list_display = ("id", "cluster", "trigger", "by", "dry_run", "started_at", "planned", "written",
                     "unchanged", "skipped", "stale", "over_budget", "plan_seconds")
     list_filter = ("cluster", "trigger", "dry_run")
     date_hierarchy = "started_at"
     readonly_fields = [f.name for f in BinpackRun._meta.fields]
+
+    @admin.display(description="by", ordering="actor")
+    def by(self, run: BinpackRun) -> str:
+        return actor_describe(run.actor, run.actor_label)
 
     def has_add_permission(self, request):
         return False

@@ -56,3 +56,12 @@ def actor_describe(user, label: str) -> str:
     if user is not None:
         return user.get_username()
     return label or "—"
+
+
+class CliActorMixin:
+    """For management commands: everything the command writes is audited as run from this
+    shell (`cli:<os user>@<host>`), whichever service writes it."""
+
+    def execute(self, *args, **options):
+        with acting_as(cli_label()):
+            return super().execute(*args, **options)

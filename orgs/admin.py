@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from config import clock
+from config.actors import actor_describe
 from orgs import services
 from orgs.models import ActivityToken, AuditRecord, DormancySwitch, Org
 
@@ -12,12 +13,16 @@ class DormancySwitchInline(admin.TabularInline):
     model = DormancySwitch
     extra = 0
     can_delete = False
-    fields = ("at", "direction", "cause", "actor", "patched", "errors", "applied_at")
+    fields = ("at", "direction", "cause", "by", "patched", "errors", "applied_at")
     readonly_fields = fields
     ordering = ("-at", "-id")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
+
+    @admin.display(description="by")
+    def by(self, switch: DormancySwitch) -> str:
+        return actor_describe(switch.actor, switch.actor_label)
 
 
 @admin.register(Org)
@@ -108,10 +113,14 @@ class OrgAdmin(admin.ModelAdmin):
 
 @admin.register(AuditRecord)
 class AuditRecordAdmin(admin.ModelAdmin):
-    list_display = ("at", "action", "cause", "actor", "org")
+    list_display = ("at", "action", "cause", "by", "org")
     list_filter = ("action",)
-    search_fields = ("org__slug", "action", "cause")
-    readonly_fields = ("at", "action", "cause", "actor", "org", "old", "new")
+    search_fields = ("org__slug", "action", "cause", "actor_label")
+    readonly_fields = ("at", "action", "cause", "actor", "actor_label", "org", "old", "new")
+
+    @admin.display(description="by", ordering="actor")
+    def by(self, record: AuditRecord) -> str:
+        return actor_describe(record.actor, record.actor_label)
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -89,6 +89,7 @@ class DormancySwitch(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+        verbose_name_plural = "dormancy switches"
 
     def __str__(self) -> str:
         return f"{self.org} {self.direction} at {self.at:%Y-%m-%d %H:%M %Z}"

@@ -19,6 +19,7 @@ from clusters import discovery, kube
 from clusters.errors import Conflict, KubeError, NotFound
 from clusters.models import Cluster
 from config import clock
+from config.actors import actor_label_current
 from orgs import planning
 from orgs.models import AuditRecord, DormancySwitch, Org
 
@@ -146,8 +147,8 @@ WITH switched AS (
     WHERE {_SWEEP_CONDITION} {{budget}}
     RETURNING o.id, o.slug
 ), recorded AS (
-    INSERT INTO orgs_dormancyswitch (org_id, at, direction, cause, actor_id, patched, errors)
-    SELECT id, %(now)s, 'dormant', %(cause)s, %(actor)s, '[]'::jsonb, '[]'::jsonb FROM switched
+    INSERT INTO orgs_dormancyswitch (org_id, at, direction, cause, actor_id, actor_label, patched, errors)
+    SELECT id, %(now)s, 'dormant', %(cause)s, %(actor)s, %(actor_label)s, '[]'::jsonb, '[]'::jsonb FROM switched
     RETURNING id, org_id
 )
 SELECT s.id, s.slug, r.id FROM switched s JOIN recorded r ON r.org_id = s.id
@@ -201,7 +202,7 @@ def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: 
     ops = connection.ops
     params = {"now": ops.adapt_datetimefield_value(now), "cutoff": ops.adapt_datetimefield_value(cutoff),
               "cause": DormancySwitch.Cause.ADMIN if actor else DormancySwitch.Cause.SWEEP,
-              "actor": actor.pk if actor else None, "budget": budget}
+              "actor": actor.pk if actor else None, "actor_label": actor_label_current(), "budget": budget}
     with transaction.atomic():
         switched: list[tuple[int, str, int]] = []
         if budget:

@@ -24,7 +24,13 @@ def activity_token_issue(*, caller: str, user, actor, now: datetime) -> str:
     return token
 
 
+def activity_token_find(token: str) -> ActivityToken | None:
+    """The active token presented (its caller and user), or None when unknown or revoked."""
+    found = ActivityToken.objects.select_related("user").filter(digest=token_digest(token), active=True).first()
+    return found if found and found.user.is_active else None
+
+
 def activity_token_user(token: str):
     """The user a presented token acts as, or None when unknown or revoked."""
-    found = ActivityToken.objects.select_related("user").filter(digest=token_digest(token), active=True).first()
-    return found.user if found and found.user.is_active else None
+    found = activity_token_find(token)
+    return found.user if found else None

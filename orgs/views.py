@@ -11,9 +11,10 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from config.actors import acting_as, token_label
 from orgs.activity import org_activity_record_result
 from orgs.models import Org
-from orgs.tokens import activity_token_user
+from orgs.tokens import activity_token_find
 
 
 def _error(status: int, message: str) -> JsonResponse:
@@ -30,14 +31,17 @@ def activity(request, slug: str) -> JsonResponse:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return _error(401, "send 'Authorization: Bearer <token>'")
-    user = activity_token_user(token.strip())
-    if user is None:
+    found = activity_token_find(token.strip())
+    if found is None:
         return _error(401, "unknown or revoked token")
+    user = found.user
     if not user.has_perm("orgs.record_activity"):
         return _error(403, f"caller {user.get_username()!r} lacks the permission orgs.record_activity")
     if not Org.objects.filter(slug=slug).exists():
         return _error(404, f"no org with slug {slug!r}")
-    result = org_activity_record_result(slug)
+    # A wake this call causes is audited as the token's caller's.
+    with acting_as(token_label(found.caller)):
+        result = org_activity_record_result(slug)
     if result is None:
         return JsonResponse({"org": slug, "recorded": False, "woke": False,
                              "message": f"{slug}: activity already recorded in this window"})

@@ -11,6 +11,10 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterModelOptions(
+            name='dormancyswitch',
+            options={'ordering': ['-at', '-id'], 'verbose_name_plural': 'dormancy switches'},
+        ),
         migrations.AddField(
             model_name='auditrecord',
             name='actor_label',

@@ -7,9 +7,10 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
+from config.actors import CliActorMixin
 
 
-class Command(BaseCommand):
+class Command(CliActorMixin, BaseCommand):
     help = ("Write controller.kubernetes.io/pod-deletion-cost on model pods of GPU nodes so that "
             "scale-down frees whole nodes (only pods whose cost changes are written).")
 

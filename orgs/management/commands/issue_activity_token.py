@@ -2,10 +2,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from config import clock
+from config.actors import CliActorMixin
 from orgs.tokens import activity_token_issue
 
 
-class Command(BaseCommand):
+class Command(CliActorMixin, BaseCommand):
     help = "Issue (or rotate) the activity-API token of a caller; the token is printed once."
 
     def add_arguments(self, parser):

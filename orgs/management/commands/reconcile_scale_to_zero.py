@@ -1,10 +1,11 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from config import clock
+from config.actors import CliActorMixin
 from orgs.services import orgs_reconcile
 
 
-class Command(BaseCommand):
+class Command(CliActorMixin, BaseCommand):
     help = ("Check every org's workloads against its scale-to-zero setting: first applies, switches not yet "
             "applied and drift are applied now (exit 1, with the reason, when not all was applied).")
 

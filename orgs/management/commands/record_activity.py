@@ -1,11 +1,12 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from config import clock
+from config.actors import CliActorMixin
 from orgs.models import DormancySwitch, Org
 from orgs.services import org_mark_active, org_scale_to_zero_apply
 
 
-class Command(BaseCommand):
+class Command(CliActorMixin, BaseCommand):
     help = ("Record activity for an org now (not throttled); a dormant org wakes up and its scale to zero is "
             "disabled here and now (exit 1, with the reason, when not all of it was applied).")
 

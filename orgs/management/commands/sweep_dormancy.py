@@ -3,10 +3,11 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from config import clock
+from config.actors import CliActorMixin
 from orgs.services import dormancy_sweep, org_scale_to_zero_apply
 
 
-class Command(BaseCommand):
+class Command(CliActorMixin, BaseCommand):
     help = ("Mark orgs without activity for the dormancy period as dormant and enable scale to zero on "
             "their workloads now (exit 1, with the reason, when not all of it was applied).")
 

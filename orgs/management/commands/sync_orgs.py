@@ -4,10 +4,11 @@ from clusters.errors import KubeError
 from clusters.models import Cluster
 from clusters.selectors import cluster_get
 from config import clock
+from config.actors import CliActorMixin
 from orgs.services import orgs_sync
 
 
-class Command(BaseCommand):
+class Command(CliActorMixin, BaseCommand):
     help = "Create or update an Org for every namespace labelled capacity.io/org=<slug>."
 
     def add_arguments(self, parser):
