@@ -94,7 +94,8 @@ def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live
     page.goto(f"{live_server.url}/admin/capacity/defragjob/")
     expect(page.locator("#result_list")).to_contain_text(node)
     page.goto(f"{live_server.url}/capacity/clusters/sim/gpu-map/")
-    expect(page.locator(f'g.node[data-node="{node}"]')).to_contain_text("⛔")
+    expect(page.locator(f'g.node[data-node="{node}"] svg[aria-label="cordoned"]')).to_be_visible()
+    expect(page.locator(f'g.node[data-node="{node}"] svg[aria-label="held by a defrag job"]')).to_be_visible()
     shot(page, "4-history-and-map")
 
     # The cluster's dashboard counts the GPUs and lists the job.
@@ -102,6 +103,15 @@ def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live
     expect(page.locator("#gpus-by-product")).to_contain_text("NVIDIA-H100-80GB-HBM3")
     expect(page.locator("#jobs")).to_contain_text(node)
     shot(page, "5-dashboard")
+
+    # Back to service from the map: a confirmation naming the node, then what was done.
+    page.goto(f"{live_server.url}/capacity/clusters/sim/gpu-map/")
+    page.locator("#map-cordoned a.return-to-service").click()
+    expect(page.locator("#return-node-state")).to_contain_text(f"Node {node} of cluster sim is cordoned")
+    page.click(f"button:has-text('Uncordon {node}')")
+    expect(page.locator(".messagelist")).to_contain_text(f"Node {node} uncordoned: it takes new pods again.")
+    shot(page, "5b-returned-to-service")
+    assert not cluster.gateway.get(kube.NODES, node)["spec"].get("unschedulable")
 
 
 def test_an_operator_without_the_permission_cannot_start_a_defrag(live_server, cluster, browser_page,
