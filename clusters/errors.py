@@ -23,6 +23,12 @@ class KubeError(Exception):
     def __str__(self) -> str:
         return f"{self.code} {self.reason}: {self.message}"
 
+    @property
+    def transient(self) -> bool:
+        """Whether trying again later may help: no answer (code 0), 5xx or 429. A refusal
+        (401/403, 404, 400/422, a 409 — re-read and decide again instead) says no."""
+        return self.code == 0 or self.code == 429 or self.code >= 500
+
 
 class NotFound(KubeError):
     code, default_reason = 404, "NotFound"
@@ -72,6 +78,7 @@ class ConfigError(KubeError):
     """The cluster's connection settings are wrong (missing kubeconfig, unknown context)."""
 
     code, default_reason = 0, "ConfigError"
+    transient = False   # no answer because nothing was asked: only the operator can fix it
 
 
 class PrometheusError(Exception):
@@ -108,11 +115,16 @@ def error_for_status(code: int, reason: str, message: str, *, retry_after: float
 def is_transient(exc: BaseException) -> bool:
     """Whether trying again later may help: no answer, a timeout, 5xx or 429 say yes;
     a refusal (401/403, 404, 400/422, 409 — re-read and decide again instead) or a
-    broken configuration says no, and is reported with its reason rather than retried."""
-    if isinstance(exc, ConfigError):
-        return False
-    if isinstance(exc, KubeError):
-        return exc.code == 0 or exc.code == 429 or exc.code >= 500
-    if isinstance(exc, PrometheusError):
-        return exc.transient
+    broken configuration says no, and is reported with its reason rather than retried.
+
+    An exception that knows says so in its `transient` attribute (`KubeError`,
+    `PrometheusError`, a task's own "not all applied" error)."""
+    transient = getattr(exc, "transient", None)
+    if isinstance(transient, bool):
+        return transient
     return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A failure as a run or a task records it: whether trying again may help, then what it said."""
+    return f"{'transient' if is_transient(exc) else 'refused'}: {exc}"

@@ -16,7 +16,7 @@ from django.utils.text import slugify
 from django.db.models import Exists, OuterRef, Q
 
 from clusters import discovery, kube
-from clusters.errors import Conflict, KubeError, NotFound
+from clusters.errors import Conflict, KubeError, NotFound, is_transient
 from clusters.models import Cluster
 from config import clock
 from config.actors import actor_label_current
@@ -237,7 +237,7 @@ class Workloads:
     revisions: list[dict] = field(default_factory=list)
     podautoscalers: list[dict] = field(default_factory=list)
     unserved: tuple[str, ...] = ()                       # kinds the cluster does not serve
-    unreadable: dict[str, str] = field(default_factory=dict)   # kinds whose read failed, and why
+    unreadable: dict[str, KubeError] = field(default_factory=dict)   # kinds whose read failed, and why
 
 
 # What the planner calls each kind, the attribute it lands in, and its resource.
@@ -260,7 +260,7 @@ class ClusterWorkloads:
 
     by_namespace: dict[str, Workloads]
     unserved: tuple[str, ...] = ()
-    unreadable: dict[str, str] = field(default_factory=dict)
+    unreadable: dict[str, KubeError] = field(default_factory=dict)
 
     def of(self, namespace: str) -> Workloads:
         found = self.by_namespace.get(namespace) or Workloads()
@@ -278,14 +278,14 @@ def workloads_read(gateway: kube.KubeGateway, *, namespace: str | None, cluster:
     now = now or clock.now()
     served = discovery.served_groups(cluster=cluster, now=now, gateway=gateway)
     unserved: list[str] = []
-    unreadable: dict[str, str] = {}
+    unreadable: dict[str, KubeError] = {}
     by_namespace: dict[str, Workloads] = {}
     for kind, attr, resource in _KINDS:
         try:
             items = discovery.list_if_served(gateway, resource, cluster=cluster, now=now, served=served,
                                              namespace=namespace)
         except KubeError as exc:
-            unreadable[kind] = str(exc)
+            unreadable[kind] = exc
             continue
         if items is None:
             unserved.append(kind)
@@ -313,11 +313,18 @@ class ApplyOutcome:
     old: dict = field(default_factory=dict)
     new: dict = field(default_factory=dict)
     mechanism: str = ""
-    first_error: KubeError | None = None
+    failures: list[KubeError] = field(default_factory=list)   # what kept it from being complete
 
     @property
     def complete(self) -> bool:
         return not self.errors and not self.pending
+
+    @property
+    def transient(self) -> bool:
+        """Whether trying again later may finish it: some failure was transient (no
+        answer, 5xx, 429). Refusals alone (403, 404, 422, a conflict that outlasted its
+        re-reads) would be refused again; they stay recorded on the org for an operator."""
+        return any(is_transient(exc) for exc in self.failures)
 
     def summary(self) -> str:
         """One line: what was applied, and what not."""
@@ -363,9 +370,11 @@ def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, lever
         namespace=org.namespace, setting=outcome.setting, pynodes=workloads.pynodes,
         inference_services=workloads.inference_services, knative_services=workloads.knative_services,
         revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, lever=lever, applied=org.applied,
-        unserved=workloads.unserved, unreadable=workloads.unreadable)
+        unserved=workloads.unserved, unreadable={kind: str(exc) for kind, exc in workloads.unreadable.items()})
     outcome.skipped, outcome.notes, outcome.mechanism = list(plan.skipped), list(plan.notes), plan.mechanism
     outcome.pending = list(plan.incomplete)
+    if plan.incomplete:   # what could not be planned could not be read
+        outcome.failures += workloads.unreadable.values()
     if org.applied == outcome.setting:
         # We believed the setting held: anything to patch now is drift (reverted, failed, or new).
         outcome.drift += [{"workload": f"{p.target} {p.namespace}/{p.name}", "found": p.current,
@@ -382,7 +391,7 @@ def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, lever
         except KubeError as exc:
             outcome.errors.append(f"{patch.describe()}: {exc}")
             outcome.pending.append(f"{patch.target} {patch.namespace}/{patch.name}: {exc}")
-            outcome.first_error = outcome.first_error or exc
+            outcome.failures.append(exc)
     return plan
 
 
@@ -429,7 +438,7 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
     except KubeError as exc:
         outcome.errors.append(f"{org.namespace}: {exc}")
         outcome.pending.append(f"namespace {org.namespace}: {exc}")
-        outcome.first_error = outcome.first_error or exc
+        outcome.failures.append(exc)
     if outcome.kind == "drift repair" and not outcome.drift and not outcome.pending:
         outcome.kind = "holding" if not outcome.patched else outcome.kind
     _record_outcome(org, outcome, now=now, switch_id=switch_id, actor=actor)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from clusters.errors import KubeError
 from config import clock
+from config.retries import RetryTransient
 from orgs import services
 
 # Redis serves priority 0 first (see CELERY_BROKER_TRANSPORT_OPTIONS): waking an org
@@ -14,15 +14,22 @@ NORMAL_PRIORITY = 6
 
 
 class ApplyIncomplete(Exception):
-    """Some workloads kept the old setting; the task retries, the reconcile repairs."""
+    """Some workloads kept the old setting (recorded on the org, its switch and the audit).
+
+    `transient`: a failure a later try may cure (no answer, 5xx, 429) kept them, and the
+    task retries; refusals alone fail the task with their reason, and the reconcile and
+    the retry beat try again later (an operator may have fixed the permission by then)."""
+
+    def __init__(self, message: str, transient: bool = False):   # unpickles from its message
+        super().__init__(message)
+        self.transient = transient
 
 
-@shared_task(bind=True, autoretry_for=(ApplyIncomplete, KubeError), retry_backoff=5, retry_backoff_max=300,
-             retry_jitter=True, max_retries=6, acks_late=True)
-def org_scale_to_zero_apply(self, org_id: int, switch_id: int | None = None) -> dict:
+@shared_task(base=RetryTransient, retry_backoff=5, retry_backoff_max=300, max_retries=6, acks_late=True)
+def org_scale_to_zero_apply(org_id: int, switch_id: int | None = None) -> dict:
     outcome = services.org_scale_to_zero_apply(org_id=org_id, now=clock.now(), switch_id=switch_id)
     if not outcome.complete:
-        raise ApplyIncomplete(outcome.summary())
+        raise ApplyIncomplete(outcome.summary(), transient=outcome.transient)
     return {"org": outcome.org, "setting": outcome.setting, "patched": outcome.patched}
 
 

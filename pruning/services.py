@@ -26,7 +26,7 @@ from django.conf import settings as dj_settings
 from django.db import transaction
 
 from clusters import kube
-from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, is_transient
+from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, describe_failure, is_transient
 from clusters.prometheus import PrometheusGateway
 from config import clock
 
@@ -141,12 +141,6 @@ SETTING_OF = {"window_seconds": "PRUNER_DURATION_MINUTES", "idle_threshold": "PR
               "label_scheme": "PRUNER_LABEL_SCHEME"}
 
 
-def describe_error(exc: BaseException) -> str:
-    """An error as the run records it: whether trying again may help, then what it said."""
-    kind = "transient" if is_transient(exc) else "refused"
-    return f"{kind}: {exc}"
-
-
 SA_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
@@ -227,7 +221,7 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                 cluster=cluster, namespaces={ns for ns, _ in idle_pods}),
             max_scale_downs=params.max_scale_downs))
     except (PrometheusError, KubeError) as exc:
-        run.status, run.errors = PruneRun.Status.FAILED, [describe_error(exc)]
+        run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(exc)]
         _finish(run, started, kube_gateway, calls_before)
         raise
     run.pods_seen, run.busy_pods = plan.pods_seen, plan.busy
@@ -350,7 +344,7 @@ def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: Pru
             d.save(update_fields=["decision", "reason", "error", "result", "restore_state", "applied_state"])
             return
         except KubeError as exc:
-            d.result, d.error = PruneDecision.Result.FAILED, f"could not re-read it ({describe_error(exc)})"
+            d.result, d.error = PruneDecision.Result.FAILED, f"could not re-read it ({describe_failure(exc)})"
             d.save(update_fields=["result", "error"])
             log.warning("prune of %s %s/%s failed: %s", d.owner_kind, d.namespace, d.owner_name, exc)
             return
@@ -368,12 +362,12 @@ def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: Pru
             if is_transient(exc):
                 # The write may have landed before the answer was lost: the owner says.
                 decision_settle(gateway, d, run=run, now=now,
-                                cause=f"the write failed ({describe_error(exc)}) after retries")
+                                cause=f"the write failed ({describe_failure(exc)}) after retries")
             else:
                 # IMPORTANT: a failed action is recorded, never announced (gpu-pruner sent its
                 # Event before the patch and so announced failures).
                 _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
-                              error=f"the write was {describe_error(exc)}; nothing was changed")
+                              error=f"the write was {describe_failure(exc)}; nothing was changed")
             log.warning("prune of %s %s/%s: %s", d.owner_kind, d.namespace, d.owner_name, d.error or exc)
             return
         # Announced once: unless the reconcile, taking over a slow write, already did.
@@ -409,7 +403,7 @@ def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRu
                              error=f"{cause}; the {d.owner_kind} no longer exists: nothing to restore") or True
     except KubeError as exc:
         PruneDecision.objects.filter(pk=d.pk, result=PruneDecision.Result.ACTING).update(
-            error=f"{cause}; outcome not yet known, the owner could not be read ({describe_error(exc)})")
+            error=f"{cause}; outcome not yet known, the owner could not be read ({describe_failure(exc)})")
         d.refresh_from_db()
         return False
     if outcome == actions.APPLIED:
@@ -557,7 +551,7 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
             kube_gateway, kind=decision.owner_kind, namespace=decision.namespace, name=decision.owner_name,
             method=decision.method, restore_state=decision.restore_state, applied_state=decision.applied_state)
     except KubeError as exc:
-        decision.restore, decision.error = PruneDecision.Restore.FAILED, f"restore failed ({describe_error(exc)})"
+        decision.restore, decision.error = PruneDecision.Restore.FAILED, f"restore failed ({describe_failure(exc)})"
         decision.save(update_fields=["restore", "error"])
         return decision
     decision.restored_by, decision.restored_at = actor, now

@@ -3,21 +3,12 @@ runs whose worker died, and expires old skip rows."""
 from __future__ import annotations
 
 import logging
-import random
 
 from celery import shared_task
 
-from clusters.errors import KubeError, PrometheusError, is_transient
+from config.retries import RetryTransient
 
 log = logging.getLogger(__name__)
-
-RETRY_BASE_SECONDS = 30   # first retry of a transient failure; doubles per attempt
-RETRY_MAX_SECONDS = 600   # never wait longer than this between attempts
-
-
-def retry_countdown(retries: int) -> float:
-    """Capped exponential back-off with full jitter, so retrying workers do not march in step."""
-    return random.uniform(0, min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** retries))
 
 
 @shared_task(name="pruning.tasks.prune_all_clusters")
@@ -34,11 +25,13 @@ def prune_all_clusters() -> int:
     return len(ids)
 
 
-@shared_task(name="pruning.tasks.prune_cluster", bind=True, max_retries=3)
-def prune_cluster(self, cluster_id: int) -> int | None:
+@shared_task(name="pruning.tasks.prune_cluster", base=RetryTransient, retry_backoff=30, retry_backoff_max=600,
+             max_retries=3)
+def prune_cluster(cluster_id: int) -> int | None:
     """One prune run on one cluster with the settings' parameters (dry run unless
     PRUNER_RUN_MODE=scale-down). A transient failure (no answer, timeout, 5xx, 429) is
-    retried with back-off; a refusal (403, 404, 422, a bad query) fails with its reason."""
+    retried with back-off; a refusal (403, 404, 422, a bad query) fails with its reason
+    (config.retries); each attempt's run records which it was."""
     from django.conf import settings
 
     from clusters.kube import gateway_for
@@ -52,14 +45,8 @@ def prune_cluster(self, cluster_id: int) -> int | None:
         log.warning("prune: cluster %s no longer exists", cluster_id)
         return None
     params = PruneParams.from_settings(run_mode=getattr(settings, "PRUNER_RUN_MODE", "dry-run"))
-    try:
-        run = prune_run_execute(kube_gateway=gateway_for(cluster), prometheus=prometheus_for(cluster=cluster),
-                                params=params, now=clock.now(), cluster=cluster, actor="")
-    except (PrometheusError, KubeError) as exc:
-        if is_transient(exc):
-            raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from None
-        log.error("prune of cluster %s refused, not retried: %s", cluster.name, exc)
-        raise
+    run = prune_run_execute(kube_gateway=gateway_for(cluster), prometheus=prometheus_for(cluster=cluster),
+                            params=params, now=clock.now(), cluster=cluster, actor="")
     return run.pk
 
 

@@ -11,7 +11,7 @@ from django.conf import settings
 from capacity.binpack import planning
 from capacity.models_binpack import BinpackRun
 from clusters import kube
-from clusters.errors import Conflict, KubeError, NotFound
+from clusters.errors import Conflict, KubeError, NotFound, describe_failure
 from clusters.models import Cluster
 from clusters.snapshot import snapshot_take
 from config import clock
@@ -90,11 +90,21 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
 def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = BinpackRun.Trigger.SCHEDULE,
                              dry_run: bool = False, override_manual: bool | None = None,
                              gateway: kube.KubeGateway | None = None) -> tuple[BinpackRun, planning.BinpackPlan]:
-    """Plan the costs of `cluster` and write those that change (none when `dry_run`)."""
-    gateway = gateway or kube.gateway_for(cluster)
+    """Plan the costs of `cluster` and write those that change (none when `dry_run`).
+
+    A cluster that cannot be read is a run too, recorded with why (whether a retry may
+    help, then the API's answer) before the error is raised: the runs page is where an
+    operator looks, and a refused schedule must not be silent there."""
     started = clock.now()
-    snapshot = snapshot_take(gateway, now=started)
-    options = binpack_options(override_manual=override_manual, opted_out_owners=opted_out_owners(gateway))
+    try:
+        gateway = gateway or kube.gateway_for(cluster)
+        snapshot = snapshot_take(gateway, now=started)
+        options = binpack_options(override_manual=override_manual, opted_out_owners=opted_out_owners(gateway))
+    except KubeError as exc:
+        BinpackRun.objects.create(cluster=cluster, started_at=started, finished_at=clock.now(), actor=actor,
+                                  trigger=trigger, dry_run=dry_run,
+                                  errors=[f"cluster not read, nothing written: {describe_failure(exc)}"])
+        raise
     t0 = time.perf_counter()
     plan = planning.binpack_plan(snapshot, options=options)
     plan_seconds = time.perf_counter() - t0

@@ -1,31 +1,31 @@
-"""Scheduled binpack: beat fans out one task per cluster; each task runs one service."""
+"""Scheduled binpack: beat fans out one task per cluster; each task runs one service.
+
+A transient failure (no answer, 5xx, 429) is retried with back-off; a refusal (403, 404,
+422) fails the task with its reason, recorded on the run (config.retries)."""
 from __future__ import annotations
 
 import logging
 
 from celery import shared_task
 
-from clusters.errors import KubeError
+from capacity.binpack.services import pod_deletion_costs_apply
+from clusters.models import Cluster
+from config.retries import RetryTransient
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name="capacity.binpack.tasks.binpack_all_clusters")
 def binpack_all_clusters() -> int:
-    from clusters.models import Cluster
-
     ids = list(Cluster.objects.values_list("pk", flat=True))
     for pk in ids:
         binpack_cluster.delay(pk)
     return len(ids)
 
 
-@shared_task(name="capacity.binpack.tasks.binpack_cluster", bind=True, autoretry_for=(KubeError,),
-             retry_backoff=30, retry_backoff_max=300, max_retries=3)
-def binpack_cluster(self, cluster_id: int) -> dict | None:
-    from capacity.binpack.services import pod_deletion_costs_apply
-    from clusters.models import Cluster
-
+@shared_task(name="capacity.binpack.tasks.binpack_cluster", base=RetryTransient, retry_backoff=30,
+             retry_backoff_max=300, max_retries=3)
+def binpack_cluster(cluster_id: int) -> dict | None:
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         log.warning("binpack: cluster %s no longer exists", cluster_id)

@@ -1,31 +1,31 @@
-"""Scheduled registry sync: one task per cluster."""
+"""Scheduled registry sync: one task per cluster.
+
+A transient failure (no answer, 5xx, 429) is retried with back-off; a refusal (403, 404,
+422) fails the task with its reason (config.retries)."""
 from __future__ import annotations
 
 import logging
 
 from celery import shared_task
 
-from clusters.errors import KubeError
+from capacity.runbook.services import registry_sync
+from clusters.models import Cluster
+from config.retries import RetryTransient
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name="capacity.runbook.tasks.registry_sync_all_clusters")
 def registry_sync_all_clusters() -> int:
-    from clusters.models import Cluster
-
     ids = list(Cluster.objects.values_list("pk", flat=True))
     for pk in ids:
         registry_sync_cluster.delay(pk)
     return len(ids)
 
 
-@shared_task(name="capacity.runbook.tasks.registry_sync_cluster", autoretry_for=(KubeError,), retry_backoff=30,
-             max_retries=3)
+@shared_task(name="capacity.runbook.tasks.registry_sync_cluster", base=RetryTransient, retry_backoff=30,
+             retry_backoff_max=600, max_retries=3)
 def registry_sync_cluster(cluster_id: int) -> int | None:
-    from capacity.runbook.services import registry_sync
-    from clusters.models import Cluster
-
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         log.warning("registry sync: cluster %s no longer exists", cluster_id)
