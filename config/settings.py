@@ -154,6 +154,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(VAR_DIR / "celery-processed"),
+        # kombu's default is ./control, relative to wherever a command was started.
+        "control_folder": str(VAR_DIR / "celery-control"),
         "store_processed": False,
     }
 else:

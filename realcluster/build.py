@@ -122,7 +122,8 @@ def go_env() -> dict[str, str]:
 
 
 def _go(args: list[str], *, cwd: Path, log) -> str:
-    go = shutil.which("go")
+    # The machine image installs Go under /usr/local/go, which a non-login shell's PATH may lack.
+    go = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if Path(p).exists()), None)
     if go is None:
         raise BuildError("the Go toolchain is not installed (`go` is not on PATH); "
                          "realcluster builds its binaries from upstream Go modules")

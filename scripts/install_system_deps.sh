@@ -12,6 +12,10 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgre
 have kubectl || missing="$missing kubernetes-client"
 have prometheus || missing="$missing prometheus"
 have chromium || have chromium-browser || missing="$missing chromium"
+# the real control-plane tier: a private network namespace, its own CA, Go for the build
+have ip || missing="$missing iproute2"
+have openssl || missing="$missing openssl"
+have setpriv || have unshare || missing="$missing util-linux"
 have chromedriver || ls /usr/lib/chromium/chromedriver >/dev/null 2>&1 || missing="$missing chromium-driver"
 
 if [ -z "$missing" ]; then

@@ -46,7 +46,7 @@ SCRAPE_INTERVAL = "15s"
 WEB_ANSWER_SECONDS = 120   # how long the web may take to answer its first request
 # What an earlier demo leaves behind and a fresh simulated cluster must not meet.
 STATE = ("db.sqlite3", "db.sqlite3-journal", "db.sqlite3-wal", "db.sqlite3-shm", "prometheus",
-         "clock-offset", "celery-queue", "celery-processed", "prometheus.yml", "kubeconfig")
+         "clock-offset", "celery-queue", "celery-processed", "celery-control", "prometheus.yml", "kubeconfig")
 
 
 class DemoError(Exception):
@@ -230,7 +230,7 @@ def main() -> int:
     else:
         demo.update(REDIS_URL="", CELERY_BROKER_URL="filesystem://")
         broker = f"filesystem:// under {VAR} (no Redis answered at {redis_url})"
-        for folder in ("celery-queue", "celery-processed"):
+        for folder in ("celery-queue", "celery-processed", "celery-control"):
             (VAR / folder).mkdir(exist_ok=True)
     env = {**os.environ, **demo}
 

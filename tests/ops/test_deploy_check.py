@@ -16,6 +16,9 @@ DEPLOYMENT_ONLY = ("DJANGO_DEBUG", "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", 
 
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in DEPLOYMENT_ONLY}
+    # A demo running from this checkout leaves var/demo.env, which manage.py reads when no
+    # secret key is set; these checks are of a deployment, so they get a VAR_DIR of their own.
+    base["VAR_DIR"] = str(ROOT / "var" / "deploy-check")
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
                           capture_output=True, text=True, timeout=120)
 
