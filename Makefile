@@ -1,8 +1,9 @@
 # Two commands for a new user (see README.md):
 #   make demo   start the whole product on embedded defaults (no root, no services)
-#   make test   install what the tests need, then import-linter and pytest over tests/
-# and, not yet part of `make test`:
-#   make test-real  build (cached) the upstream control plane, run tests/realcluster on it
+#   make test   install what the tests need, then import-linter, pytest over tests/ on the
+#               simulated cluster, and the real control-plane tier (tests/realcluster)
+# `make test-real` runs the real tier alone: build (cached) the upstream control plane, then
+# tests/realcluster on it.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -31,6 +32,7 @@ lint: install
 
 test: install system-deps lint
 	$(BIN)/python -m pytest tests
+	$(MAKE) --no-print-directory test-real
 
 # Needs Go, the Go module proxy and root (a private network namespace); the first build
 # takes minutes, later ones seconds (see README, "Real control plane").
