@@ -4,6 +4,9 @@ Configured with `PUT /simcluster/v1/faults` and drawn from one seeded `random.Ra
 so a sequence of requests meets the same faults on every run. Every request draws the
 same number of random numbers whatever it is, which keeps the sequence stable when a
 test adds a read here or there. Faults never touch `/simcluster/` paths or discovery.
+`GET /simcluster/v1/faults` also counts what was injected since the last configuration
+(`injected`: errors, throttles, conflicts, delayed requests and watches cut), so a chaos run
+can say how many faults its operations met.
 """
 from __future__ import annotations
 
@@ -71,12 +74,18 @@ class Faults:
         self._lock = threading.Lock()
         self._spec: FaultSpec | None = None
         self._random = random.Random(0)
+        self._injected = self._zero()
+
+    @staticmethod
+    def _zero() -> dict:
+        return {"internal_error": 0, "throttled": 0, "conflict": 0, "delayed": 0, "watch_dropped": 0}
 
     def configure(self, body) -> FaultSpec:
         spec = FaultSpec.from_json(body)
         with self._lock:
             self._spec = spec
             self._random = random.Random(spec.seed)
+            self._injected = self._zero()
         return spec
 
     def clear(self) -> None:
@@ -85,7 +94,13 @@ class Faults:
 
     def describe(self) -> dict:
         with self._lock:
-            return {"active": self._spec is not None, **(asdict(self._spec) if self._spec else {})}
+            return {"active": self._spec is not None, **(asdict(self._spec) if self._spec else {}),
+                    "injected": dict(self._injected)}
+
+    def watch_dropped(self) -> None:
+        """A watch stream was cut at its injected deadline (before the client's own timeout)."""
+        with self._lock:
+            self._injected["watch_dropped"] += 1
 
     def decide(self, verb: str, resource: str, name: str | None) -> Decision:
         with self._lock:
@@ -96,12 +111,19 @@ class Faults:
         decision = Decision(latency_seconds=spec.latency_ms / 1000.0)
         if verb == "watch":
             decision.drop_watch_after = spec.drop_watch_after
+        kind = None
         if error_draw < spec.error_rate:
-            decision.error = errors.internal("simcluster injected fault: internal error")
+            decision.error, kind = errors.internal("simcluster injected fault: internal error"), "internal_error"
         elif throttle_draw < spec.throttle_rate:
             decision.error = errors.too_many_requests("simcluster injected fault: the server is throttling requests")
+            kind = "throttled"
         elif verb in WRITE_VERBS and conflict_draw < spec.conflict_rate:
-            decision.error = errors.conflict(resource, name or "", "", )
+            decision.error, kind = errors.conflict(resource, name or "", "", ), "conflict"
+        with self._lock:
+            if kind:
+                self._injected[kind] += 1
+            if decision.latency_seconds:
+                self._injected["delayed"] += 1
         return decision
 
     @staticmethod

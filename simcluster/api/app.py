@@ -132,7 +132,8 @@ class ApiServer:
                 return json_response(tables.table(route.rtype, items, rv, sim.clock.now(), request))
             return handlers.list_objects(sim, route, request)
         if verb == "watch":
-            return watch.watch(sim, route, request, self.stopping, decision.drop_watch_after)
+            return watch.watch(sim, route, request, self.stopping, decision.drop_watch_after,
+                               on_drop=self.faults.watch_dropped)
         if verb == "create":
             if route.subresource == "eviction":
                 return subresources.evict(sim, route, request)

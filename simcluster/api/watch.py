@@ -36,7 +36,7 @@ def _flag(request: Request, name: str) -> bool:
 
 
 def watch(sim: Simulation, route: Route, request: Request, stopping: threading.Event,
-          drop_after: float | None = None) -> Response:
+          drop_after: float | None = None, on_drop=None) -> Response:
     rtype, namespace = route.rtype, route.namespace
     label_selector, field_selector = request.args.get("labelSelector"), request.args.get("fieldSelector")
     label_match = parse_label_selector(label_selector)
@@ -45,6 +45,7 @@ def watch(sim: Simulation, route: Route, request: Request, stopping: threading.E
         timeout = float(request.args.get("timeoutSeconds") or DEFAULT_TIMEOUT_SECONDS)
     except ValueError:
         raise errors.bad_request(f"timeoutSeconds must be a number, got {request.args['timeoutSeconds']!r}") from None
+    dropped = drop_after is not None and drop_after < timeout
     if drop_after is not None:
         timeout = min(timeout, drop_after)
     bookmarks = _flag(request, "allowWatchBookmarks")
@@ -85,6 +86,8 @@ def watch(sim: Simulation, route: Route, request: Request, stopping: threading.E
         while not stopping.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if dropped and on_drop is not None:
+                    on_drop()
                 return
             try:
                 events = store.events_since(rv)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,23 +18,9 @@ from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_
 from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
 from defrag_builders import make_node, make_pod
 from defrag_cluster import NS, Kube, knative_service, scenario
-from tests.orgs.test_worker_beat import CELERY, ROOT, broker_url, celery_processes, wait_for  # noqa: F401
+from tests.celery_workers import CELERY, ROOT, broker_url, celery_processes, pool_children, wait_for  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def pool_children(pid: int) -> list[int]:
-    """The worker's pool processes: its children, read from /proc."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                children.append(int(entry.name))
-    return children
 
 
 def send(procs, job_id: int) -> None:

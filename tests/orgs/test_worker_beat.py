@@ -9,16 +9,9 @@ worker's and beat's "now" an hour ahead, and beat must fire the sweep on that cl
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings as django_settings
 
 from clusters import kube
 from clusters.services import schedules_install
@@ -26,13 +19,11 @@ from config import clock
 from orgs import services
 from orgs.models import DormancySwitch, Org
 from orgs.planning import MIN_SCALE
+from tests.celery_workers import broker_url, celery_processes, wait_for  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-CELERY = Path(sys.executable).with_name("celery")
 SWEEP_TASK = "orgs.tasks.dormancy_sweep"
-POLL_LIMIT_S = 60.0
 
 ORGS = ("acme", "initech", "globex")
 
@@ -50,103 +41,6 @@ def scenario() -> list[dict]:
                      "spec": {"template": {"metadata": {"annotations": {MIN_SCALE: "1"}},
                                            "spec": {"containers": [{"image": "pynode:1"}]}}}})
     return docs
-
-
-@pytest.fixture
-def broker_url(redis_url):
-    """A Redis database number no one else uses right now, claimed for this test, emptied after."""
-    base = redis_url.rsplit("/", 1)[0]
-    start = os.getpid() % 15
-    for step in range(15):
-        db = 1 + (start + step) % 15  # db 0 holds the tests' caches
-        client = redis.Redis.from_url(f"{base}/{db}")
-        if client.dbsize() == 0 and client.set("capacity-test:claim", os.getpid(), nx=True, ex=600):
-            break
-        client.close()
-    else:
-        pytest.fail("no free Redis database number (1-15) for the worker's broker")
-    yield f"{base}/{db}"
-    client.flushdb()
-    client.close()
-
-
-def _database_url() -> str:
-    db = django_settings.DATABASES["default"]
-    assert db["ENGINE"].endswith("postgresql"), "the worker test runs on PostgreSQL"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-class Processes:
-    def __init__(self, tmp_path: Path, env: dict):
-        self.tmp_path, self.env, self.procs = tmp_path, env, {}
-
-    def start(self, name: str, *args: str) -> None:
-        log = open(self.tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        self.procs[name] = (subprocess.Popen([str(CELERY), "-A", "config", *args], cwd=ROOT, env=self.env,
-                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
-
-    def log(self, name: str) -> str:
-        return (self.tmp_path / f"{name}.log").read_text(errors="replace")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {name} ---\n{self.log(name)[-4000:]}" for name in self.procs)
-
-    def check_alive(self) -> None:
-        for name, (proc, _) in self.procs.items():
-            if proc.poll() is not None:
-                pytest.fail(f"celery {name} exited with {proc.returncode}\n{self.logs()}")
-
-    def stop(self) -> None:
-        for proc, _ in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc, log in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the worker and nothing else
-                proc.wait(timeout=10)
-            log.close()
-
-
-@pytest.fixture
-def celery_processes(tmp_path, broker_url):
-    offset_file = tmp_path / "clock-offset"
-    offset_file.write_text("0")
-    env = {key: value for key, value in os.environ.items() if key not in ("KUBECONFIG", "KUBE_CONTEXT")}
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": _database_url(),
-        "REDIS_URL": broker_url,
-        "CELERY_BROKER_URL": broker_url,
-        "CLOCK_OFFSET_FILE": str(offset_file),
-        "CELERY_BEAT_MAX_INTERVAL": "1",   # seconds: beat looks at the (moved) clock every second
-        "CELERY_TASK_ALWAYS_EAGER": "0",
-        "KUBE_IN_CLUSTER": "0",
-        "KUBE_RETRY_BACKOFF": "0.05",
-        "KUBE_RETRY_BACKOFF_MAX": "0.5",
-        "VAR_DIR": str(tmp_path / "var"),
-        "LOG_LEVEL": "INFO",
-    })
-    processes = Processes(tmp_path, env)
-    processes.offset_file = offset_file
-    try:
-        yield processes
-    finally:
-        processes.stop()
-
-
-def wait_for(predicate, what: str, processes: Processes, limit_s: float = POLL_LIMIT_S):
-    """Bounded polling of the real worker and beat (they run on their own)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        processes.check_alive()
-        time.sleep(0.2)
-    pytest.fail(f"not within {limit_s:.0f} s: {what}\n{processes.logs()}")
 
 
 def test_beat_fires_the_hourly_sweep_on_the_injected_clock_and_the_worker_scales_to_zero(
