@@ -6,13 +6,12 @@ from django.conf import settings
 from clusters import kube
 from clusters.errors import NotFound
 from clusters.models import Cluster
+from clusters.services import cluster_sync_default
 
 
 def cluster_get(*, name: str | None = None) -> Cluster:
     """The named cluster, or the default one (made from the environment on first use)."""
     if name is None or name == settings.DEFAULT_CLUSTER_NAME:
-        from clusters.services import cluster_sync_default
-
         default = cluster_sync_default()
         if default is not None:
             return default
@@ -22,10 +21,6 @@ def cluster_get(*, name: str | None = None) -> Cluster:
     except Cluster.DoesNotExist:
         known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
         raise Cluster.DoesNotExist(f"no cluster named {name!r} (known: {known})") from None
-
-
-def cluster_gateway(cluster: Cluster) -> kube.KubeGateway:
-    return kube.gateway_for(cluster)
 
 
 def namespace_version(gateway: kube.KubeGateway, namespace: str) -> str | None:

@@ -1,14 +1,10 @@
 """Writes for the cluster registry and the beat schedules."""
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.conf import settings
 from django.db import transaction
 
-from clusters import kube
 from clusters.models import Cluster
-from clusters.selectors import namespace_version
 from config.schedule import SCHEDULES
 
 
@@ -36,16 +32,6 @@ def cluster_sync_default() -> Cluster | None:
         for field in changed:
             setattr(cluster, field, wanted[field])
         cluster.save(update_fields=changed)
-    return cluster
-
-
-def cluster_versions_refresh(*, cluster: Cluster, now: datetime) -> Cluster:
-    """Read and record the Knative Serving and KServe versions the cluster runs."""
-    gateway = kube.gateway_for(cluster)
-    cluster.knative_version = namespace_version(gateway, "knative-serving") or ""
-    cluster.kserve_version = namespace_version(gateway, "kserve") or ""
-    cluster.versions_seen_at = now
-    cluster.save(update_fields=["knative_version", "kserve_version", "versions_seen_at"])
     return cluster
 
 

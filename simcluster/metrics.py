@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import uuid
 
-from .controllers._serving import pod_ready
+from .controllers._serving import pod_serving
 from .controllers.knative import labels as KL
 from .resources import NODES, PODAUTOSCALERS, PODS
 
@@ -102,7 +102,7 @@ class _LoadModel:
         self.ready: dict[tuple[str, str], int] = {}
         for pod in sim.store.all(PODS):
             rev = (pod["metadata"].get("labels") or {}).get(KL.REVISION)
-            if rev and pod_ready(pod):
+            if rev and pod_serving(pod):
                 key = (pod["metadata"]["namespace"], rev)
                 self.ready[key] = self.ready.get(key, 0) + 1
 

@@ -1,7 +1,8 @@
-"""Helpers shared by the serving-stack controllers (Knative, KServe, Kubeflow).
+"""Helpers of the serving-stack controllers (Knative, KServe, Kubeflow, Kthena): conditions
+as those controllers write them, the /status subresource, installed versions.
 
-Kept apart from the core controllers' `_util.py` so the two sets can evolve
-independently; everything here is about owner references, conditions and versions.
+Owner references and conditions are read with the core controllers' helpers in
+`_util.py`; no name is defined in both modules.
 """
 from __future__ import annotations
 
@@ -10,33 +11,11 @@ import re
 from ..clock import rfc3339
 from ..resources import NAMESPACES
 from ..store import copy
+from ._util import condition
 
 KNATIVE_NAMESPACE = "knative-serving"
 KSERVE_NAMESPACE = "kserve"
 VERSION_LABEL = "app.kubernetes.io/version"
-
-
-def owner_ref(owner: dict, *, controller: bool = True) -> dict:
-    meta = owner["metadata"]
-    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
-            "uid": meta["uid"], "controller": controller, "blockOwnerDeletion": True}
-
-
-def controller_uid(obj: dict) -> str | None:
-    for ref in obj["metadata"].get("ownerReferences") or ():
-        if ref.get("controller"):
-            return ref.get("uid")
-    return None
-
-
-def by_controller(objects) -> dict[str, list[dict]]:
-    """Objects grouped by their controller owner's uid: one pass, for per-round indexes."""
-    index: dict[str, list[dict]] = {}
-    for obj in objects:
-        uid = controller_uid(obj)
-        if uid:
-            index.setdefault(uid, []).append(obj)
-    return index
 
 
 def merge_conditions(old: list[dict] | None, new: list[dict], now) -> list[dict]:
@@ -57,21 +36,16 @@ def merge_conditions(old: list[dict] | None, new: list[dict], now) -> list[dict]
     return merged
 
 
-def condition(obj: dict, ctype: str) -> dict | None:
-    for cond in (obj.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == ctype:
-            return cond
-    return None
-
-
 def is_true(obj: dict, ctype: str) -> bool:
     cond = condition(obj, ctype)
     return bool(cond and cond.get("status") == "True")
 
 
-def write_status(store, rtype, obj: dict, status: dict) -> None:
-    """Store `status` when it differs from the stored one (controllers write nothing
-    when nothing changed: `run_to_rest` relies on it)."""
+def write_status_subresource(store, rtype, obj: dict, status: dict) -> None:
+    """Store `status` through the /status subresource (the object's spec untouched, no
+    resourceVersion precondition) when it differs from the stored one; controllers write
+    nothing when nothing changed (`run_to_rest` relies on it). `_util.write_status`
+    replaces the whole object instead."""
     if obj.get("status") == status:
         return
     new = copy(obj)
@@ -101,7 +75,10 @@ def kserve_version(sim) -> tuple[int, ...]:
     return installed_version(sim, KSERVE_NAMESPACE, sim.settings.kserve_version)
 
 
-def pod_ready(pod: dict) -> bool:
+def pod_serving(pod: dict) -> bool:
+    """Running, not being deleted, and Ready: a pod that takes requests (what Knative's
+    activator and the revision's ready count see). `_util.pod_ready` is the Ready
+    condition alone (podutil.IsPodReady)."""
     status = pod.get("status") or {}
     if status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
         return False

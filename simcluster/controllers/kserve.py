@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..resources import DEPLOYMENTS, INFERENCESERVICES, KSERVICES
 from ..store import copy
-from ._serving import (condition, contains, kserve_version, merge_conditions, owner_ref,
-                       write_status)
+from ._serving import contains, kserve_version, merge_conditions, write_status_subresource
+from ._util import condition, owner_ref
 from .knative import labels as KL
 
 MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
@@ -217,7 +217,7 @@ class InferenceServiceController:
             status["url"] = url
             status["address"] = {"url": f"http://{meta['name']}.{meta['namespace']}.svc.cluster.local"}
         status["conditions"] = merge_conditions(old.get("conditions"), conds, sim.clock.now())
-        write_status(sim.store, INFERENCESERVICES, isvc, status)
+        write_status_subresource(sim.store, INFERENCESERVICES, isvc, status)
 
 
 def _owned_by(obj: dict, owner: dict) -> bool:

@@ -1,4 +1,5 @@
-"""Kthena ModelServing (workload.serving.volcano.sh/v1alpha1), as seed 003 shows it.
+"""Kthena ModelServing (workload.serving.volcano.sh/v1alpha1): its controller, as far as
+scale and pod-deletion costs go.
 
 `spec.replicas` ServingGroups, each running every role of `spec.template.roles[]`
 `replicas` times; one role replica is an entry pod plus `workerReplicas` worker pods,
@@ -8,15 +9,16 @@ Scale-down (of ServingGroups, and of one role's replicas inside a group) follows
 Kthena's binpack order (`shared/KUBERNETES.md`, "Kthena ModelServing"): not-Running
 before Running, then the SUM of the pods' `controller.kubernetes.io/pod-deletion-cost`
 ascending (missing or invalid = 0), then index descending; the lowest goes first.
-Scale-up fills the lowest free indexes (issue 6; the seed's prose says Kthena resumes
-after the largest index, the issue asks for the lowest free one and we follow it).
+Scale-up fills the lowest free indexes (Kthena's own controller resumes after the
+largest index; this model deliberately refills the gaps instead).
 Missing pods of a replica that should exist are recreated under the same name.
 """
 from __future__ import annotations
 
 from ..resources import MODELSERVINGS, PODS
 from ..store import copy
-from ._serving import by_controller, owner_ref, pod_ready, write_status
+from ._serving import pod_serving, write_status_subresource
+from ._util import by_controller, owner_ref
 
 NAME_LABEL = "modelserving.volcano.sh/name"
 GROUP_LABEL = "modelserving.volcano.sh/group-name"
@@ -41,7 +43,7 @@ def deletion_cost(pod: dict) -> int:
 
 
 def _running(pods: list[dict]) -> bool:
-    return bool(pods) and all(pod_ready(p) for p in pods)
+    return bool(pods) and all(pod_serving(p) for p in pods)
 
 
 def scale_down_order(units: dict[int, list[dict]]) -> list[int]:
@@ -75,7 +77,7 @@ class ModelServingController:
             try:
                 self._reconcile_one(store, ms, pods_by_owner.get(ms["metadata"]["uid"], []))
             except ValueError as exc:
-                write_status(store, MODELSERVINGS, ms, {**(ms.get("status") or {}),
+                write_status_subresource(store, MODELSERVINGS, ms, {**(ms.get("status") or {}),
                                                         "observedGeneration": ms["metadata"].get("generation", 1),
                                                         "conditions": [{"type": "Available", "status": "False",
                                                                         "reason": "InvalidSpec",
@@ -124,7 +126,7 @@ class ModelServingController:
                   "availableReplicas": available,
                   "conditions": [{"type": "Available", "status": "True" if available >= replicas else "False",
                                   "reason": "AllGroupsReady" if available >= replicas else "GroupsNotReady"}]}
-        write_status(store, MODELSERVINGS, ms, status)
+        write_status_subresource(store, MODELSERVINGS, ms, status)
 
     def _reconcile_role(self, store, ms: dict, group: int, role: dict, replicas_now: dict[int, list[dict]]) -> None:
         name = role["name"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..resources import NOTEBOOKS, STATEFULSETS
 from ..store import copy
-from ._serving import contains, merge_conditions, owner_ref, write_status
+from ._serving import contains, merge_conditions, write_status_subresource
+from ._util import owner_ref
 
 STOP_ANNOTATION = "kubeflow-resource-stopped"
 NAME_LABEL = "notebook-name"
@@ -59,4 +60,4 @@ class NotebookController:
                       "reason": None if ready else "Starting"}]
         status["conditions"] = merge_conditions((notebook.get("status") or {}).get("conditions"),
                                                 conds, sim.clock.now())
-        write_status(sim.store, NOTEBOOKS, notebook, status)
+        write_status_subresource(sim.store, NOTEBOOKS, notebook, status)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ...resources import CONFIGURATIONS, REVISIONS
 from ...store import copy
-from .._serving import by_controller, condition, is_true, merge_conditions, owner_ref, write_status
+from .._serving import is_true, merge_conditions, write_status_subresource
+from .._util import by_controller, condition, owner_ref
 from . import labels as L
 
 
@@ -81,4 +82,4 @@ class ConfigurationController:
         else:
             ready = {"type": "Ready", "status": "Unknown"}
         status["conditions"] = merge_conditions(old.get("conditions"), [ready], sim.clock.now())
-        write_status(sim.store, CONFIGURATIONS, config, status)
+        write_status_subresource(sim.store, CONFIGURATIONS, config, status)

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from ...resources import DEPLOYMENTS, PODAUTOSCALERS, PODS
 from ...store import copy
-from .._serving import is_true, merge_conditions, pod_ready, write_status
+from .._serving import is_true, merge_conditions, pod_serving, write_status_subresource
 from . import labels as L
 from .autoscaler_config import AutoscalerConfig, autoscaler_config, initial_scale
 
@@ -173,7 +173,7 @@ class KPAController:
             "conditions": merge_conditions((pa.get("status") or {}).get("conditions"),
                                            [active, ready, init, sks], sim.clock.now()),
         }
-        write_status(sim.store, PODAUTOSCALERS, pa, status)
+        write_status_subresource(sim.store, PODAUTOSCALERS, pa, status)
 
 
 def _ready_pods_by_revision(store) -> dict[tuple[str, str], int]:
@@ -181,7 +181,7 @@ def _ready_pods_by_revision(store) -> dict[tuple[str, str], int]:
     counts: dict[tuple[str, str], int] = {}
     for pod in store.all(PODS):
         rev = (pod["metadata"].get("labels") or {}).get(L.REVISION)
-        if rev and pod_ready(pod):
+        if rev and pod_serving(pod):
             key = (pod["metadata"]["namespace"], rev)
             counts[key] = counts.get(key, 0) + 1
     return counts

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ...resources import DEPLOYMENTS, PODAUTOSCALERS, PODS, REVISIONS
 from ...store import copy
-from .._serving import condition, contains, knative_version, merge_conditions, owner_ref, pod_ready, write_status
+from .._serving import contains, knative_version, merge_conditions, pod_serving, write_status_subresource
+from .._util import condition, owner_ref
 from . import labels as L
 from .autoscaler_config import autoscaler_config, initial_scale
 
@@ -138,7 +139,7 @@ class RevisionController:
     def _status(sim, rev: dict, deployment: dict, pa: dict, pods: list[dict]) -> None:
         old = rev.get("status") or {}
         was_available = (condition(rev, "ResourcesAvailable") or {}).get("status") == "True"
-        ready_pods = sum(1 for p in pods if pod_ready(p))
+        ready_pods = sum(1 for p in pods if pod_serving(p))
         pa_status = pa.get("status") or {}
         unschedulable = None
         for pod in pods:
@@ -176,7 +177,7 @@ class RevisionController:
         containers = (rev.get("spec") or {}).get("containers") or []
         status["containerStatuses"] = [{"name": c.get("name", "user-container"),
                                         "imageDigest": c.get("image", "")} for c in containers]
-        write_status(sim.store, REVISIONS, rev, status)
+        write_status_subresource(sim.store, REVISIONS, rev, status)
 
 
 def _pods_by_revision(store) -> dict[tuple[str, str], list[dict]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ...resources import CONFIGURATIONS, KSERVICES, REVISIONS
 from ...store import copy
-from .._serving import by_controller, is_true, merge_conditions, owner_ref, write_status
+from .._serving import is_true, merge_conditions, write_status_subresource
+from .._util import by_controller, owner_ref
 from . import labels as L
 
 DOMAIN = "example.com"   # Knative's default config-domain
@@ -86,4 +87,4 @@ class ServiceController:
             {"type": "RoutesReady", "status": routes,
              "reason": None if ready_rev else "TrafficNotAssigned"},
         ], sim.clock.now())
-        write_status(sim.store, KSERVICES, ksvc, status)
+        write_status_subresource(sim.store, KSERVICES, ksvc, status)
