@@ -1,4 +1,5 @@
-"""Defrag jobs (seed 000): the job, its per-revision records, the pods it orphaned, its audit.
+"""Defrag jobs (empty a GPU node safely): the job, its per-revision records, the pods it
+orphaned, its audit.
 
 A job's `state` is the step it has reached; every side effect is recorded here before the
 job moves on, so a restarted worker resumes from the recorded step (see services.py).
@@ -8,6 +9,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+# Binpack's and the runbook's models live in their own modules; importing them here
+# registers them with the capacity app (Django imports `capacity.models` only).
+from capacity.models_binpack import BinpackCluster, BinpackRun  # noqa: F401
+from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel  # noqa: F401
 from config.actors import actor_label_current
 
 
@@ -170,7 +175,7 @@ class DefragLogLine(models.Model):
 
 
 class DefragRevision(models.Model):
-    """Step 2 of the seed: what one revision looked like before the job touched anything."""
+    """Defrag step 2: what one revision looked like before the job touched anything."""
 
     job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="revisions",
                             help_text="The job.")
@@ -250,6 +255,3 @@ class DefragAudit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target} by {self.actor or self.actor_label or 'worker'}"
-
-from capacity.models_binpack import BinpackCluster, BinpackRun  # noqa: E402,F401  (issue 6)
-from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel  # noqa: E402,F401  (issue 6)

@@ -1,4 +1,4 @@
-"""The model-serving runbook (seed 002): the model registry synced from the cluster,
+"""The model-serving runbook: the model registry synced from the cluster,
 per-model resource specs, and the audit of every runbook action."""
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class ServedModel(models.Model):
 
 class ResourceSpec(models.Model):
     """An override of the framework defaults for one model; saving one redeploys every
-    deployed version of the model with it (the seed's OracleDeploymentSpec)."""
+    deployed version of the model with it (what the runbook calls an OracleDeploymentSpec)."""
 
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="+",
                                 help_text="The cluster the model runs on.")

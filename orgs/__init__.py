@@ -1,1 +1,1 @@
-"""Orgs: activity, dormancy and scale to zero (seed 004)."""
+"""Orgs: activity, dormancy and scale to zero."""

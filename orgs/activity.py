@@ -1,6 +1,6 @@
 """Recording activity: the hot path product code calls on every interesting action.
 
-Only an approximate sense of activity is needed (seed 004), so at most one database
+Dormancy needs only an approximate sense of activity, so at most one database
 write per org per throttle window happens across all processes:
 
 1. in-process fast path: a dict of deadlines on the monotonic clock; a throttled call

@@ -1,4 +1,4 @@
-"""Pure decisions for scale to zero (seed 004): which workloads to patch, and how.
+"""Pure decisions for scale to zero of dormant orgs: which workloads to patch, and how.
 
 No ORM, no HTTP, no clock: callers pass the objects they read and `now`.
 

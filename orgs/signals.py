@@ -1,4 +1,4 @@
-"""The `warmup` signal (seed 004): product code in this process announces activity.
+"""The `warmup` signal: product code in this process announces an org's activity.
 
     from orgs.signals import warmup
     warmup.send(sender=SomeView, org_slug="acme")

@@ -1,7 +1,10 @@
 """Pure decisions for defrag jobs: no ORM, no HTTP, no clock.
 
-The rules are the seed's (`/work/shared/seeds/000_c8979cc70a1e55c1.txt`) plus what
-`kubectl drain`, Karpenter and cluster-autoscaler honour (shared/KUBERNETES.md).
+The rules are those of the defrag procedure the product automates (1 report the node's
+pods, 2 record each revision's scales, 3 cordon, 4 orphan the model pods so their
+ReplicaSets replace them elsewhere, 5 wait until each revision serves enough without
+them) plus what `kubectl drain`, Karpenter and cluster-autoscaler honour
+(shared/KUBERNETES.md).
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ class RevisionEntry:
 
     @property
     def overprovision(self) -> int:
-        """The seed's `m`: how many of this revision's pods sit on the node."""
+        """`m` in the defrag report: how many of this revision's pods sit on the node."""
         return len(self.pods)
 
 
@@ -90,7 +93,7 @@ class DefragPlan:
         return next((r for r in self.revisions if r.namespace == pod.namespace and r.revision == pod.revision), None)
 
     def report_lines(self) -> list[str]:
-        """The seed's report, then what it did not show: blockers and ignored pods."""
+        """The defrag procedure's report, then what it did not show: blockers and ignored pods."""
         lines = ["Found pods to defrag:"] if self.model_pods else [f"No model pods to defrag on {self.node}."]
         for pod in self.model_pods:
             rev = self.revision_of(pod)
@@ -226,7 +229,7 @@ def replicaset_ready_pods(pods: Iterable[Mapping], *, replicaset: str) -> int:
 
 def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial_replicas: int,
                        overprovision: int) -> bool:
-    """Step 5 of the seed: the revision serves enough without the node's pods.
+    """Defrag step 5: the revision serves enough without the node's pods.
 
     The first condition covers a static or growing model, the second one that scaled down
     meanwhile (its ReplicaSet now wants fewer than it had).
@@ -237,7 +240,7 @@ def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial
 
 def progress_line(*, revision: str, overprovision: int, current_kpa_scale: int, current_replicas: int,
                   initial_kpa_scale: int) -> str:
-    """The seed's progress line, word for word."""
+    """The defrag procedure's progress line, word for word."""
     return (f"Revision {revision} - {overprovision} extra needed - current_scale={current_kpa_scale} "
             f"replicas={current_replicas} initial_scale={initial_kpa_scale}")
 

@@ -1,4 +1,4 @@
-"""Defrag jobs: discovery, start, one step at a time, drain and abort (seed 000).
+"""Defrag jobs: discovery, start, one step at a time, drain and abort.
 
 A job advances by `defrag_job_step`, which does at most one kind of side effect and then
 records it (`_commit`) before returning. A Celery task holding the job's lease runs a few

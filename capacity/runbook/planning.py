@@ -1,9 +1,9 @@
-"""The model-serving runbook (seed 002) as pure decisions over what the cluster holds.
+"""The model-serving runbook (deploying on scarce GPUs) as pure decisions over what the cluster holds.
 
 - `registry_build`: each InferenceService and each pynode Knative Service, its org,
   its Knative revisions (ready, pending pods, GPUs held).
 - `blocked_revisions`: a new revision whose pods are Pending for lack of GPUs while an
-  older revision of the same Knative Service still holds GPUs. The seed's fix is to
+  older revision of the same Knative Service still holds GPUs. The runbook's fix is to
   delete the older revision (not graceful: its pods stop at once, traffic included).
 - `resources_patch`: the merge patch that puts a resource spec on an InferenceService.
 

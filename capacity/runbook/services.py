@@ -1,4 +1,4 @@
-"""Runbook operations (seed 002) as audited services: registry sync, resource specs,
+"""Model-serving runbook operations as audited services: registry sync, resource specs,
 redeploy, delete the old revision to unblock a Pending one, delete a stuck model.
 
 Every cluster-changing service takes the operator as `actor`, re-reads what it is about
@@ -17,6 +17,7 @@ from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound
 from clusters.models import Cluster
 from config import clock
+from orgs.models import Org
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ def registry_entries(*, cluster: Cluster, gateway: kube.KubeGateway | None = Non
 
 def registry_sync(*, cluster: Cluster, gateway: kube.KubeGateway | None = None) -> list[ServedModel]:
     """Upsert one `ServedModel` per InferenceService / pynode; mark vanished ones gone."""
-    from orgs.models import Org
-
     now = clock.now()
     entries = registry_entries(cluster=cluster, gateway=gateway)
     orgs = {o.slug: o for o in Org.objects.filter(cluster=cluster)}
@@ -129,7 +128,7 @@ def model_redeploy(*, model: ServedModel, actor) -> str:
 
 # --- unblock a Pending deployment ----------------------------------------------------------------
 def revision_delete_old(*, model: ServedModel, revision: str, actor) -> planning.Unblock:
-    """Delete `revision` so the Pending newer revision gets its GPUs (seed 002). NOT
+    """Delete `revision` so the Pending newer revision gets its GPUs. NOT
     graceful: the old revision's pods stop at once (`RUNBOOK_UNBLOCK_GRACE_SECONDS`).
     Refused unless, on a fresh read, the newest revision still waits for GPUs while
     `revision` holds some."""
@@ -143,8 +142,8 @@ def revision_delete_old(*, model: ServedModel, revision: str, actor) -> planning
     gateway.delete(kube.REVISIONS, revision, namespace=model.namespace, uid=rev_uid, propagation="Background")
     # The garbage collector would delete the pods with their own grace period (Knative
     # sets it to the revision timeout, 300 s by default): the GPUs would stay held, and
-    # the new revision Pending, that long. Stop them now, as the seed's `kubectl delete
-    # revision` was meant to. IMPORTANT: after the revision is gone, so that no
+    # the new revision Pending, that long. Stop them now, as an operator's `kubectl delete
+    # revision` is meant to. IMPORTANT: after the revision is gone, so that no
     # ReplicaSet of it replaces them. A second delete only ever shortens a grace period.
     grace = settings.RUNBOOK_UNBLOCK_GRACE_SECONDS
     stopped = []
