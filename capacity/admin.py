@@ -16,6 +16,8 @@ from clusters.errors import KubeError, NotFound
 from clusters.models import Cluster
 from config.actors import actor_describe
 
+# Imported for their registrations: Django autodiscovers only capacity.admin.
+from capacity import admin_binpack, admin_runbook  # noqa: F401
 from capacity.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag.services import (
     POLL_RANGE,
@@ -115,7 +117,7 @@ class DefragJobAdmin(admin.ModelAdmin):
         return reverse("admin:capacity_defragjob_change", args=[job.pk])
 
     def start_view(self, request):
-        """The seed's step 1 as a page: the discovery report, then `Proceed with defrag?`."""
+        """The defrag report as a page: what the node holds and what blocks, then `Proceed with defrag?`."""
         if not request.user.has_perm("capacity.add_defragjob"):
             raise PermissionDenied
         source = request.POST if request.method == "POST" else request.GET
@@ -224,5 +226,3 @@ class DefragJobAdmin(admin.ModelAdmin):
             "orphans": job.orphans.filter(state__in=["planned", "orphaned", "deleting"]).count(),
             "title": f"Return node {job.node_name} to service?"})
 
-
-from capacity import admin_binpack, admin_runbook  # noqa: E402,F401  (issue 6: registers their admins)

@@ -1,5 +1,5 @@
-"""Admin: the model registry and the runbook's operations (seed 002), each behind its
-own permission, with a confirmation page where the seed warns, and an audit record."""
+"""Admin: the model registry and the serving runbook's operations, each behind its own
+permission, with a confirmation page before anything that is not graceful, and an audit record."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
@@ -17,7 +17,7 @@ from config import clock
 
 NOT_GRACEFUL = ("This is NOT graceful: the old revision's pods stop at once, with the requests they are "
                 "serving, so the Pending revision can get their GPUs. It is the easiest way to update a "
-                "deployment in resource-constrained conditions (seed 002), not a rollout.")
+                "deployment in resource-constrained conditions, not a rollout.")
 
 
 def _confirm(modeladmin, request, *, title, items, button, action=None, selected=(), warning=None):

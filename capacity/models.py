@@ -187,7 +187,7 @@ class DefragRevision(models.Model):
     overprovision = models.IntegerField(help_text="m: this revision's pods on the node (the over-provision count).")
     current_kpa_scale = models.IntegerField(null=True, blank=True, help_text="actualScale at the last check.")
     current_replicas = models.IntegerField(null=True, blank=True, help_text="ReplicaSet replicas at the last check.")
-    satisfied = models.BooleanField(default=False, help_text="The seed's safety condition held at the last check.")
+    satisfied = models.BooleanField(default=False, help_text="The safety condition (actualScale at least its target) held at the last check.")
 
     class Meta:
         ordering = ["namespace", "revision"]

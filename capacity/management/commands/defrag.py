@@ -1,4 +1,4 @@
-"""`python manage.py defrag NODE`: the seed's script as a command, run in this process.
+"""`python manage.py defrag NODE`: the whole defrag of one node, run in this process.
 
 Exit code 0 only when the node is safe (or, with --drain / --abort, drained / aborted;
 with --return-to-service, uncordoned or already schedulable, and the abort it asks of a
@@ -56,7 +56,7 @@ def _number(text: str) -> float:
 
 
 class Command(BaseCommand):
-    help = ("Safely empty a GPU node (seed 000): report, confirm, cordon, orphan its model pods and wait until "
+    help = ("Safely empty a GPU node: report, confirm, cordon, orphan its model pods and wait until "
             "their revisions are over-provisioned enough. --drain and --abort act on the node's live job; "
             "--return-to-service uncordons the node once its job rests.")
 
