@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 
 from kubernetes import client, config
@@ -28,6 +29,7 @@ class Backend:
     name: str
     kubeconfig_path: str
     advance: Callable[[float], Any] | None = None      # simcluster's clock; None on the real tier
+    clock: Callable[[], datetime] | None = None        # simcluster's time; None: the wall clock
     api_client: client.ApiClient = field(init=False)
 
     def __post_init__(self) -> None:
@@ -35,6 +37,10 @@ class Backend:
         self.core = client.CoreV1Api(self.api_client)
         self.apps = client.AppsV1Api(self.api_client)
         self.policy = client.PolicyV1Api(self.api_client)
+
+    def now(self) -> datetime:
+        """The time the product is handed as `now`: simcluster's manual clock, or the wall clock."""
+        return self.clock() if self.clock is not None else datetime.now(timezone.utc)
 
     def settle(self, condition: Callable[[], T], *, what: str, seconds: float = 30.0) -> T:
         """Wait until `condition()` is truthy and return it: on simcluster by advancing the

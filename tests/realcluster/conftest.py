@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,9 @@ def sim_tier(tmp_path_factory):
 
     kubeconfig = tmp_path_factory.mktemp("simcluster") / "kubeconfig"
     with running_cluster(str(SCENARIO), kubeconfig_out=kubeconfig) as url:
-        yield Backend("simcluster", str(kubeconfig), advance=SimControl(url).advance)
+        control = SimControl(url)
+        yield Backend("simcluster", str(kubeconfig), advance=control.advance,
+                      clock=lambda: datetime.fromisoformat(control.clock().replace("Z", "+00:00")))
 
 
 @pytest.fixture
@@ -112,4 +115,24 @@ def real_cluster(db, real_tier):
         name="default", defaults={"kubeconfig_path": real_tier.kubeconfig_path, "kube_context": "",
                                   "in_cluster": False})
     yield cluster, real_tier
+    forget_gateways()
+
+
+@pytest.fixture(params=["simcluster", "real"])
+def tier(request) -> Backend:
+    """The same feature test on each backend: simcluster, then the real control plane."""
+    return request.getfixturevalue("sim_tier" if request.param == "simcluster" else "real_tier")
+
+
+@pytest.fixture
+def tier_cluster(db, tier):
+    """`tier` registered as the product's `default` Cluster. Yields (cluster row, backend)."""
+    from clusters.kube import forget_gateways
+    from clusters.models import Cluster
+
+    forget_gateways()
+    cluster, _ = Cluster.objects.update_or_create(
+        name="default", defaults={"kubeconfig_path": tier.kubeconfig_path, "kube_context": "",
+                                  "in_cluster": False})
+    yield cluster, tier
     forget_gateways()
