@@ -64,6 +64,26 @@ class GpuPool:
                                          "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
                                                        "requests": {"nvidia.com/gpu": str(gpus)}}}]}}}})
 
+    def deployment(self, name: str, *, replicas: int, scheduler: str | None = None,
+                   annotations: dict | None = None) -> None:
+        """A GPU Deployment; its pods wait for `bind` when they name a `scheduler` of their own."""
+        spec = {**self.pinning(), "containers": [{"name": "model", "image": "dev.local/model:1", "resources": {
+            "limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}]}
+        if scheduler:
+            spec["schedulerName"] = scheduler
+        self.apps.create_namespaced_deployment(self.ns, {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}})
+
+    def bind(self, pod: str, node: str) -> None:
+        """What a scheduler does: the pod's `binding` subresource."""
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        # The client cannot read back a Binding (its model wants fields the answer lacks).
+        self.core.create_namespaced_pod_binding(pod, self.ns, body, _preload_content=False)
+
     def bare_pod(self, name: str, *, node: str, gpus: int) -> None:
         self.core.create_namespaced_pod(self.ns, {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -88,12 +108,15 @@ class GpuPool:
     def node_names(self) -> list[str]:
         return [n.metadata.name for n in self.core.list_node().items]
 
-    def pods(self, *, node: str | None = None, revision: str | None = None) -> list[client.V1Pod]:
+    def pods(self, *, node: str | None = None, revision: str | None = None,
+             app: str | None = None) -> list[client.V1Pod]:
         kwargs: dict[str, Any] = {}
         if node:
             kwargs["field_selector"] = f"spec.nodeName={node}"
         if revision:
             kwargs["label_selector"] = f"{REVISION_LABEL}={revision}"
+        if app:
+            kwargs["label_selector"] = f"app={app}"
         return [p for p in self.core.list_namespaced_pod(self.ns, **kwargs).items
                 if p.metadata.deletion_timestamp is None]
 
@@ -115,7 +138,7 @@ class GpuPool:
 
     def model_ready(self, revision: str, replicas: int) -> bool:
         """`replicas` owned pods Running and Ready, and the PodAutoscaler counting them."""
-        owned = [p for p in self.pods(revision=revision) if p.metadata.owner_references and _ready(p)]
+        owned = [p for p in self.pods(revision=revision) if p.metadata.owner_references and ready(p)]
         return len(owned) == replicas and self.actual_scale(revision) == replicas
 
     def node_with_pods(self, revision: str, count: int) -> str | None:
@@ -125,7 +148,7 @@ class GpuPool:
         return next((node for node, n in sorted(by_node.items()) if n == count), None)
 
 
-def _ready(pod: client.V1Pod) -> bool:
+def ready(pod: client.V1Pod) -> bool:
     return pod.status.phase == "Running" and any(
         c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
