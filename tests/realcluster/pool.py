@@ -67,15 +67,22 @@ class GpuPool:
     def deployment(self, name: str, *, replicas: int, scheduler: str | None = None,
                    annotations: dict | None = None) -> None:
         """A GPU Deployment; its pods wait for `bind` when they name a `scheduler` of their own."""
+        self.apps.create_namespaced_deployment(
+            self.ns, self._workload("Deployment", name, replicas=replicas, scheduler=scheduler, annotations=annotations))
+
+    def replicaset(self, name: str, *, replicas: int) -> None:
+        """A GPU ReplicaSet of its own (no Deployment)."""
+        self.apps.create_namespaced_replica_set(self.ns, self._workload("ReplicaSet", name, replicas=replicas))
+
+    def _workload(self, kind: str, name: str, *, replicas: int, scheduler: str | None = None,
+                  annotations: dict | None = None) -> dict:
         spec = {**self.pinning(), "containers": [{"name": "model", "image": "dev.local/model:1", "resources": {
             "limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}]}
         if scheduler:
             spec["schedulerName"] = scheduler
-        self.apps.create_namespaced_deployment(self.ns, {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "annotations": annotations or {}},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}})
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "annotations": annotations or {}},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                         "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}
 
     def bind(self, pod: str, node: str) -> None:
         """What a scheduler does: the pod's `binding` subresource."""
