@@ -58,7 +58,7 @@ def pool_children(pid: int) -> list[int]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid:
+            if int(fields[1]) == pid and fields[0] != "Z":   # a zombie is dead already, only not reaped
                 children.append(int(entry.name))
     return children
 

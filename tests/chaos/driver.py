@@ -25,6 +25,9 @@ from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_
     defrag_job_start
 from capacity.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragAudit, DefragJob, DefragOrphan, \
     JobState
+from capacity.binpack.planning import DELETION_COST
+from capacity.binpack.planning import MARKER as BINPACK_MARKER
+from capacity.models_binpack import BinpackRun
 from config import clock
 from config.schedule import SCHEDULES
 from orgs.activity import org_activity_record
@@ -45,8 +48,10 @@ FORWARD_STEP_S = 5.0          # product seconds added per fast-forward tick
 FORWARD_AFTER_WALL_S = 4.0    # wall seconds a killed job gets before time is fast-forwarded
 PHASE_LIMIT_WALL_S = 150.0    # the longest any phase may take (wall seconds) before it is a violation
 SWEEP_TASK = "orgs.tasks.dormancy_sweep"
+BINPACK_TASK = "capacity.binpack.tasks.binpack_cluster"
 BEAT_TASKS = ("capacity.tasks.defrag_jobs_resume", "orgs.tasks.scale_to_zero_retry",
-              "orgs.tasks.scale_to_zero_reconcile", "clusters.tasks.discovery_refresh_all")
+              "orgs.tasks.scale_to_zero_reconcile", "clusters.tasks.discovery_refresh_all",
+              "capacity.binpack.tasks.binpack_all_clusters")
 
 
 class ChaosStuck(Exception):
@@ -64,6 +69,7 @@ class Stats:
     faults: Counter = field(default_factory=Counter)       # from simcluster's injected counts
     violations: list[str] = field(default_factory=list)
     gaps: dict = field(default_factory=lambda: {"pool": [], "whole": []})   # product seconds after a kill
+    longest_span: float = 0.0    # first kill to next step, across back-to-back kills
     forwarded_s: float = 0.0
     wall_s: float = 0.0
 
@@ -85,6 +91,7 @@ class Stats:
              f"{longest('pool')} ({GAP_BOUND_S['pool']:.0f} s)"),
             ("longest unstepped gap after a whole-worker kill (bound)",
              f"{longest('whole')} ({GAP_BOUND_S['whole']:.0f} s)"),
+            ("longest unstepped span across back-to-back kills", f"{self.longest_span:.1f} s"),
             ("product time fast-forwarded", f"{self.forwarded_s:.0f} s"),
             ("wall time", f"{self.wall_s:.0f} s"),
         ]
@@ -96,10 +103,15 @@ class Stats:
 
 @dataclass
 class PendingGap:
+    """A job whose stepping process was killed, not stepped since. Another kill before it is
+    stepped again (the worker that got its message, or the one that would run the resume)
+    starts the bound again from that kill, and a whole-worker kill makes it a whole kill;
+    `first_killed_at` keeps the whole unstepped span."""
     kind: str
     job_id: int
-    killed_at: object        # product time
+    killed_at: object        # product time of the latest kill
     killed_wall: float
+    first_killed_at: object = None
 
 
 class ChaosDriver:
@@ -195,8 +207,11 @@ class ChaosDriver:
         held = holder is not None and holder in pids
         self.say(f"{self.where()} SIGKILL {kind} {target} pids {pids}"
                  + (f" (stepping job #{job.pk} in {job.state})" if held else ""))
-        if held and needs_step:
-            self.pending.append(PendingGap(kind, job.pk, killed_at, time.monotonic()))
+        for gap in self.pending:
+            gap.killed_at, gap.killed_wall = killed_at, time.monotonic()
+            gap.kind = "whole" if kind == "whole" else gap.kind
+        if held and needs_step and not any(g.job_id == job.pk for g in self.pending):
+            self.pending.append(PendingGap(kind, job.pk, killed_at, time.monotonic(), killed_at))
 
     # ---- the loop every wait runs -------------------------------------------------------------
     def forward(self, seconds: float) -> None:
@@ -221,6 +236,8 @@ class ChaosDriver:
             if job.heartbeat_at and job.heartbeat_at > gap.killed_at:
                 seconds = (job.heartbeat_at - gap.killed_at).total_seconds()
                 self.stats.gaps[gap.kind].append(seconds)
+                self.stats.longest_span = max(self.stats.longest_span,
+                                              (job.heartbeat_at - gap.first_killed_at).total_seconds())
                 self.pending.remove(gap)
                 if seconds > GAP_BOUND_S[gap.kind]:
                     self.violation(f"job #{job.pk} went {seconds:.0f} s unstepped after a {gap.kind} kill "
@@ -278,7 +295,10 @@ class ChaosDriver:
 
     def scenario(self) -> None:
         sub_seed = self.rng.randrange(2 ** 31)
-        handle = self.make_cluster(scenario_objects(self.index), f"chaos-{self.index}")
+        # The simulated cluster's clock runs 5-50 times faster than the wall: the slower, the
+        # longer replacements take to start, so kills and aborts land mid-wait more often.
+        handle = self.make_cluster(scenario_objects(self.index), f"chaos-{self.index}",
+                                   self.rng.choice((5.0, 20.0, 50.0)))
         kube = Kube(handle.kubeconfig_path)
         try:
             self._scenario(handle, kube, sub_seed)
@@ -286,11 +306,20 @@ class ChaosDriver:
             self.violation(str(exc).removeprefix(self.where() + " "))
         finally:
             handle.control.clear_faults()
-            Org.objects.filter(cluster=handle.cluster).update(scale_to_zero_allowed=False)
             self.job = None
             self.pending = []
             self.settle()
             handle.server.stop()
+            self.cluster_retire(handle.cluster)
+
+    @staticmethod
+    def cluster_retire(cluster) -> None:
+        """The scenario's cluster is gone: forget it, as an operator removes a cluster, so
+        the schedules (retry, discovery, binpack) do not spend the next scenarios' workers
+        on a cluster that no longer answers."""
+        Org.objects.filter(cluster=cluster).delete()
+        DefragJob.objects.filter(cluster=cluster).delete()
+        cluster.delete()
 
     def _scenario(self, handle, kube: Kube, sub_seed: int) -> None:
         from orgs.services import orgs_sync
@@ -307,6 +336,7 @@ class ChaosDriver:
         try:
             self.defrag_phase(cluster, node, mode)
             self.sweep_phase(cluster)
+            self.binpack_phase(cluster)
         finally:
             injected = handle.control.faults().get("injected", {})
             self.stats.faults.update(injected)
@@ -314,6 +344,7 @@ class ChaosDriver:
         self.settle()
         self.check_defrag(cluster, kube)
         self.check_orgs(cluster, kube)
+        self.check_binpack(cluster, kube)
 
     # ---- defrag ------------------------------------------------------------------------------
     def defrag_phase(self, cluster, node: str, mode: str) -> None:
@@ -325,7 +356,7 @@ class ChaosDriver:
         self.aborts_sent = self.drains_sent = 0
         self.schedule_kills(self.rng.randint(1, 3), 4.0)
         if mode == "abort-early":
-            abort_at = time.monotonic() + self.rng.uniform(0.2, 6.0)
+            abort_at = time.monotonic() + self.rng.uniform(0.0, 2.5)
             self.wait(lambda: time.monotonic() >= abort_at or _state(job) in RESTING_STATES, "the abort moment")
             self.abort(job)
         else:
@@ -389,10 +420,9 @@ class ChaosDriver:
         if repeated:
             self.violation(f"job #{job.pk}: side effects audited more than once: {repeated}")
         events = Counter()
-        for namespace in ("default", MODEL_NS):
-            for event in kube.core.list_namespaced_event(namespace).items:
-                if (event.source and event.source.component) == "gpu-capacity-defrag":
-                    events[(event.reason, event.involved_object.name)] += event.count or 1
+        for event in kube.core.list_event_for_all_namespaces().items:
+            if (event.source and event.source.component) == "gpu-capacity-defrag":
+                events[(event.reason, event.involved_object.name)] += event.count or 1
         repeated_events = {k: n for k, n in events.items() if n > 1}
         if repeated_events:
             self.violation(f"job #{job.pk}: Events posted more than once: {repeated_events}")
@@ -416,6 +446,7 @@ class ChaosDriver:
         self.wait(lambda: time.monotonic() >= race_at, "the racing activity's moment")
         org_activity_record(racer)
         self.stats.activities += 1
+        self.say(f"{self.where()} sweep queued, activity of {racer} racing it")
         late = next(s for s, r in self.org_roles.items() if r == "after")
         self.wait(lambda: Org.objects.filter(slug=late, dormant=True).exists(), f"the sweep makes {late} dormant",
                   forward_after=None)
@@ -445,6 +476,55 @@ class ChaosDriver:
             switches = Counter(DormancySwitch.objects.filter(org=org).values_list("direction", flat=True))
             if any(n > 1 for n in switches.values()):
                 self.violation(f"org {slug}: switches repeated {dict(switches)}")
+
+
+    # ---- binpack ------------------------------------------------------------------------------
+    def binpack_phase(self, cluster) -> None:
+        """A binpack run queued as the schedule does, its worker killed at a random moment:
+        the costs end as planned (a redelivered message or the 5-minute beat runs again)."""
+        self.kill_times = []
+        self.schedule_kills(self.rng.randint(0, 2), 1.0)
+        self.binpack_sent_at = clock.now()
+        self.send_task(BINPACK_TASK, [cluster.pk])
+        self.say(f"{self.where()} binpack queued")
+        self.wait(lambda: _binpack_settled(cluster, self.binpack_sent_at), "binpack writes the planned costs",
+                  forward_after=8.0)
+
+    def check_binpack(self, cluster, kube: Kube) -> None:
+        if not BinpackRun.objects.filter(cluster=cluster, dry_run=False, started_at__gte=self.binpack_sent_at,
+                                         finished_at__isnull=False).exists():
+            self.violation("binpack run lost: no finished run recorded")
+        changes = _binpack_changes(cluster)
+        if changes:
+            self.violation(f"binpack left {len(changes)} planned cost(s) unwritten: {changes[:3]}")
+        for pod in kube.core.list_namespaced_pod(MODEL_NS).items:
+            notes = pod.metadata.annotations or {}
+            if BINPACK_MARKER in notes and notes.get(DELETION_COST) != notes[BINPACK_MARKER]:
+                self.violation(f"pod {pod.metadata.name}: deletion cost {notes.get(DELETION_COST)!r} half-written "
+                               f"(marker {notes[BINPACK_MARKER]!r})")
+
+
+def _binpack_changes(cluster) -> list | None:
+    """The cost changes a binpack run would write now (None: the cluster did not answer)."""
+    from capacity.binpack import planning
+    from capacity.binpack.services import binpack_options, opted_out_owners
+    from clusters.errors import KubeError
+    from clusters.kube import gateway_for
+    from clusters.snapshot import snapshot_take
+
+    gateway = gateway_for(cluster)
+    try:
+        snapshot = snapshot_take(gateway, now=clock.now())
+        plan = planning.binpack_plan(snapshot, options=binpack_options(opted_out_owners=opted_out_owners(gateway)))
+    except KubeError:
+        return None
+    return [c.as_dict() for c in plan.changes]
+
+
+def _binpack_settled(cluster, since) -> bool:
+    finished = BinpackRun.objects.filter(cluster=cluster, dry_run=False, started_at__gte=since,
+                                         finished_at__isnull=False).exists()
+    return finished and _binpack_changes(cluster) == []
 
 
 def _state(job: DefragJob) -> str:

@@ -61,8 +61,8 @@ def test_chaos_scenarios_keep_every_invariant(sim_cluster_factory, celery_proces
     schedules_install()
     PeriodicTask.objects.exclude(task__in=BEAT_TASKS).update(enabled=False)
 
-    def make_cluster(objects, name):
-        return sim_cluster_factory(objects, name=name, speed=50.0)
+    def make_cluster(objects, name, speed):
+        return sim_cluster_factory(objects, name=name, speed=speed)
 
     def send_task(name, args):
         app.send_task(name, args=args)
