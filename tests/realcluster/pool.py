@@ -74,6 +74,13 @@ class GpuPool:
         """A GPU ReplicaSet of its own (no Deployment)."""
         self.apps.create_namespaced_replica_set(self.ns, self._workload("ReplicaSet", name, replicas=replicas))
 
+    def daemonset(self, name: str) -> None:
+        """A GPU-less DaemonSet on this pool's nodes (a DCGM exporter, say)."""
+        workload = self._workload("DaemonSet", name, replicas=0)
+        del workload["spec"]["replicas"]
+        workload["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "10m"}}
+        self.apps.create_namespaced_daemon_set(self.ns, workload)
+
     def _workload(self, kind: str, name: str, *, replicas: int, scheduler: str | None = None,
                   annotations: dict | None = None) -> dict:
         spec = {**self.pinning(), "containers": [{"name": "model", "image": "dev.local/model:1", "resources": {

@@ -199,3 +199,41 @@ def test_abort_uncordons_and_deletes_the_orphan_once_its_revision_is_back(tier_c
     [replacement] = [p for p in gpus.pods(revision=REVISION) if p.spec.node_name == spare]
     assert replacement.metadata.owner_references
     backend.settle(lambda: gpus.actual_scale(REVISION) == 3, what="the PodAutoscaler back at 3")
+
+
+def test_a_bare_pod_and_a_plain_deployment_pod_block_the_node_and_are_never_touched(tier_cluster, pool):
+    """Only Knative revision pods are orphaned: for a plain Deployment's pod no
+    PodAutoscaler would count an orphan, so it blocks the node like a bare pod; a
+    DaemonSet pod is ignored (it stays on a cordoned node)."""
+    cluster, backend = tier_cluster
+    gpus = pool("defrag-blocked")
+    node = gpus.node_add("n1")
+    model_up(gpus, min_scale=1)
+    gpus.bare_pod("scratch", node=node, gpus=1)
+    gpus.deployment("web", replicas=1)
+    gpus.daemonset("dcgm-exporter")
+    backend.settle(lambda: all(p.status.phase == "Running" for p in gpus.pods(node=node)) and len(
+        gpus.pods(node=node)) == 4, what="the model, scratch, web and the exporter Running on n1")
+    [web] = gpus.pods(app="web")
+    [exporter] = gpus.pods(app="dcgm-exporter")
+    gpus.node_add("n2")                                     # room for the model's replacement
+
+    plan = defrag_discover(cluster=cluster, node_name=node, gateway=kube.gateway_for(cluster))
+    assert [(p.name, p.reason) for p in plan.blockers] == [
+        ("scratch", "bare pod (no controller would replace it)"),
+        (web.metadata.name, "ReplicaSet pod outside Knative (no PodAutoscaler counts an orphan)")]
+    assert [p.name for p in plan.ignored] == [exporter.metadata.name]
+    assert any("scratch" in line for line in plan.report_lines())
+    job = defrag_job_start(cluster=cluster, node_name=node, plan=plan, now=backend.now(), enqueue=False,
+                           poll_interval_seconds=2.0)
+    job = run_until(cluster, backend, job, {JobState.BLOCKED, JobState.SAFE})
+    assert job.state == JobState.BLOCKED
+    assert "scratch" in job.log[-1] and web.metadata.name in job.log[-1]
+    assert gpus.pod_exists("scratch") and gpus.pod_exists(web.metadata.name)     # never touched
+    assert gpus.core.read_namespaced_pod(web.metadata.name, gpus.ns).metadata.owner_references
+    # The pod the job orphaned itself has no controller either, but it is a tracked orphan, not a blocker.
+    [orphan] = job.orphans.all()
+    assert orphan.state == OrphanState.ORPHANED and orphan.pod_name not in job.log[-1]
+    assert DefragAudit.objects.get(job=job, action="job_blocked").new == {"blockers": [
+        f"{gpus.ns}/scratch (bare pod (no controller would replace it))",
+        f"{gpus.ns}/{web.metadata.name} (ReplicaSet pod outside Knative (no PodAutoscaler counts an orphan))"]}
