@@ -60,13 +60,27 @@ def conflict(plural: str, name: str, group: str = "", why: str = "") -> ApiError
                     details=_details(plural, name, group))
 
 
+# field.ErrorType of a cause, from how its message starts (k8s.io/apimachinery/pkg/util/validation/field).
+_CAUSE_REASONS = (("Required value", "FieldValueRequired"), ("Unsupported value", "FieldValueNotSupported"),
+                  ("Too long", "FieldValueTooLong"), ("Forbidden", "FieldValueForbidden"),
+                  ("Duplicate value", "FieldValueDuplicate"))
+
+
+def _cause_reason(message: str) -> str:
+    return next((reason for prefix, reason in _CAUSE_REASONS if message.startswith(prefix)), "FieldValueInvalid")
+
+
 def invalid(kind: str, name: str, causes: list[tuple[str, str]], group: str = "") -> ApiError:
-    """422 Invalid; `causes` are (field, message) pairs, as field.ErrorList renders them."""
-    text = "; ".join(f"{field}: {message}" for field, message in causes)
+    """422 Invalid; `causes` are (field, message) pairs, as field.ErrorList renders them:
+    apierrors.NewInvalid names the group-qualified kind and writes one error as is, several
+    as an aggregate ("[a, b]")."""
+    texts = [f"{field}: {message}" for field, message in causes]
+    text = texts[0] if len(texts) == 1 else f"[{', '.join(texts)}]"
+    qualified = f"{kind}.{group}" if group else kind
     details = _details(kind, name, group)
-    details["causes"] = [{"reason": "FieldValueInvalid", "message": message, "field": field}
+    details["causes"] = [{"reason": _cause_reason(message), "message": message, "field": field}
                          for field, message in causes]
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', details=details)
+    return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {text}', details=details)
 
 
 def bad_request(message: str) -> ApiError:
@@ -97,8 +111,10 @@ def resource_not_found() -> ApiError:
 
 
 def unsupported_media_type(content_type: str, accepted: list[str]) -> ApiError:
+    """negotiation.NewUnsupportedMediaTypeError: the message names what is accepted, not
+    what was sent."""
     return ApiError(415, "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format ({content_type or 'none'}) - "
+                    "the body of the request was in an unknown format - "
                     f"accepted media types include: {', '.join(accepted)}")
 
 

@@ -51,33 +51,50 @@ def apply_patch(current: dict, body: bytes, content_type: str, *, builtin: bool 
     content_type = (content_type or "").split(";")[0].strip()
     accepted = PATCH_TYPES if builtin else CUSTOM_RESOURCE_PATCH_TYPES
     if content_type not in accepted:
-        raise errors.unsupported_media_type(content_type, [*accepted, APPLY_PATCH])
-    patch = _decode(body)
+        if content_type in PATCH_TYPES:
+            # A patch type the route takes but this kind does not (strategic merge on a
+            # custom resource): the patch handler's own refusal.
+            raise errors.unsupported_media_type(content_type, [*accepted, APPLY_PATCH])
+        # Anything else is refused by the route before any handler (go-restful's Consumes).
+        raise errors.ApiError(415, "UnsupportedMediaType", "415: Unsupported Media Type")
+    # The strategic-merge path decodes the body itself and reports Go's error bare.
+    patch = _decode(body, prefix="" if content_type == STRATEGIC_MERGE_PATCH else "error decoding patch: ")
     if content_type == JSON_PATCH:
         return _json_patch(current, patch)
     if not isinstance(patch, dict):
-        raise errors.bad_request("invalid JSON document: a merge patch must be a JSON object")
+        raise errors.bad_request(f"error decoding patch: json: cannot unmarshal {_go_json_kind(patch)} into Go value "
+                                 "of type map[string]interface {}")
     if content_type == MERGE_PATCH:
         return merge_patch(current, patch)
     return strategic_merge(current, patch)
 
 
-def _decode(body: bytes):
+def _decode(body: bytes, *, prefix: str):
     try:
         return orjson.loads(body or b"")
     except orjson.JSONDecodeError as exc:
-        raise errors.bad_request(f"error decoding patch: {exc}") from None
+        raise errors.bad_request(f"{prefix}{exc}") from None
+
+
+def _go_json_kind(value) -> str:
+    """How Go's encoding/json names a JSON value it cannot unmarshal."""
+    return {dict: "object", list: "array", str: "string", bool: "bool", type(None): "null"}.get(type(value), "number")
 
 
 def _json_patch(current: dict, patch) -> dict:
-    if not isinstance(patch, list) or not all(isinstance(op, dict) for op in patch):
-        raise errors.bad_request("json: cannot unmarshal into Go value of type jsonpatch.Patch: "
-                                 "a JSON patch must be an array of operation objects")
+    if not isinstance(patch, list):
+        raise errors.bad_request(f"error decoding patch: json: cannot unmarshal {_go_json_kind(patch)} into Go value "
+                                 "of type []handlers.jsonPatchOp")
+    if not all(isinstance(op, dict) for op in patch):
+        bad = next(op for op in patch if not isinstance(op, dict))
+        raise errors.bad_request(f"error decoding patch: json: cannot unmarshal {_go_json_kind(bad)} into Go value "
+                                 "of type handlers.jsonPatchOp")
     try:
         return jsonpatch.JsonPatch(patch).apply(current, in_place=False)
-    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, KeyError) as exc:
-        raise errors.request_entity_invalid(f"the server rejected our request due to an error in our request: "
-                                            f"{exc}") from None
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, KeyError):
+        # kube-apiserver names no cause: the client sees only this sentence.
+        raise errors.request_entity_invalid("the server rejected our request due to an error in our "
+                                            "request") from None
 
 
 def merge_patch(target, patch):
@@ -124,7 +141,7 @@ def _merge_map(original, patch: dict, parent: str) -> dict:
             result[field] = [v for v in result.get(field) or [] if orjson.dumps(v) not in drop]
             continue
         if key.startswith("$"):
-            continue   # $patch handled above; $setElementOrder and $retainKeys are only ordering hints here
+            continue   # $patch handled above, $setElementOrder below; $retainKeys is not modelled
         if value is None:
             result.pop(key, None)
         elif isinstance(value, dict):
@@ -135,12 +152,42 @@ def _merge_map(original, patch: dict, parent: str) -> dict:
         elif isinstance(value, list) and key in _PRIMITIVE_MERGE:
             merged = list(result.get(key) or [])
             merged += [v for v in value if v not in merged]
-            result[key] = merged
+            result[key] = _element_order(merged, value, result.get(key) or [], None)
         elif isinstance(value, list) and (merge_key := _merge_key(key, parent)):
             result[key] = _merge_list(result.get(key), value, key, merge_key)
         else:
             result[key] = _strip(value)
+    for key, order in patch.items():
+        field = key.split("/", 1)[1] if key.startswith("$setElementOrder/") else None
+        if field and isinstance(order, list) and isinstance(result.get(field), list):
+            live = original.get(field) if isinstance(original, dict) else None
+            result[field] = _element_order(result[field], order, live if isinstance(live, list) else [],
+                                           None if field in _PRIMITIVE_MERGE else _merge_key(field, parent))
     return result
+
+
+def _element_order(merged: list, order: list, original: list, merge_key: str | None) -> list:
+    """normalizeElementOrder (strategicpatch/patch.go): the items named by `order` (the
+    patch's list, or its $setElementOrder) in that order, the server's other items
+    interleaved only where the live list put them before a patch item — so new items
+    come first, not appended."""
+    def key(item):
+        return orjson.dumps(item.get(merge_key) if merge_key and isinstance(item, dict) else item)
+    in_order = {key(item): i for i, item in enumerate(order)}
+    live_at = {key(item): i for i, item in enumerate(original)}
+    from_patch = sorted((m for m in merged if key(m) in in_order), key=lambda m: in_order[key(m)])
+    server_only = [m for m in merged if key(m) not in in_order]
+    out, i, j = [], 0, 0
+    while i < len(server_only) or j < len(from_patch):
+        if j >= len(from_patch) or (i < len(server_only) and key(server_only[i]) in live_at
+                                    and key(from_patch[j]) in live_at
+                                    and live_at[key(server_only[i])] < live_at[key(from_patch[j])]):
+            out.append(server_only[i])
+            i += 1
+        else:
+            out.append(from_patch[j])
+            j += 1
+    return out
 
 
 def _merge_key(field: str, parent: str) -> str | None:
@@ -167,4 +214,5 @@ def _merge_list(original, patch: list, field: str, merge_key: str) -> list:
             result.append(_strip(item))
         else:
             result[position] = _merge_map(result[position], item, field)
-    return result
+    kept = [item for item in patch if isinstance(item, dict) and _directive(item) != "delete"]
+    return _element_order(result, kept, list(original) if isinstance(original, list) else [], merge_key)

@@ -116,7 +116,8 @@ def _field_getter(path: str) -> Callable[[dict], str]:
     return get
 
 
-# Fields each kind can be selected on (besides metadata.name and metadata.namespace).
+# Fields each kind can be selected on (besides metadata.name and metadata.namespace):
+# the field label conversions of pkg/apis/core/v1/conversion.go and batch/v1.
 FIELD_SELECTABLE = {
     "pods": {"spec.nodeName", "status.phase", "spec.restartPolicy", "spec.schedulerName",
              "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
@@ -126,7 +127,18 @@ FIELD_SELECTABLE = {
                "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type",
                "regarding.kind", "regarding.name", "regarding.namespace", "regarding.uid"},
     "namespaces": {"status.phase"},
+    "secrets": {"type"},
+    "services": {"spec.clusterIP", "spec.type"},
+    "replicationcontrollers": {"status.replicas"},
+    "jobs": {"status.successful"},
 }
+# Built-in kinds with no conversion of their own: runtime.DefaultMetaV1FieldSelectorConversion
+# refuses other fields in its own words. (Custom resources say "field label not supported".)
+_DEFAULT_CONVERSION = {"configmaps", "serviceaccounts", "deployments", "replicasets", "statefulsets", "daemonsets",
+                       "poddisruptionbudgets", "roles", "rolebindings", "clusterroles", "clusterrolebindings"}
+# Boolean fields a field selector reads as "false" when the object leaves them out
+# (NodeToSelectableFields formats spec.unschedulable with strconv.FormatBool).
+_FALSE_WHEN_ABSENT = {"spec.unschedulable"}
 
 
 def parse_field_selector(selector: str | None, plural: str) -> tuple[Predicate | None, dict[str, str]]:
@@ -153,8 +165,12 @@ def parse_field_selector(selector: str | None, plural: str) -> tuple[Predicate |
             raise bad_request(f"invalid selector: {term!r}; can't understand {term!r}")
         field, value = field.strip(), value.strip()
         if field not in allowed:
+            if plural in _DEFAULT_CONVERSION:
+                raise bad_request(f'"{field}" is not a known field selector: only "metadata.name", "metadata.namespace"')
             raise bad_request(f'field label not supported: {field}')
         getter = _field_getter(field)
+        if field in _FALSE_WHEN_ABSENT:
+            getter = lambda obj, g=getter: g(obj) or "false"   # noqa: E731
         if negate:
             checks.append(lambda obj, g=getter, v=value: g(obj) != v)
         else:

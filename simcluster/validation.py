@@ -12,6 +12,7 @@ import re
 
 from . import errors
 from .resources import ResourceType
+from .selectors import selector_from_match_labels
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 # pkg/apis/policy/validation: the values spec.unhealthyPodEvictionPolicy may take.
@@ -122,5 +123,31 @@ def validate(rtype: ResourceType, obj: dict, old: dict | None) -> None:
             supported = ", ".join(_q(p) for p in UNHEALTHY_POD_EVICTION_POLICIES)
             causes.append(("spec.unhealthyPodEvictionPolicy",
                            f"Unsupported value: {_q(policy)}: supported values: {supported}"))
+    if rtype.group == "apps":
+        causes += _workload_causes(obj, old)
     if causes:
         raise errors.invalid(rtype.kind, name, causes, rtype.group)
+
+
+def _workload_causes(obj: dict, old: dict | None) -> list[tuple[str, str]]:
+    """pkg/apis/apps/validation for Deployments, ReplicaSets, StatefulSets and DaemonSets:
+    replicas a non-negative integer, a selector the template's labels match, and a
+    selector that never changes once created (apps/v1). Upstream renders the values with
+    Go's %#v; JSON stands in for it here."""
+    spec = obj.get("spec") or {}
+    causes = []
+    if "replicas" in spec:
+        replicas = spec["replicas"]
+        if not isinstance(replicas, int) or isinstance(replicas, bool):
+            causes.append(("spec.replicas", f"Invalid value: {_q(replicas)}: must be an integer"))
+        elif replicas < 0:
+            causes.append(("spec.replicas", f"Invalid value: {replicas}: must be greater than or equal to 0"))
+    selector = spec.get("selector")
+    labels = (((spec.get("template") or {}).get("metadata") or {}).get("labels")) or {}
+    if isinstance(selector, dict) and (selector.get("matchLabels") or selector.get("matchExpressions")) \
+            and isinstance(labels, dict) and not selector_from_match_labels(selector)(labels):
+        causes.append(("spec.template.metadata.labels",
+                       f"Invalid value: {_q(labels)}: `selector` does not match template `labels`"))
+    if old is not None and (old.get("spec") or {}).get("selector") != selector:
+        causes.append(("spec.selector", f"Invalid value: {_q(selector)}: field is immutable"))
+    return causes

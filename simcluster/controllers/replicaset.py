@@ -170,13 +170,12 @@ class ReplicaSetController:
         if not replicasets:
             return
         pods_by_ns = by_namespace(store.all(PODS))
-        owned_by_rs = by_controller(p for pods in pods_by_ns.values() for p in pods)
         # Sibling ReplicaSets (same Deployment) share the "rank" of rule 5.
         siblings = by_controller(replicasets)
         for rs in sorted(replicasets, key=lambda r: (r["metadata"]["namespace"], r["metadata"]["name"])):
-            self._sync(sim, rs, pods_by_ns.get(rs["metadata"]["namespace"], []), owned_by_rs, siblings)
+            self._sync(sim, rs, pods_by_ns.get(rs["metadata"]["namespace"], []), siblings)
 
-    def _sync(self, sim, rs: dict, namespace_pods: list[dict], owned_by_rs: dict, siblings: dict) -> None:
+    def _sync(self, sim, rs: dict, namespace_pods: list[dict], siblings: dict) -> None:
         store = sim.store
         now = sim.clock.now()
         spec = rs.get("spec") or {}
@@ -189,12 +188,8 @@ class ReplicaSetController:
             if diff < 0:
                 active += self._create(sim, rs, -diff)
             elif diff > 0:
-                owner_uid = controller_uid(rs)
-                related_rs = siblings.get(owner_uid, [rs]) if owner_uid else [rs]
-                related = [p for r in related_rs for p in owned_by_rs.get(r["metadata"]["uid"], [])]
-                related_uids = {p["metadata"]["uid"] for p in related}
-                related += [p for p in active if p["metadata"]["uid"] not in related_uids]
-                doomed = deletion_order(active, sibling_ranks(active, related), now)[:diff]
+                doomed = deletion_order(active, sibling_ranks(active, self._related_pods(rs, namespace_pods, siblings)),
+                                        now)[:diff]
                 for pod in doomed:
                     store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
                     record_event(sim, REPLICASETS, rs, "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}",
@@ -202,6 +197,24 @@ class ReplicaSetController:
                 doomed_uids = {p["metadata"]["uid"] for p in doomed}
                 active = [p for p in active if p["metadata"]["uid"] not in doomed_uids]
         self._write_status(sim, rs, active, now)
+
+    @staticmethod
+    def _related_pods(rs: dict, namespace_pods: list[dict], siblings: dict) -> list[dict]:
+        """getIndirectlyRelatedPods: the pods matching the selector of any ReplicaSet that
+        shares `rs`'s controller (a Deployment's old and new ReplicaSets). A ReplicaSet
+        without a controller has none, so rule 5 (node doubling) ties for its pods."""
+        owner_uid = controller_uid(rs)
+        if not owner_uid:
+            return []
+        related, seen = [], set()
+        for sibling in siblings.get(owner_uid, [rs]):
+            matches = selector_predicate((sibling.get("spec") or {}).get("selector"))
+            for pod in namespace_pods:
+                uid = pod["metadata"]["uid"]
+                if uid not in seen and matches(pod["metadata"].get("labels") or {}):
+                    seen.add(uid)
+                    related.append(pod)
+        return related
 
     def _create(self, sim, rs: dict, count: int) -> list[dict]:
         store = sim.store
