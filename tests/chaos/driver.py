@@ -494,9 +494,8 @@ class ChaosDriver:
         if not BinpackRun.objects.filter(cluster=cluster, dry_run=False, started_at__gte=self.binpack_sent_at,
                                          finished_at__isnull=False).exists():
             self.violation("binpack run lost: no finished run recorded")
-        changes = _binpack_changes(cluster)
-        if changes:
-            self.violation(f"binpack left {len(changes)} planned cost(s) unwritten: {changes[:3]}")
+        # That the costs matched the plan was waited for in the phase (pods moved since, by
+        # the pynodes' rollouts, are the next run's work, not a lost write).
         for pod in kube.core.list_namespaced_pod(MODEL_NS).items:
             notes = pod.metadata.annotations or {}
             if BINPACK_MARKER in notes and notes.get(DELETION_COST) != notes[BINPACK_MARKER]:
