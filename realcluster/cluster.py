@@ -181,6 +181,10 @@ class Tier:
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_VALUE}",
             "--cidr", POD_CIDR, "--node-ip", INSIDE_IP,
             "--server-address", "127.0.0.1:10247",
+            # IMPORTANT: heartbeats through node Leases. Without them KWOK refreshes a node's
+            # status only every ~50 s, the controller-manager's node-monitor grace period, and
+            # the node lifecycle controller then marks every pod on the node Ready=False.
+            "--node-lease-duration-seconds", "40",
         ], ready=lambda: Api("http://127.0.0.1:10247").answers("/healthz"), started=started)
 
         if self.with_knative:
