@@ -122,7 +122,8 @@ def redis_url(tmp_path_factory) -> str:
         from pytest_redis.executor import RedisExecutor
 
         port = _free_port()
-        executor = RedisExecutor(executable=server, databases=8, redis_timeout=30, loglevel="warning",
+        # 16 databases, as Redis ships: the worker tests take their brokers from db 1-15.
+        executor = RedisExecutor(executable=server, databases=16, redis_timeout=30, loglevel="warning",
                                  host="127.0.0.1", port=port, startup_timeout=30,
                                  datadir=tmp_path_factory.mktemp("redis"))
         try:
