@@ -822,6 +822,9 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
             audits=audits + [dict(action="job_drain", target=f"Node/{job.node_name}")])
 
 
+EVICTION_REFUSED = "Eviction refused by a PodDisruptionBudget: "
+
+
 def eviction_retry_seconds(job: DefragJob) -> float:
     """Seconds until a refused eviction is tried again: kubectl's 5 s, or the job's poll
     interval when that is shorter (what the log line must say)."""
@@ -833,6 +836,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
     """Evict (drain) or delete (abort) the orphans. Returns how many are not gone yet, and
     the (orphan, ready, wanted) an abort keeps because its revision needs it still."""
     waiting = 0
+    refused = False
     kept: list = []
     back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
@@ -864,7 +868,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
             except TooManyRequests as exc:
                 _append_log(job, f"Eviction of {orphan.namespace}/{orphan.pod_name} refused "
                                  f"(PodDisruptionBudget): retrying in {eviction_retry_seconds(job):g}s")
-                job.error = str(exc)
+                job.error, refused = f"{EVICTION_REFUSED}{exc}", True
                 continue
             except NotFound:
                 continue  # gone meanwhile: seen as gone on the next pass
@@ -896,6 +900,8 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                message=message, now=now)
         _append_log(job, line)
         _commit(job, orphans=[orphan], now=now, audits=[dict(action=action, target=target, new=new)])
+    if not refused and job.error.startswith(EVICTION_REFUSED):
+        job.error = ""  # no budget refused this pass: the job must not go on showing an old 429
     return waiting, kept
 
 

@@ -289,8 +289,10 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
     assert job.state == JobState.DRAINING and "PodDisruptionBudget" in job.log[-1]
     assert job.log[-1].endswith("retrying in 2s")            # the job's 2 s poll, not kubectl's 5 s
     assert world.kube.pod_exists(NS, pod.metadata.name)
+    assert job.error.startswith("Eviction refused by a PodDisruptionBudget: ")
     world.kube.policy.patch_namespaced_pod_disruption_budget("model", NS, {"spec": {"maxUnavailable": 1}})
     job = run_until(world, job, {JobState.DRAINED}, dt=5)
+    assert job.error == ""                                   # the refusal is over, and so is its message
     assert not world.kube.pod_exists(NS, pod.metadata.name)
     assert node not in [n.metadata.name for n in world.kube.core.list_node().items]
     assert world.gateway.calls[("evict", "pods")] >= 2
