@@ -10,13 +10,10 @@ simulated DCGM exporter reports for its running pods.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +26,7 @@ from clusters.models import Cluster
 from clusters.selectors import cluster_get
 from config import clock
 from orgs.models import Org
+from simcluster.control import SimControl, SimControlError
 from simcluster.metrics import UTILIZATION_ANNOTATION
 
 # The longest one advance may jump (seconds): a year is more than any demo walk needs,
@@ -90,19 +88,29 @@ class SimCluster:
     gateway: kube.KubeGateway
     url: str
 
-    def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+    @property
+    def control(self) -> SimControl:
+        return SimControl(self.url, timeout=_HTTP_TIMEOUT)
+
+    def _ask(self, what: str, call):
+        """One call to the simulator's control endpoint; DemoRefused naming it when it fails."""
         try:
-            with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            raise DemoRefused(f"the simulated cluster at {self.url} answered {exc.code} to {method} {path}: "
-                              f"{detail}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise DemoRefused(f"the simulated cluster at {self.url} did not answer {method} {path}: {exc}") from None
+            return call()
+        except SimControlError as exc:
+            raise DemoRefused(f"the simulated cluster at {self.url} answered {exc.code} to {what}: {exc}") from None
+        except (OSError, ValueError, KeyError) as exc:  # no answer, or an answer that is not the simulator's
+            raise DemoRefused(f"the simulated cluster at {self.url} did not answer {what}: {exc!r}") from None
+
+    def clock(self) -> datetime:
+        now = self._ask("GET /simcluster/v1/clock", self.control.clock)
+        return datetime.fromisoformat(now.replace("Z", "+00:00"))
+
+    def advance(self, seconds: float) -> None:
+        self._ask("POST /simcluster/v1/advance", lambda: self.control.advance(seconds))
+
+    def set_load(self, namespace: str, revision: str, concurrency: float) -> None:
+        self._ask(f"PUT /simcluster/v1/load/{namespace}/{revision}",
+                  lambda: self.control.set_load(namespace, revision, concurrency))
 
 
 def demo_cluster_require(*, command: str) -> SimCluster:
@@ -119,12 +127,10 @@ def demo_cluster_require(*, command: str) -> SimCluster:
     url = gateway.host.rstrip("/")
     sim = SimCluster(cluster=cluster, gateway=gateway, url=url)
     try:
-        answer = sim.call("GET", "/simcluster/v1/clock")
+        sim.clock()
     except DemoRefused as exc:
         raise DemoRefused(f"{command} refuses: cluster {cluster.name!r} at {url} is not the demo's simulated "
                           f"cluster ({exc})") from None
-    if "now" not in answer:
-        raise DemoRefused(f"{command} refuses: cluster {cluster.name!r} at {url} is not a simulated cluster")
     return sim
 
 
@@ -136,13 +142,9 @@ class Clocks:
     cluster_now: datetime
 
 
-def _cluster_now(answer: dict) -> datetime:
-    return datetime.fromisoformat(answer["now"].replace("Z", "+00:00"))
-
-
 def demo_clocks_read(*, sim: SimCluster) -> Clocks:
     return Clocks(product_now=clock.now(), offset_seconds=clock.offset_seconds(),
-                  cluster_now=_cluster_now(sim.call("GET", "/simcluster/v1/clock")))
+                  cluster_now=sim.clock())
 
 
 def _offset_write(path: Path, seconds: float) -> None:
@@ -163,7 +165,7 @@ def demo_clock_advance(*, sim: SimCluster, seconds: float) -> Clocks:
         raise DemoInputError(f"seconds must be between 0 and {MAX_ADVANCE_SECONDS}, got {seconds!r}")
     before = clock.offset_seconds()
     # IMPORTANT: the cluster first: if it refuses, the product's clock has not moved either.
-    sim.call("POST", "/simcluster/v1/advance", {"seconds": seconds})
+    sim.advance(seconds)
     _offset_write(Path(settings.CLOCK_OFFSET_FILE), before + seconds)
     return demo_clocks_read(sim=sim)
 
@@ -216,7 +218,7 @@ def demo_model_load_set(*, sim: SimCluster, model: str, busy: bool) -> LoadResul
     utilization = BUSY_UTILIZATION if busy else IDLE_UTILIZATION
     # Busy: enough requests in flight to keep one pod at BUSY_UTILIZATION percent.
     concurrency = round(target * utilization / 100.0, 3)
-    sim.call("PUT", f"/simcluster/v1/load/{namespace}/{revision_name}", {"concurrency": concurrency})
+    sim.set_load(namespace, revision_name, concurrency)
     patched = []
     for pod in gateway.list(kube.PODS, namespace=namespace,
                             label_selector=f"serving.knative.dev/revision={revision_name}"):
