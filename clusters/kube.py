@@ -10,6 +10,7 @@ errors from `clusters.errors`.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import Counter
@@ -157,6 +158,17 @@ def _error_from_response(status: int, body: bytes, headers: Any, what: str) -> K
         message = body[:300].decode("utf-8", "replace")
     return error_for_status(status, reason, message or f"{what}: HTTP {status}",
                             retry_after=_retry_after_seconds(headers), details=details)
+
+
+def event_name(object_name: str, moment: datetime) -> str:
+    """`<object>.<unix ns hex>.<6 random hex>`: client-go's recorder name plus a random
+    part, since two Events about one object at the same instant (a restore in the same
+    nanosecond as its prune, as a simulated clock makes it) would otherwise share a name
+    and the second would be refused with 409. The random part is drawn once per Event, so
+    a retried create after a lost answer cannot land twice. At most 253 characters (a DNS
+    subdomain): a very long object name is shortened, the stamp and random part are kept."""
+    tail = f".{int(moment.timestamp() * 1e9):x}.{secrets.token_hex(3)}"
+    return f"{object_name[:253 - len(tail)].rstrip('.-')}{tail}"
 
 
 class KubeGateway:
@@ -429,7 +441,7 @@ class KubeGateway:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{int(moment.timestamp() * 1e9):x}", "namespace": namespace},
+            "metadata": {"name": event_name(meta["name"], moment), "namespace": namespace},
             "involvedObject": {
                 "apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
                 "namespace": meta.get("namespace"), "uid": meta.get("uid"),
