@@ -19,7 +19,7 @@ import _django
 
 _django.setup("defrag-bench", extra_paths=["tests/capacity"])
 
-from capacity.models import JobState  # noqa: E402
+from capacity.defrag.models import JobState  # noqa: E402
 from capacity.defrag.planning import revision_satisfied  # noqa: E402
 from capacity.defrag.services import defrag_discover, defrag_job_start, defrag_job_step, defrag_job_wait  # noqa: E402
 from clusters.kube import NODES, PODAUTOSCALERS, KubeGateway  # noqa: E402

@@ -7,8 +7,8 @@ from clusters import kube
 from clusters.models import Cluster
 from clusters.snapshot import snapshot_take
 
-from capacity.models import LIVE_STATES, DefragJob
-from capacity.planning import FragmentationView, fragmentation_view
+from capacity.defrag.models import LIVE_STATES, DefragJob
+from capacity.gpumap.planning import FragmentationView, fragmentation_view
 
 
 def defrag_jobs_live_by_node(*, cluster: Cluster) -> dict[str, int]:
@@ -64,3 +64,23 @@ def defrag_job_progress(*, job: DefragJob) -> dict:
         "orphans": [{"namespace": o.namespace, "pod": o.pod_name, "uid": o.uid, "state": o.state, "gpus": o.gpus}
                     for o in job.orphans.all()],
     }
+
+
+def defrag_drains(*, cluster: Cluster, until: datetime) -> list[dict]:
+    """Nodes defrag jobs drained, oldest first: node, job_id, drained_at, returned_at (the first
+    return to service recorded on any job of the node after the drain, else None) and
+    gpus_moved (GPUs of the pods the job found on the node)."""
+    from capacity.defrag.models import DefragAudit, JobState
+
+    returns: dict[str, list[datetime]] = {}
+    for node, at in (DefragAudit.objects.filter(job__cluster=cluster, action="node_return_to_service", at__lte=until)
+                     .order_by("at").values_list("job__node_name", "at")):
+        returns.setdefault(node, []).append(at)
+    drains = []
+    for job in (DefragJob.objects.filter(cluster=cluster, state=JobState.DRAINED, finished_at__isnull=False,
+                                         finished_at__lte=until).order_by("finished_at", "pk")):
+        returned = next((at for at in returns.get(job.node_name, ()) if at >= job.finished_at), None)
+        moved = sum(int(p.get("gpus") or 0) for p in (job.report or {}).get("pods", ()))
+        drains.append({"node": job.node_name, "job_id": job.pk, "drained_at": job.finished_at,
+                       "returned_at": returned, "gpus_moved": moved})
+    return drains

@@ -109,7 +109,7 @@ class DatabaseCollector:
     def _families(self) -> Iterator[Metric]:
         from django.db.models import Count, Sum
 
-        from capacity.models import DefragJob, JobState
+        from capacity.defrag.models import DefragJob, JobState
         from clusters.models import Cluster
         from orgs.models import DormancySwitch, Org
         from pruning.models import PruneDecision, PruneRun

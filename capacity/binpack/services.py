@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from capacity.binpack import planning
-from capacity.models_binpack import BinpackRun
+from capacity.binpack.models import BinpackRun
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, describe_failure
 from clusters.models import Cluster

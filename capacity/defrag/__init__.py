@@ -1,6 +1,6 @@
 """Defrag jobs: empty a GPU node safely.
 
-`planning` decides (pure: a snapshot and `now` in, a value out), `services` acts on the
-cluster and records what it did, `tasks` run short steps under a lease. The models stay in
-`capacity.models`.
+`models` hold the job and what it did, `planning` decides (pure: a snapshot and `now` in,
+a value out), `services` act on the cluster and record what they did, `tasks` run short
+steps under a lease, `admin` and `views` are the operator's pages.
 """

@@ -32,7 +32,7 @@ from clusters.snapshot import NodeView, PodView, snapshot_take
 from config import clock
 from config.actors import actor_label_current
 
-from capacity.models import (
+from capacity.defrag.models import (
     LIVE_STATES,
     RUNNING_STATES,
     AbortChoice,

@@ -15,7 +15,7 @@ from celery import shared_task
 from clusters.errors import KubeError
 from config import clock
 
-from capacity.models import RESTING_STATES, DefragJob, JobState
+from capacity.defrag.models import RESTING_STATES, DefragJob, JobState
 from capacity.defrag.services import (
     defrag_job_lease_acquire,
     defrag_job_lease_release,

@@ -11,7 +11,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
-from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from capacity.runbook import planning
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound

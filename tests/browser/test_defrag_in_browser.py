@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
-from capacity.models import DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from clusters import kube
 from capacity.defrag.services import defrag_job_step
 from config import clock

@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from capacity.models import DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from clusters import kube
 from config import clock
 from tests.browser.conftest import shot

@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from capacity.binpack import planning as bp
 from capacity.binpack.services import pod_deletion_costs_apply
-from capacity.models_binpack import BinpackRun
+from capacity.binpack.models import BinpackRun
 from simcluster.generate import namespace as namespace_doc
 from simcluster.generate import node as node_doc
 

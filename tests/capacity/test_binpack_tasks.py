@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capacity.binpack.tasks import binpack_cluster
-from capacity.models_binpack import BinpackRun
+from capacity.binpack.models import BinpackRun
 from clusters import kube
 from clusters.errors import Forbidden, Unavailable
 from tests.kube_access import cluster_denied, denials

@@ -6,9 +6,9 @@ import re
 import pytest
 from django.utils import timezone
 
-from capacity.dashboard import gpu_summary
-from capacity.models import DefragJob, JobState
-from capacity.planning import fragmentation_view
+from capacity.gpumap.planning import gpu_summary
+from capacity.defrag.models import DefragJob, JobState
+from capacity.gpumap.planning import fragmentation_view
 from clusters.snapshot import snapshot_take
 from defrag_builders import make_model_pod, make_node
 from orgs.models import Org

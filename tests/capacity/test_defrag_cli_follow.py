@@ -12,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from capacity.management.commands import defrag as defrag_command
-from capacity.models import DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from config import clock
 from defrag_cluster import NS, REVISION, knative_service, scenario
 from test_defrag_services import world_without_room

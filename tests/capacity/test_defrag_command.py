@@ -7,7 +7,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from capacity.models import DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from defrag_cluster import NS, REVISION, Kube, knative_service, scenario
 
 pytestmark = pytest.mark.django_db(transaction=True)

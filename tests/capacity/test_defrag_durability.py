@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from capacity.defrag import tasks
-from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
 from capacity.defrag.services import (
     LEASE_SECONDS,
     defrag_job_abort,

@@ -18,7 +18,7 @@ from capacity.defrag.planning import (
     replicaset_ready_pods,
     revision_satisfied,
 )
-from capacity.planning import fragmentation_view
+from capacity.gpumap.planning import fragmentation_view
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
 REV = "bt-deployment-qvr7e9w-00001"

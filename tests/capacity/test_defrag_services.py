@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from capacity.defrag import services
-from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
 from capacity.defrag.services import (
     SAFE_MESSAGE,
     DefragError,

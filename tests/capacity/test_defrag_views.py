@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from capacity.models import DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from defrag_builders import make_model_pod, make_node, make_pod
 
 pytestmark = pytest.mark.django_db

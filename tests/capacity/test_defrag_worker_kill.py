@@ -15,7 +15,7 @@ import time
 import pytest
 
 from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_start
-from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
 from defrag_builders import make_node, make_pod
 from defrag_cluster import NS, Kube, knative_service, scenario
 from tests.celery_workers import CELERY, ROOT, broker_url, celery_processes, pool_children, wait_for  # noqa: F401

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from capacity.models import DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from defrag_builders import make_model_pod, make_node
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from capacity.defrag.services import (
     defrag_job_step,
     node_return_to_service,
 )
-from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
 from defrag_builders import make_node
 from defrag_cluster import NS, knative_service, scenario
 

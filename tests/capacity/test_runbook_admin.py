@@ -8,7 +8,7 @@ import kubernetes
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from capacity.runbook import services
 from orgs.models import Org
 from simcluster.generate import inference_service, namespace, node, pynode

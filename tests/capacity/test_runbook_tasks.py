@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capacity.models_runbook import ServedModel
+from capacity.runbook.models import ServedModel
 from capacity.runbook.tasks import registry_sync_cluster
 from clusters import kube
 from clusters.errors import Forbidden, Unavailable

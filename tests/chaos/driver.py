@@ -23,11 +23,11 @@ from datetime import timedelta
 
 from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_drain, \
     defrag_job_start
-from capacity.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragAudit, DefragJob, DefragOrphan, \
+from capacity.defrag.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragAudit, DefragJob, DefragOrphan, \
     JobState
 from capacity.binpack.planning import DELETION_COST
 from capacity.binpack.planning import MARKER as BINPACK_MARKER
-from capacity.models_binpack import BinpackRun
+from capacity.binpack.models import BinpackRun
 from config import clock
 from config.schedule import SCHEDULES
 from orgs.activity import org_activity_record

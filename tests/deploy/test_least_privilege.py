@@ -21,9 +21,9 @@ import yaml
 
 from capacity.defrag import services as defrag
 from capacity.binpack.services import pod_deletion_costs_apply
-from capacity.models import JobState
-from capacity.models_binpack import BinpackRun
-from capacity.models_runbook import ServedModel
+from capacity.defrag.models import JobState
+from capacity.binpack.models import BinpackRun
+from capacity.runbook.models import ServedModel
 from capacity.runbook import services as runbook
 from clusters import kube
 from clusters.models import Cluster

@@ -60,7 +60,7 @@ def test_a_sweep_shows_as_a_dormancy_switch_and_a_task_duration(sim_cluster_fact
 
 
 def test_defrag_jobs_by_state_and_prune_decisions_by_result(sim_cluster_factory, scrape):
-    from capacity.models import DefragJob, JobState
+    from capacity.defrag.models import DefragJob, JobState
     from pruning.models import PruneDecision, PruneRun
 
     sim = sim_cluster_factory(name="jobs-sim")

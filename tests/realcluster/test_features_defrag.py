@@ -24,7 +24,7 @@ from capacity.defrag.services import (
     defrag_job_start,
     defrag_job_step,
 )
-from capacity.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
 from clusters import kube
 
 from .pool import GpuPool

@@ -23,7 +23,7 @@ class Command(CliActorMixin, BaseCommand):
 
     def handle(self, *args, **opts):
         from capacity.binpack.services import pod_deletion_costs_apply
-        from capacity.models_binpack import BinpackRun
+        from capacity.binpack.models import BinpackRun
         from clusters.models import Cluster
         from clusters.selectors import cluster_get
 

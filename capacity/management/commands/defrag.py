@@ -22,7 +22,7 @@ from clusters.selectors import cluster_get
 from config import clock
 from config.actors import acting_as, cli_label
 
-from capacity.models import RESTING_STATES, AbortChoice, DefragJob, JobState
+from capacity.defrag.models import RESTING_STATES, AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
 from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
 from capacity.defrag.services import (

@@ -10,7 +10,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from capacity.models_runbook import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from capacity.runbook import services
 from clusters.errors import KubeError
 from config import clock

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from capacity.binpack.planning import FORMULA
-from capacity.models_binpack import BinpackCluster, BinpackRun
+from capacity.binpack.models import BinpackCluster, BinpackRun
 from clusters.errors import KubeError
 from config.actors import actor_describe
 

@@ -1,25 +1,33 @@
-"""The GPU map and the job progress endpoint (staff with a capacity view permission)."""
+"""The GPU map and the cluster dashboard (staff with `capacity.view_cluster_contents`).
+
+The dashboard shows GPUs by product, fragmentation, dormant orgs, defrag jobs and the last
+prune runs: two Kubernetes API calls and a few small queries, whatever the size of the cluster."""
 from __future__ import annotations
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404
+from django.shortcuts import render
 
 from clusters.errors import KubeError
 from clusters.models import Cluster
 from config import clock
+from orgs.models import Org
+from pruning.models import PruneRun
 
-from capacity.models import DefragJob
+from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
-from capacity.selectors import defrag_job_progress, defrag_jobs_newest_by_node, fragmentation_for
+from capacity.gpumap.planning import gpu_summary
+from capacity.selectors import defrag_jobs_newest_by_node, fragmentation_for
 
 CELL = 18  # px per GPU cell in the map
 LABEL_WIDTH = 330  # px for the node name column
 NODES_PER_PAGE = 100  # map rows per page: a 1,000-node fleet is ten pages, not one huge SVG
 TOP_CANDIDATES = 25  # "where to defrag" rows shown (the best first)
+
+RECENT = 5  # recent jobs and prune runs shown
+REFRESH_SECONDS = 10  # the page reloads its content on its own while it is open
 
 # Staff status opens the admin, not the cluster: the dashboard and the GPU map name
 # orgs, models and nodes, so they want this permission, checked before any API call.
@@ -29,19 +37,6 @@ CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
 def cluster_contents_required(view):
     """Anonymous → the login page; staff without the permission → 403, before the view runs."""
     return staff_member_required(permission_required(CLUSTER_CONTENTS_PERMISSION, raise_exception=True)(view))
-
-
-def _may_view_jobs(user) -> bool:
-    # The admin lets a user who may change a job also view it: the same rule here.
-    return user.has_perm("capacity.view_defragjob") or user.has_perm("capacity.change_defragjob")
-
-
-@staff_member_required
-def job_progress(request, pk: int):
-    if not _may_view_jobs(request.user):
-        raise PermissionDenied("viewing defrag jobs needs the capacity.view_defragjob permission")
-    job = get_object_or_404(DefragJob.objects.select_related("cluster"), pk=pk)
-    return JsonResponse(defrag_job_progress(job=job))
 
 
 @cluster_contents_required
@@ -77,3 +72,29 @@ def gpu_map(request, cluster: str):
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
         "cell": CELL - 2, "text_x": LABEL_WIDTH + width * CELL + 8,
     })
+
+
+@cluster_contents_required
+def dashboard(request, cluster: str):
+    cluster_row = Cluster.objects.filter(name=cluster).first()
+    if cluster_row is None:
+        raise Http404(f"no cluster named {cluster!r}")
+    context = {"cluster": cluster_row, "clusters": Cluster.objects.order_by("name"),
+               "refresh_seconds": REFRESH_SECONDS, "title": f"Dashboard — {cluster_row.name}"}
+    try:
+        context["gpus"] = gpu_summary(fragmentation_for(cluster=cluster_row, now=clock.now()))
+    except KubeError as exc:
+        context["error"] = str(exc)
+    orgs = Org.objects.filter(cluster=cluster_row)
+    jobs = DefragJob.objects.filter(cluster=cluster_row)
+    context.update({
+        "orgs_total": orgs.count(),
+        "orgs_dormant": orgs.filter(dormant=True).count(),
+        "orgs_protected": orgs.filter(scale_to_zero_allowed=False).count(),
+        "orgs_drifting": orgs.exclude(drift=[]).count(),
+        "jobs_running": list(jobs.filter(state__in=RUNNING_STATES)),
+        "jobs_recent": list(jobs.exclude(state__in=RUNNING_STATES)[:RECENT]),
+        "prune_runs": list(PruneRun.objects.filter(cluster=cluster_row).order_by("-started_at")[:RECENT]),
+    })
+    status = 502 if "error" in context else 200
+    return render(request, "capacity/dashboard.html", context, status=status)

@@ -1,0 +1,226 @@
+"""Admin for defrag jobs: start (report → confirm), drain (own permission, second
+confirmation), abort, and the job page that follows the job live."""
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from clusters import kube
+from clusters.errors import KubeError, NotFound
+from clusters.models import Cluster
+from config.actors import actor_describe
+
+from capacity.defrag.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
+from capacity.defrag.services import (
+    POLL_RANGE,
+    TIMEOUT_RANGE,
+    DefragError,
+    defrag_discover,
+    defrag_job_abort,
+    defrag_job_drain,
+    defrag_job_start,
+    eviction_retry_seconds,
+    node_return_to_service,
+    RETURNABLE_STATES,
+)
+
+
+class DefragStartForm(forms.Form):
+    """The two numbers an operator may set when confirming; Django's fields refuse NaN and
+    infinities, the bounds refuse zero, negatives and absurdly long waits."""
+    timeout = forms.IntegerField(label="timeout", min_value=TIMEOUT_RANGE[0], max_value=TIMEOUT_RANGE[1],
+                                 required=False)
+    poll_interval = forms.FloatField(label="poll_interval", min_value=POLL_RANGE[0], max_value=POLL_RANGE[1],
+                                     required=False)
+
+    def errors_named(self) -> list[str]:
+        return [f"{name}: {error}" for name, errors in self.errors.items() for error in errors]
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """A job's rows are written by the job only: shown, never added or edited here."""
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class RevisionInline(ReadOnlyInline):
+    model = DefragRevision
+    readonly_fields = [f.name for f in DefragRevision._meta.fields]
+
+
+class OrphanInline(ReadOnlyInline):
+    model = DefragOrphan
+    readonly_fields = [f.name for f in DefragOrphan._meta.fields if f.name != "owner_references"]
+    exclude = ["owner_references"]
+
+
+class AuditInline(ReadOnlyInline):
+    model = DefragAudit
+    readonly_fields = [f.name for f in DefragAudit._meta.fields]
+
+
+@admin.register(DefragJob)
+class DefragJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
+    list_filter = ["state", "cluster"]
+    search_fields = ["node_name"]
+    readonly_fields = [f.name for f in DefragJob._meta.fields]
+    inlines = [RevisionInline, OrphanInline, AuditInline]
+    change_form_template = "capacity/defragjob_change_form.html"
+    change_list_template = "capacity/defragjob_change_list.html"
+
+    @admin.display(description="asked by", ordering="requested_by")
+    def asked_by(self, job: DefragJob) -> str:
+        return actor_describe(job.requested_by, job.requested_by_label)
+
+    def has_add_permission(self, request):
+        return False  # jobs start from the report page ("defrag this node"), never from a blank form
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a job's rows are the only record of the pods it orphaned
+
+    def get_urls(self):
+        own = [
+            path("start/", self.admin_site.admin_view(self.start_view), name="capacity_defragjob_start"),
+            path("<int:pk>/drain/", self.admin_site.admin_view(self.drain_view), name="capacity_defragjob_drain"),
+            path("<int:pk>/abort/", self.admin_site.admin_view(self.abort_view), name="capacity_defragjob_abort"),
+            path("<int:pk>/return-to-service/", self.admin_site.admin_view(self.return_view),
+                 name="capacity_defragjob_return"),
+        ]
+        return own + super().get_urls()
+
+    def changelist_view(self, request, extra_context=None):
+        extra = {"clusters": Cluster.objects.all(), **(extra_context or {})}
+        return super().changelist_view(request, extra_context=extra)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # Every field is the job's own record: no Save buttons; operators act through
+        # the drain and abort pages, each with its confirmation.
+        extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"),
+                 "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
+                 "returnable_states": RETURNABLE_STATES, "show_save": False,
+                 "show_save_and_continue": False, "show_save_and_add_another": False, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    def _job_url(self, job: DefragJob) -> str:
+        return reverse("admin:capacity_defragjob_change", args=[job.pk])
+
+    def start_view(self, request):
+        """The defrag report as a page: what the node holds and what blocks, then `Proceed with defrag?`."""
+        if not request.user.has_perm("capacity.add_defragjob"):
+            raise PermissionDenied
+        source = request.POST if request.method == "POST" else request.GET
+        cluster = get_object_or_404(Cluster, name=source.get("cluster", ""))
+        node_name = source.get("node", "")
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "cluster": cluster,
+                   "node": node_name, "title": f"Defrag node {node_name}?"}
+        try:
+            plan = defrag_discover(cluster=cluster, node_name=node_name)
+        except (DefragError, KubeError) as exc:
+            messages.error(request, f"Cannot defrag {node_name!r}: {exc}")
+            return HttpResponseRedirect(reverse("admin:capacity_defragjob_changelist"))
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            form = DefragStartForm(request.POST)
+            if not form.is_valid():
+                # Nothing started: the page comes back with the field named and the values typed.
+                context.update(form_errors=form.errors_named(), timeout=request.POST.get("timeout"),
+                               poll_interval=request.POST.get("poll_interval"))
+                for error in form.errors_named():
+                    messages.error(request, f"Not started: {error}")
+            else:
+                try:
+                    job = defrag_job_start(cluster=cluster, node_name=node_name, plan=plan, actor=request.user,
+                                           timeout_seconds=form.cleaned_data["timeout"],
+                                           poll_interval_seconds=form.cleaned_data["poll_interval"])
+                except DefragError as exc:
+                    messages.error(request, str(exc))
+                else:
+                    messages.success(request, f"Defrag job #{job.pk} confirmed on {node_name}: a worker starts it")
+                    return HttpResponseRedirect(self._job_url(job))
+        context.update(plan=plan, lines=plan.report_lines())
+        return TemplateResponse(request, "capacity/defrag_confirm.html", context)
+
+    def drain_view(self, request, pk: int):
+        job = get_object_or_404(DefragJob, pk=pk)
+        if not request.user.has_perm("capacity.drain_defragjob"):
+            raise PermissionDenied("draining needs the 'Can drain (evict and delete) a defragged node' permission")
+        if request.method == "POST" and request.POST.get("confirm") == job.node_name:
+            try:
+                defrag_job_drain(job=job, actor=request.user, delete_node=request.POST.get("delete_node") == "on")
+            except DefragError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, f"Drain of {job.node_name} requested: a worker evicts its orphans")
+            return HttpResponseRedirect(self._job_url(job))
+        if request.method == "POST":
+            messages.error(request, "Type the node name exactly to confirm the drain.")
+        return TemplateResponse(request, "capacity/defrag_drain_confirm.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
+            "retry": f"{eviction_retry_seconds(job):g}",
+            "orphans": job.orphans.filter(state="orphaned"), "title": f"Drain node {job.node_name}?"})
+
+    def abort_view(self, request, pk: int):
+        job = get_object_or_404(DefragJob, pk=pk)
+        if not request.user.has_perm("capacity.change_defragjob"):
+            raise PermissionDenied
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            choice = request.POST.get("orphans", AbortChoice.WAIT)
+            if choice == AbortChoice.DELETE and request.POST.get("capacity_drops") != "on":
+                messages.error(request, "Tick the box that says capacity drops to delete the orphans anyway.")
+                return HttpResponseRedirect(reverse("admin:capacity_defragjob_abort", args=[job.pk]))
+            try:
+                defrag_job_abort(job=job, actor=request.user, orphans=choice)
+            except DefragError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, {
+                    AbortChoice.KEEP: f"Job #{job.pk}: keeping the orphans requested; a worker stops the abort "
+                                      f"as abort-stuck where they are still needed",
+                    AbortChoice.DELETE: f"Job #{job.pk}: deleting the orphans anyway requested; a worker deletes "
+                                        f"them even where their revision is not back to scale",
+                }.get(choice, f"Abort of job #{job.pk} requested: a worker uncordons the node if the job cordoned "
+                              f"it, and deletes each orphan once its revision is back to scale"))
+            return HttpResponseRedirect(self._job_url(job))
+        return TemplateResponse(request, "capacity/defrag_abort_confirm.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
+            "stuck": job.state == JobState.ABORT_STUCK,
+            "deadline": f"{settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}s",
+            "kept": job.orphans.filter(state="orphaned"),
+            "title": f"Abort defrag of {job.node_name}?"})
+
+    def return_view(self, request, pk: int):
+        """Return the job's node to service (uncordon), after a page that names the node and
+        says what it is now and what will happen to the job."""
+        job = get_object_or_404(DefragJob.objects.select_related("cluster"), pk=pk)
+        if not request.user.has_perm("capacity.return_to_service_defragjob"):
+            raise PermissionDenied("returning a node to service needs the 'Can return a defragged node to "
+                                   "service (uncordon it)' permission")
+        if request.method == "POST" and request.POST.get("confirm") == job.node_name:
+            try:
+                done = node_return_to_service(cluster=job.cluster, node=job.node_name, actor=request.user, job=job)
+            except (DefragError, KubeError) as exc:
+                messages.error(request, f"Nothing changed: {exc}")
+            else:
+                messages.success(request, done.message)
+            return HttpResponseRedirect(self._job_url(job))
+        try:
+            node = kube.gateway_for(job.cluster).get(kube.NODES, job.node_name)
+            node_state = "cordoned" if (node.get("spec") or {}).get("unschedulable") else "schedulable"
+        except NotFound:
+            node_state = "gone"
+        except KubeError as exc:
+            node_state = f"unknown (cannot read the cluster: {exc})"
+        return TemplateResponse(request, "capacity/defrag_return_confirm.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "job": job, "node_state": node_state,
+            "orphans": job.orphans.filter(state__in=["planned", "orphaned", "deleting"]).count(),
+            "title": f"Return node {job.node_name} to service?"})
+
