@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "orgs",
     "pruning",
     "capacity",
+    "savings",  # GPU-hours saved per cluster, computed from the other apps' records
     "demo",  # demo-only controls; they refuse to run unless DEMO_MODE is set
 ]
 X_FRAME_OPTIONS = "SAMEORIGIN"  # django-admin-interface shows related-object popups in frames

@@ -18,5 +18,6 @@ urlpatterns = [
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
     path("capacity/", include("capacity.urls")),
+    path("savings/", include("savings.urls")),
     path("api/orgs/", include("orgs.urls")),
 ]

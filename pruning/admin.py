@@ -7,7 +7,7 @@ from django.utils.html import format_html, format_html_join
 from clusters.errors import KubeError, PrometheusError
 
 from . import selectors, services
-from .charts import sparkline
+from .charts import CHART_JS, sparkline
 from .models import PruneDecision, PruneRun
 
 
@@ -33,6 +33,9 @@ class PruneRunAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in PruneRun._meta.fields if f.name != "skip_counts"] + [
         "skipped_by_reason", "utilization_charts"]
     inlines = [DecisionInline]
+
+    class Media:
+        js = CHART_JS   # draws the utilization charts (vendored Chart.js, works offline)
 
     @admin.display(description="pods skipped, per reason")
     def skipped_by_reason(self, run: PruneRun):

@@ -152,3 +152,22 @@ def utilization_history(*, prometheus, run, pods: list[tuple[str, str]], points:
     for values in out.values():
         values.sort()
     return out
+
+
+def prune_actions_freeing(*, cluster, since: datetime) -> list[dict]:
+    """Pods of owners the pruner scaled to zero (the action took effect) whose GPUs were still
+    freed at or after `since`: not restored, or restored since. One dict per decision row:
+    namespace, pod, owner_kind, owner_name, gpus (the GPU UUIDs seen), acted_at, restored_at
+    (None while the owner stays scaled to zero)."""
+    from django.db.models import Q
+
+    from .models import PruneDecision
+
+    rows = (PruneDecision.objects
+            .filter(run__cluster=cluster, decision=PruneDecision.Decision.PRUNE,
+                    result=PruneDecision.Result.SUCCEEDED, acted_at__isnull=False)
+            .filter(Q(restored_at__isnull=True) | Q(restored_at__gte=since))
+            .order_by("acted_at", "id")
+            .values("namespace", "pod", "owner_kind", "owner_name", "gpus", "acted_at", "restore", "restored_at"))
+    ended = (PruneDecision.Restore.RESTORED, PruneDecision.Restore.CHANGED)
+    return [{**row, "restored_at": row["restored_at"] if row["restore"] in ended else None} for row in rows]

@@ -40,7 +40,8 @@ def test_run_page_charts_each_pod_and_restore_action_scales_back(world, admin_cl
     assert replicas(world) == 0
 
     page = admin_client.get(f"/admin/pruning/prunerun/{run.pk}/change/").content.decode()
-    assert page.count('<svg class="prune-chart"') == run.decisions.count() == 2
+    assert page.count('<div class="prune-chart"') == run.decisions.count() == 2
+    assert page.count('"text": "GPU utilization (%)"') == 2 and "chart.umd.min.js" in page
     assert "team-a/web-" in page and "owner-already-in-plan" in page
 
     listing = admin_client.get("/admin/pruning/prunedecision/?result__exact=succeeded").content.decode()

@@ -1,0 +1,127 @@
+"""Reads of orgs for other parts of the product: what the org switch changed (the savings
+page), exemptions and snoozes in force (the pruner, the scale-to-zero apply)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Q
+
+from clusters import discovery, kube
+from clusters.snapshot import GPU_RESOURCE
+from orgs.models import AuditRecord, Org, WorkloadExemption
+
+# The audit actions that record min-scale changes the org switch made, workload by workload.
+_FLOOR_ACTIONS = ("scale_to_zero_applied", "scale_to_zero_drift_repaired", "scale_to_zero_apply_incomplete")
+_NOT_WORKLOADS = {"setting", "not applied"}
+
+
+def org_slugs_by_namespace(*, cluster) -> dict[str, str]:
+    return dict(Org.objects.filter(cluster=cluster).values_list("namespace", "slug"))
+
+
+def scale_to_zero_floor_changes(*, cluster, until: datetime) -> Iterator[tuple[str, str, datetime, str, str]]:
+    """(org, workload, at, old, new) for every audited min-scale change of the org switch,
+    oldest first; `workload` is "<target> <namespace>/<name>", old/new the min-scale texts."""
+    rows = AuditRecord.objects.filter(org__cluster=cluster, action__in=_FLOOR_ACTIONS, at__lte=until) \
+        .select_related("org").order_by("at", "id")
+    for record in rows:
+        old, new = record.old or {}, record.new or {}
+        for workload, value in new.items():
+            if workload in _NOT_WORKLOADS or not isinstance(value, str):
+                continue
+            before = old.get(workload, "unset")
+            yield (record.org.slug, workload, record.at, before if isinstance(before, str) else "unset", value)
+
+
+@dataclass(frozen=True)
+class ExemptOrgRow:
+    org: str
+    namespace: str
+    dormant: bool
+
+
+def orgs_exempt_from_scale_to_zero(*, cluster) -> list[ExemptOrgRow]:
+    """Orgs whose workloads are kept warm whatever their activity: scale to zero disallowed."""
+    return [ExemptOrgRow(*row) for row in Org.objects.filter(cluster=cluster, scale_to_zero_allowed=False)
+            .order_by("slug").values_list("slug", "namespace", "dormant")]
+
+
+def _template_gpus(pod_spec: dict | None) -> int:
+    total = 0
+    for container in (pod_spec or {}).get("containers") or ():
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE)
+        try:
+            total += int(value or 0)
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def workload_gpus_per_replica(*, cluster, gateway: kube.KubeGateway, now: datetime) -> dict[str, int]:
+    """GPUs one replica of each switchable workload asks for, keyed as the audit names it
+    ("ksvc ns/name", "revision ns/name", "podautoscaler ns/name": a PodAutoscaler scales
+    the Revision of its name). Kinds the cluster does not serve give none."""
+    served = discovery.served_groups(cluster=cluster, now=now, gateway=gateway)
+    found: dict[str, int] = {}
+    services = discovery.list_if_served(gateway, kube.KNATIVE_SERVICES, cluster=cluster, now=now,
+                                        served=served) or []
+    revisions = discovery.list_if_served(gateway, kube.REVISIONS, cluster=cluster, now=now, served=served) or []
+    for ksvc in services:
+        meta = ksvc.get("metadata") or {}
+        spec = ((ksvc.get("spec") or {}).get("template") or {}).get("spec")
+        found[f"ksvc {meta.get('namespace', '')}/{meta.get('name', '')}"] = _template_gpus(spec)
+    for revision in revisions:
+        meta = revision.get("metadata") or {}
+        where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        gpus = _template_gpus(revision.get("spec"))
+        found[f"revision {where}"] = gpus
+        found[f"podautoscaler {where}"] = gpus
+    return found
+
+
+# --- exemptions and snoozes --------------------------------------------------------------------
+# The owner kind the pruner resolves each exempted workload kind to.
+PRUNE_OWNER_KIND = {WorkloadExemption.Kind.MODEL: "InferenceService", WorkloadExemption.Kind.PYNODE: "Service"}
+
+
+def workload_holds_read(*, org: Org, now: datetime) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """The org's workload exemptions and snoozes in force, as `plan_scale_to_zero` takes
+    them ((kind, name) → description), and the snoozes that ended since the org was last
+    checked, said in words (they no longer apply: their workloads follow the org again)."""
+    held: dict[tuple[str, str], str] = {}
+    ended: list[str] = []
+    for exemption in WorkloadExemption.objects.filter(org=org):
+        hold = exemption.hold()
+        if hold.active(now):
+            held[(exemption.kind, exemption.name)] = hold.describe(now)
+        elif org.reconciled_at is None or exemption.until > org.reconciled_at:
+            ended.append(f"the snooze of {exemption.kind} {org.namespace}/{exemption.name} ended at "
+                         f"{exemption.until:%Y-%m-%d %H:%M} UTC")
+    return held, ended
+
+
+@dataclass(frozen=True)
+class PruneHolds:
+    """What the pruner must leave alone: namespaces of exempt or snoozed orgs, and owners
+    (kind, namespace, name) of exempt or snoozed workloads, each with its skip reason."""
+
+    namespaces: dict[str, str] = field(default_factory=dict)
+    owners: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+
+def prune_holds(*, cluster, namespaces: set[str], now: datetime) -> PruneHolds:
+    """The exemptions and snoozes in force for the given namespaces (two small queries)."""
+    if not namespaces:
+        return PruneHolds()
+    orgs = Org.objects.filter(namespace__in=namespaces)
+    if cluster is not None:
+        orgs = orgs.filter(cluster=cluster)
+    held_orgs = orgs.filter(Q(exempt=True) | Q(snoozed_until__gt=now))
+    by_namespace = {org.namespace: org.hold().word for org in held_orgs}
+    exemptions = WorkloadExemption.objects.filter(org__in=orgs).filter(
+        Q(until__isnull=True) | Q(until__gt=now)).select_related("org")
+    owners = {(PRUNE_OWNER_KIND[e.kind], e.org.namespace, e.name): e.hold().word for e in exemptions}
+    return PruneHolds(namespaces=by_namespace, owners=owners)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SavingsConfig(AppConfig):
+    name = "savings"
+    verbose_name = "Savings"

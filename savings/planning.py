@@ -1,0 +1,286 @@
+"""What the product saved, from what it recorded: GPU-hours freed per mechanism, per UTC day
+and per org, whole nodes freed, and the GPUs held warm by orgs exempt from scale to zero.
+
+Pure: the facts (recorded decisions, plus the GPU counts read from the cluster) and `now`
+in, a `SavingsReport` out. Every number says what it is computed from (`MECHANISM_BASIS`);
+what the product does not record is reported as not measured, never guessed.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta, timezone
+
+DORMANCY, PRUNING, DRAIN, BINPACK = "dormancy", "pruning", "defrag/drain", "binpack"
+MECHANISMS = (DORMANCY, PRUNING, DRAIN, BINPACK)
+NO_ORG = "(whole nodes)"   # a drained node's GPUs belong to no one org
+DAYS_MAX = 366             # the longest window a page or an export may ask for
+
+MECHANISM_BASIS = {
+    DORMANCY: "each workload's min-scale floor the scale-to-zero switch lowered to 0 (the audit's old value) "
+              "× GPUs per replica its spec asks for now × hours until the product raised it again (or now)",
+    PRUNING: "each pod of an owner the pruner scaled to zero: GPUs seen in its utilization data × hours from "
+             "the action until its restore (or now)",
+    DRAIN: "each drained node: its allocatable GPUs × hours from the drain until it was returned to service "
+           "(or now)",
+    BINPACK: "not measured: binpack only writes pod-deletion costs; which scale-down then freed a node is the "
+             "ReplicaSet controller's choice, and no such event is recorded",
+}
+
+
+class SavingsInputError(ValueError):
+    """A window that cannot be computed (days out of range, an end before the start)."""
+
+
+@dataclass(frozen=True)
+class FloorChange:
+    """One audited min-scale change of a workload the org switch owns.
+
+    `workload` is "<target> <namespace>/<name>" (ksvc, revision, podautoscaler); `old` and
+    `new` the min-scale texts before and after ("unset" when absent)."""
+
+    org: str
+    workload: str
+    at: datetime
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class PruneAction:
+    """One pod of an owner the pruner scaled to zero."""
+
+    org: str
+    subject: str          # "Deployment ns/name (pod ns/pod)"
+    gpus: int             # GPU UUIDs seen in the pod's utilization data
+    acted_at: datetime
+    restored_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NodeDrain:
+    """A node a defrag job drained, and when (if ever) it was returned to service."""
+
+    node: str
+    job_id: int
+    drained_at: datetime
+    returned_at: datetime | None
+    gpus_moved: int       # GPUs of the pods the job found on the node (a lower bound of its GPUs)
+
+
+@dataclass(frozen=True)
+class ExemptOrg:
+    org: str
+    dormant: bool
+    gpus_held: int | None   # GPUs its pods hold now; None when the cluster could not be read
+
+
+@dataclass(frozen=True)
+class Interval:
+    """GPUs freed from `start` to `end` by one mechanism, for one org (or NO_ORG)."""
+
+    mechanism: str
+    org: str
+    subject: str
+    gpus: int
+    start: datetime
+    end: datetime
+    ongoing: bool
+    note: str = ""
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * max((self.end - self.start).total_seconds(), 0.0) / 3600.0
+
+
+@dataclass(frozen=True)
+class Facts:
+    floor_changes: tuple[FloorChange, ...] = ()
+    gpus_per_replica: dict[str, int] | None = None    # workload -> GPUs; None: the cluster was not read
+    prune_actions: tuple[PruneAction, ...] = ()
+    drains: tuple[NodeDrain, ...] = ()
+    node_gpus: dict[str, int] | None = None           # node -> allocatable GPUs now; None: not read
+    nodes_schedulable: frozenset[str] = frozenset()   # nodes taking new pods now
+    exempt: tuple[ExemptOrg, ...] = ()
+    cluster_error: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    day: date
+    org: str
+    mechanism: str
+    gpu_hours: float
+
+
+@dataclass
+class SavingsReport:
+    start: datetime
+    end: datetime
+    days: list[date]
+    intervals: list[Interval]
+    rows: list[Row]                                  # (day, org, mechanism) with GPU-hours > 0
+    by_day: dict[date, dict[str, float]]
+    by_org: dict[str, dict[str, float]]
+    totals: dict[str, float]
+    nodes_freed: list[Interval]                      # drains in the window
+    nodes_freed_now: int                             # of those, still out of service now
+    exempt: list[ExemptOrg]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_gpu_hours(self) -> float:
+        return sum(self.totals.values())
+
+    def chart_config(self) -> dict:
+        """A Chart.js stacked bar config: GPU-hours per UTC day, one dataset per mechanism."""
+        colours = {DORMANCY: "#3b7dd8", PRUNING: "#e07b39", DRAIN: "#3fa34d", BINPACK: "#9a9a9a"}
+        return {
+            "type": "bar",
+            "data": {"labels": [d.isoformat() for d in self.days],
+                     "datasets": [{"label": m if m != BINPACK else f"{m} (not measured)",
+                                   "data": [round(self.by_day[d][m], 2) for d in self.days],
+                                   "backgroundColor": colours[m]} for m in MECHANISMS]},
+            "options": {"responsive": True, "maintainAspectRatio": False, "animation": False,
+                        "plugins": {"title": {"display": True, "text": "GPU-hours freed per day, by mechanism"}},
+                        "scales": {"x": {"stacked": True, "title": {"display": True, "text": "day (UTC)"}},
+                                   "y": {"stacked": True, "beginAtZero": True,
+                                         "title": {"display": True, "text": "GPU-hours freed"}}}},
+        }
+
+
+def window(*, now: datetime, days: object) -> tuple[datetime, list[date]]:
+    """The window of `days` whole UTC days ending with today's (partial) one."""
+    if isinstance(days, bool) or not isinstance(days, int):
+        try:
+            text = str(days).strip()
+            if not re.fullmatch(r"[0-9]{1,4}", text):
+                raise ValueError
+            days = int(text)
+        except ValueError:
+            raise SavingsInputError(f"days must be a whole number from 1 to {DAYS_MAX}, got {days!r}") from None
+    if not 1 <= days <= DAYS_MAX:
+        raise SavingsInputError(f"days must be from 1 to {DAYS_MAX}, got {days}")
+    today = now.astimezone(timezone.utc).date()
+    first = today - timedelta(days=days - 1)
+    return datetime.combine(first, time(), tzinfo=timezone.utc), [first + timedelta(days=i) for i in range(days)]
+
+
+def _replicas(text: str) -> int:
+    """A min-scale value as replicas; "unset" or anything unparsable counts 0 (never overclaim)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return 0
+    return int(value) if math.isfinite(value) and value > 0 else 0
+
+
+def dormancy_intervals(changes: tuple[FloorChange, ...], gpus_per_replica: dict[str, int] | None, *,
+                       now: datetime) -> tuple[list[Interval], list[str]]:
+    """Per workload: from the audited change that lowered its floor to 0 until the one that
+    raised it again. A second lowering while one is open (a drift repair) closes the first
+    there: the workload had been raised in between, at a time not recorded."""
+    intervals, notes = [], []
+    open_: dict[str, FloorChange] = {}
+    unknown: set[str] = set()
+
+    def close(start: FloorChange, end: datetime, ongoing: bool) -> None:
+        floor = _replicas(start.old)
+        if floor == 0:
+            return   # the owner let it sleep anyway: nothing saved by the switch
+        if gpus_per_replica is None or start.workload not in gpus_per_replica:
+            unknown.add(start.workload)
+            return
+        gpus = floor * gpus_per_replica[start.workload]
+        if gpus:
+            intervals.append(Interval(DORMANCY, start.org, start.workload, gpus, start.at, end, ongoing,
+                                      note=f"floor {floor} × {gpus_per_replica[start.workload]} GPU(s)"))
+
+    for change in sorted(changes, key=lambda c: (c.at, c.workload)):
+        lowered = _replicas(change.new) == 0 and change.new != change.old
+        if lowered:
+            if change.workload in open_:
+                close(open_[change.workload], change.at, False)
+            open_[change.workload] = change
+        elif change.workload in open_ and _replicas(change.new) > 0:
+            close(open_.pop(change.workload), change.at, False)
+    for start in open_.values():
+        close(start, now, True)
+    if unknown:
+        why = "the cluster could not be read" if gpus_per_replica is None else "they are gone from the cluster"
+        notes.append(f"dormancy: {len(unknown)} workload(s) not counted, their GPUs per replica unknown ({why}): "
+                     + ", ".join(sorted(unknown)[:5]) + (" …" if len(unknown) > 5 else ""))
+    return intervals, notes
+
+
+def prune_intervals(actions: tuple[PruneAction, ...], *, now: datetime) -> list[Interval]:
+    return [Interval(PRUNING, a.org, a.subject, a.gpus, a.acted_at, a.restored_at or now, a.restored_at is None)
+            for a in actions if a.gpus > 0]
+
+
+def drain_intervals(drains: tuple[NodeDrain, ...], node_gpus: dict[str, int] | None, *,
+                    now: datetime, schedulable: frozenset[str] = frozenset()) -> tuple[list[Interval], list[str]]:
+    intervals, lower_bound, outside = [], [], []
+    for d in drains:
+        if d.returned_at is None and d.node in schedulable:
+            outside.append(d.node)   # uncordoned outside the product: when is not recorded
+            continue
+        gpus = (node_gpus or {}).get(d.node)
+        note = ""
+        if gpus is None:
+            gpus, note = d.gpus_moved, "node not in the cluster now: GPUs of the pods moved off it (a lower bound)"
+            lower_bound.append(d.node)
+        intervals.append(Interval(DRAIN, NO_ORG, f"node {d.node} (defrag job #{d.job_id})", gpus, d.drained_at,
+                                  d.returned_at or now, d.returned_at is None, note=note))
+    notes = [f"defrag/drain: {len(lower_bound)} node(s) no longer in the cluster ({', '.join(sorted(lower_bound)[:5])}"
+             f"{' …' if len(lower_bound) > 5 else ''}) count the GPUs of the pods moved off them, a lower bound"
+             ] if lower_bound else []
+    if outside:
+        notes.append(f"defrag/drain: {len(outside)} drained node(s) take pods again but no return to service was "
+                     f"recorded (uncordoned outside the product, time unknown): not counted "
+                     f"({', '.join(sorted(outside)[:5])}{' …' if len(outside) > 5 else ''})")
+    return intervals, notes
+
+
+def _split_by_day(interval: Interval, start: datetime, end: datetime):
+    """(UTC day, GPU-hours) of the part of `interval` inside [start, end)."""
+    lo, hi = max(interval.start, start), min(interval.end, end)
+    while lo < hi:
+        day = lo.astimezone(timezone.utc).date()
+        day_end = datetime.combine(day + timedelta(days=1), time(), tzinfo=timezone.utc)
+        upto = min(hi, day_end)
+        yield day, interval.gpus * (upto - lo).total_seconds() / 3600.0
+        lo = upto
+
+
+def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsReport:
+    """The savings of the last `days` UTC days (today included, up to `now`)."""
+    start, day_list = window(now=now, days=days)
+    dormancy, notes = dormancy_intervals(facts.floor_changes, facts.gpus_per_replica, now=now)
+    drains, drain_notes = drain_intervals(facts.drains, facts.node_gpus, now=now,
+                                          schedulable=facts.nodes_schedulable)
+    intervals = dormancy + prune_intervals(facts.prune_actions, now=now) + drains
+    notes = ([f"the cluster could not be read: {facts.cluster_error}"] if facts.cluster_error else []) \
+        + notes + drain_notes + [f"binpack: {MECHANISM_BASIS[BINPACK]}"]
+
+    cells: dict[tuple[date, str, str], float] = defaultdict(float)
+    for interval in intervals:
+        for day, hours in _split_by_day(interval, start, now):
+            cells[(day, interval.org, interval.mechanism)] += hours
+    rows = [Row(day, org, mech, hours) for (day, org, mech), hours in sorted(cells.items()) if hours > 0]
+    by_day = {d: {m: 0.0 for m in MECHANISMS} for d in day_list}
+    by_org: dict[str, dict[str, float]] = {}
+    totals = {m: 0.0 for m in MECHANISMS}
+    for row in rows:
+        by_day[row.day][row.mechanism] += row.gpu_hours
+        by_org.setdefault(row.org, {m: 0.0 for m in MECHANISMS})[row.mechanism] += row.gpu_hours
+        totals[row.mechanism] += row.gpu_hours
+    in_window = [i for i in drains if i.end > start and i.start < now]
+    return SavingsReport(
+        start=start, end=now, days=day_list, intervals=[i for i in intervals if i.end > start and i.start < now],
+        rows=rows, by_day=by_day,
+        by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
+        totals=totals, nodes_freed=in_window, nodes_freed_now=sum(1 for i in in_window if i.ongoing),
+        exempt=sorted(facts.exempt, key=lambda e: (-(e.gpus_held or 0), e.org)), notes=notes)

@@ -1,0 +1,55 @@
+"""The facts the savings page is computed from: each app's record, read through its own
+selectors, and the GPU counts only the cluster knows (one snapshot and the switchable
+workloads' specs). The cluster is read after the permission check, in the view."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from capacity.selectors import defrag_drains
+from clusters import kube
+from clusters.errors import KubeError
+from clusters.models import Cluster
+from clusters.snapshot import snapshot_take
+from orgs import selectors as org_selectors
+from pruning.selectors import prune_actions_freeing
+
+from savings.planning import ExemptOrg, Facts, FloorChange, NodeDrain, PruneAction
+
+LIVE_PHASES = ("Pending", "Running")
+
+
+def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
+                  gateway: kube.KubeGateway | None = None) -> Facts:
+    slugs = org_selectors.org_slugs_by_namespace(cluster=cluster)
+    changes = tuple(FloorChange(*c) for c in org_selectors.scale_to_zero_floor_changes(cluster=cluster, until=now))
+    prunes = tuple(
+        PruneAction(org=slugs.get(a["namespace"], f"namespace {a['namespace']}"),
+                    subject=f"{a['owner_kind']} {a['namespace']}/{a['owner_name']} (pod {a['pod']})",
+                    gpus=len(a["gpus"] or ()), acted_at=a["acted_at"], restored_at=a["restored_at"])
+        for a in prune_actions_freeing(cluster=cluster, since=since))
+    drains = tuple(NodeDrain(**d) for d in defrag_drains(cluster=cluster, until=now))
+    exempt_rows = org_selectors.orgs_exempt_from_scale_to_zero(cluster=cluster)
+
+    gpus_per_replica = node_gpus = None
+    schedulable: frozenset[str] = frozenset()
+    held: dict[str, int] | None = None
+    error = ""
+    try:
+        gateway = gateway or kube.gateway_for(cluster)
+        snapshot = snapshot_take(gateway, now=now)
+        node_gpus = {n.name: n.gpus_allocatable for n in snapshot.nodes}
+        schedulable = frozenset(n.name for n in snapshot.nodes if not n.unschedulable)
+        held = {}
+        for pod in snapshot.pods:
+            if pod.phase in LIVE_PHASES and not pod.terminating:
+                held[pod.namespace] = held.get(pod.namespace, 0) + pod.gpus
+        if changes:
+            gpus_per_replica = org_selectors.workload_gpus_per_replica(cluster=cluster, gateway=gateway, now=now)
+        else:
+            gpus_per_replica = {}
+    except KubeError as exc:
+        error = str(exc)
+    exempt = tuple(ExemptOrg(org=r.org, dormant=r.dormant,
+                             gpus_held=None if held is None else held.get(r.namespace, 0)) for r in exempt_rows)
+    return Facts(floor_changes=changes, gpus_per_replica=gpus_per_replica, prune_actions=prunes, drains=drains,
+                 node_gpus=node_gpus, nodes_schedulable=schedulable, exempt=exempt, cluster_error=error)

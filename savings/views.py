@@ -1,0 +1,69 @@
+"""The savings page of a cluster and its CSV export (staff with `capacity.view_cluster_contents`,
+checked before any cluster call: the page names orgs, workloads and nodes)."""
+from __future__ import annotations
+
+import csv
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
+
+from clusters.models import Cluster
+from config import clock
+
+from savings.planning import BINPACK, MECHANISM_BASIS, MECHANISMS, SavingsInputError, savings_plan, window
+from savings.selectors import savings_facts
+
+CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
+DEFAULT_DAYS = 14
+
+
+def cluster_contents_required(view):
+    """Anonymous → the login page; staff without the permission → 403, before the view runs."""
+    return staff_member_required(permission_required(CLUSTER_CONTENTS_PERMISSION, raise_exception=True)(view))
+
+
+def _report(request, cluster: str):
+    """The cluster row and its report, or an error response (unknown cluster, bad `days`)."""
+    row = Cluster.objects.filter(name=cluster).first()
+    if row is None:
+        raise Http404(f"no cluster named {cluster!r}")
+    now = clock.now()
+    days = request.GET.get("days", DEFAULT_DAYS)
+    try:
+        since, _ = window(now=now, days=days)
+    except SavingsInputError as exc:
+        return row, None, HttpResponseBadRequest(f"{exc}\n", content_type="text/plain; charset=utf-8")
+    return row, savings_plan(savings_facts(cluster=row, now=now, since=since), now=now, days=days), None
+
+
+@cluster_contents_required
+def savings_page(request, cluster: str):
+    row, report, error = _report(request, cluster)
+    if error is not None:
+        return error
+    per_org = [{"org": org, "cells": [round(hours[m], 1) for m in MECHANISMS],
+                "total": round(sum(hours.values()), 1)} for org, hours in report.by_org.items()]
+    mechanisms = [{"name": m, "hours": round(report.totals[m], 1), "basis": MECHANISM_BASIS[m],
+                   "measured": m != BINPACK} for m in MECHANISMS]
+    return render(request, "savings/savings.html", {
+        "title": f"Savings — {row.name}", "cluster": row, "clusters": Cluster.objects.order_by("name"),
+        "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,
+        "per_org": per_org, "total": round(report.total_gpu_hours, 1), "chart": report.chart_config(),
+        "day_choices": (7, 14, 30, 90)})
+
+
+@cluster_contents_required
+def savings_csv(request, cluster: str):
+    row, report, error = _report(request, cluster)
+    if error is not None:
+        return error
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    first, last = report.days[0].isoformat(), report.days[-1].isoformat()
+    response["Content-Disposition"] = f'attachment; filename="savings-{row.name}-{first}-to-{last}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["day_utc", "org", "mechanism", "gpu_hours"])
+    for r in report.rows:
+        writer.writerow([r.day.isoformat(), r.org, r.mechanism, f"{r.gpu_hours:.3f}"])
+    return response

@@ -1,0 +1,145 @@
+"""Savings planning: recorded facts and `now` in, GPU-hours per mechanism, day and org out.
+No database, no cluster."""
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+
+import pytest
+
+from savings.planning import (BINPACK, DORMANCY, DRAIN, NO_ORG, PRUNING, ExemptOrg, Facts, FloorChange, NodeDrain,
+                              PruneAction, SavingsInputError, savings_plan, window)
+
+NOW = datetime(2026, 3, 10, 12, 0, tzinfo=timezone.utc)   # noon on the window's last day
+
+
+def at(day: int, hour: float) -> datetime:
+    return datetime(2026, 3, day, tzinfo=timezone.utc) + timedelta(hours=hour)
+
+
+KSVC = "ksvc acme/llama"
+REV = "podautoscaler acme/llama-00001"
+
+
+def lowered(workload=KSVC, *, when, old="1", org="acme"):
+    return FloorChange(org, workload, when, old, "0")
+
+
+def raised(workload=KSVC, *, when, new="1", org="acme"):
+    return FloorChange(org, workload, when, "0", new)
+
+
+DORMANCY_CASES = [
+    # (name, changes, gpus per replica, expected GPU-hours per day {day: hours})
+    ("dormant 6 h one day, 1 replica × 2 GPUs",
+     [lowered(when=at(9, 2)), raised(when=at(9, 8))], {KSVC: 2}, {date(2026, 3, 9): 12.0}),
+    ("floor 3 counts 3 replicas",
+     [lowered(when=at(9, 0), old="3"), raised(when=at(9, 1), new="3")], {KSVC: 1}, {date(2026, 3, 9): 3.0}),
+    ("still dormant: until now, split at UTC midnight",
+     [lowered(when=at(9, 20))], {KSVC: 1}, {date(2026, 3, 9): 4.0, date(2026, 3, 10): 12.0}),
+    ("owner's floor was 0 (unset): the switch saved nothing",
+     [lowered(when=at(9, 0), old="unset"), raised(when=at(9, 5), new="unset")], {KSVC: 4}, {}),
+    ("owner's floor was 0: nothing saved",
+     [lowered(when=at(9, 0), old="0")], {KSVC: 4}, {}),
+    ("a drift repair reopens: the first stretch ends at the repair",
+     [lowered(when=at(9, 0)), lowered(when=at(9, 3)), raised(when=at(9, 4))], {KSVC: 1},
+     {date(2026, 3, 9): 4.0}),
+    ("before the window: only the part inside counts",
+     [lowered(when=at(1, 0)), raised(when=at(2, 0))], {KSVC: 1}, {}),
+    ("PodAutoscaler lever: the revision's GPUs",
+     [lowered(REV, when=at(10, 10))], {REV: 8}, {date(2026, 3, 10): 16.0}),
+    ("workload gone from the cluster: not counted",
+     [lowered(when=at(10, 10))], {}, {}),
+]
+
+
+@pytest.mark.parametrize("name,changes,gpus,expected", DORMANCY_CASES, ids=[c[0] for c in DORMANCY_CASES])
+def test_dormancy_gpu_hours_per_day(name, changes, gpus, expected):
+    report = savings_plan(Facts(floor_changes=tuple(changes), gpus_per_replica=gpus), now=NOW, days=7)
+    got = {d: round(v[DORMANCY], 6) for d, v in report.by_day.items() if v[DORMANCY]}
+    assert got == expected
+    assert report.totals[DORMANCY] == pytest.approx(sum(expected.values()))
+    if expected:
+        assert set(report.by_org) == {"acme"}
+
+
+def test_a_workload_whose_gpus_are_unknown_is_named_in_the_notes_not_guessed():
+    report = savings_plan(Facts(floor_changes=(lowered(when=at(10, 0)),), gpus_per_replica=None,
+                                cluster_error="no answer from the API"), now=NOW, days=3)
+    assert report.totals[DORMANCY] == 0
+    assert any("ksvc acme/llama" in n and "could not be read" in n for n in report.notes)
+    assert any("no answer from the API" in n for n in report.notes)
+
+
+PRUNE_CASES = [
+    ("restored after 3 h, 2 GPUs", [PruneAction("acme", "Deployment acme/a (pod a-1)", 2, at(8, 1), at(8, 4))],
+     {date(2026, 3, 8): 6.0}),
+    ("never restored: until now", [PruneAction("acme", "Deployment acme/a (pod a-1)", 1, at(10, 6), None)],
+     {date(2026, 3, 10): 6.0}),
+    ("two pods of one owner both count", [PruneAction("acme", "x", 1, at(9, 0), at(9, 1)),
+                                          PruneAction("acme", "y", 1, at(9, 0), at(9, 1))],
+     {date(2026, 3, 9): 2.0}),
+    ("no GPU seen: nothing", [PruneAction("acme", "x", 0, at(9, 0), None)], {}),
+]
+
+
+@pytest.mark.parametrize("name,actions,expected", PRUNE_CASES, ids=[c[0] for c in PRUNE_CASES])
+def test_pruning_gpu_hours_per_day(name, actions, expected):
+    report = savings_plan(Facts(prune_actions=tuple(actions)), now=NOW, days=7)
+    assert {d: v[PRUNING] for d, v in report.by_day.items() if v[PRUNING]} == pytest.approx(expected)
+
+
+DRAIN_CASES = [
+    # (name, drain, node GPUs now, schedulable now, expected hours, nodes out of service now, note fragment)
+    ("drained and still out: node GPUs until now", NodeDrain("h100-3", 7, at(10, 0), None, 3),
+     {"h100-3": 8}, frozenset(), 96.0, 1, None),
+    ("returned to service after 2 h", NodeDrain("h100-3", 7, at(9, 0), at(9, 2), 3),
+     {"h100-3": 8}, frozenset({"h100-3"}), 16.0, 0, None),
+    ("node deleted: the GPUs moved off it, a lower bound", NodeDrain("h100-9", 8, at(10, 10), None, 3),
+     {}, frozenset(), 6.0, 1, "lower bound"),
+    ("uncordoned outside the product: not counted", NodeDrain("h100-3", 7, at(9, 0), None, 3),
+     {"h100-3": 8}, frozenset({"h100-3"}), 0.0, 0, "outside the product"),
+]
+
+
+@pytest.mark.parametrize("name,drain,node_gpus,schedulable,hours,out_now,note", DRAIN_CASES,
+                         ids=[c[0] for c in DRAIN_CASES])
+def test_drained_nodes(name, drain, node_gpus, schedulable, hours, out_now, note):
+    report = savings_plan(Facts(drains=(drain,), node_gpus=node_gpus, nodes_schedulable=schedulable),
+                          now=NOW, days=7)
+    assert report.totals[DRAIN] == pytest.approx(hours)
+    assert report.nodes_freed_now == out_now
+    if hours:
+        assert set(report.by_org) == {NO_ORG}
+    if note:
+        assert any(note in n for n in report.notes)
+
+
+def test_rows_chart_and_binpack_is_zero_and_said_not_measured():
+    facts = Facts(floor_changes=(lowered(when=at(9, 0)), raised(when=at(9, 1))), gpus_per_replica={KSVC: 1},
+                  prune_actions=(PruneAction("beta", "x", 2, at(10, 0), None),),
+                  exempt=(ExemptOrg("gamma", True, 4), ExemptOrg("delta", False, 8)))
+    report = savings_plan(facts, now=NOW, days=2)
+    assert [(r.day, r.org, r.mechanism, round(r.gpu_hours, 3)) for r in report.rows] == [
+        (date(2026, 3, 9), "acme", DORMANCY, 1.0), (date(2026, 3, 10), "beta", PRUNING, 24.0)]
+    assert report.totals[BINPACK] == 0
+    assert any(n.startswith("binpack: not measured") for n in report.notes)
+    assert list(report.by_org) == ["beta", "acme"]   # biggest first
+    assert [e.org for e in report.exempt] == ["delta", "gamma"]
+    chart = report.chart_config()
+    assert chart["data"]["labels"] == ["2026-03-09", "2026-03-10"]
+    assert [d["label"] for d in chart["data"]["datasets"]] == [DORMANCY, PRUNING, DRAIN, "binpack (not measured)"]
+    assert chart["options"]["scales"]["x"]["title"]["text"] == "day (UTC)"
+    assert chart["options"]["scales"]["y"]["title"]["text"] == "GPU-hours freed"
+    assert chart["options"]["scales"]["y"]["stacked"] is True
+
+
+@pytest.mark.parametrize("days", [0, -1, 367, "x", "1.5", "nan", "inf", "", None, True, "9" * 40])
+def test_bad_window_names_days_and_is_refused(days):
+    with pytest.raises(SavingsInputError, match="days"):
+        window(now=NOW, days=days)
+
+
+def test_window_is_whole_utc_days_ending_today():
+    start, days = window(now=NOW, days="3")
+    assert start == datetime(2026, 3, 8, tzinfo=timezone.utc)
+    assert days == [date(2026, 3, 8), date(2026, 3, 9), date(2026, 3, 10)]

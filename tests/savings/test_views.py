@@ -1,0 +1,175 @@
+"""The savings page and its CSV on a simulated cluster, from records the other apps write:
+a dormancy switch's audit, a prune decision acted and restored, a drained node."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from capacity.defrag.models import DefragJob, JobState
+from config import clock
+from orgs.models import AuditRecord, Org
+from pruning.models import PruneDecision, PruneRun
+
+pytestmark = pytest.mark.django_db
+
+PAGE, CSV = "/savings/clusters/sim/", "/savings/clusters/sim/savings.csv"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def node(name: str, *, cordoned: bool = False) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": H100, "karpenter.sh/nodepool": "h100"}},
+            "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"capacity": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1000Gi", "pods": "110"},
+                       "allocatable": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1000Gi", "pods": "110"}}}
+
+
+def gpu_container(gpus: int) -> dict:
+    return {"name": "model", "image": "registry.example.com/m:1",
+            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}}
+
+
+def scenario() -> list[dict]:
+    namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+                  for ns in ("org-a", "org-b", "org-c")]
+    llama = {"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+             "metadata": {"name": "llama", "namespace": "org-a"},
+             "spec": {"template": {"metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "1"}},
+                                   "spec": {"containers": [gpu_container(2)]}}}}
+    warm = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "warm", "namespace": "org-c"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "warm"}},
+                     "template": {"metadata": {"labels": {"app": "warm"}},
+                                  "spec": {"containers": [gpu_container(3)]}}}}
+    return [node("h100-1"), node("h100-2", cordoned=True), *namespaces, llama, warm]
+
+
+@pytest.fixture
+def world(sim_cluster_factory):
+    handle = sim_cluster_factory(scenario(), name="sim")
+    handle.advance(60)
+    now = clock.now()
+    cluster = handle.cluster
+    acme = Org.objects.create(slug="acme", cluster=cluster, namespace="org-a", last_activity_at=now)
+    Org.objects.create(slug="beta", cluster=cluster, namespace="org-b", last_activity_at=now)
+    Org.objects.create(slug="gamma", cluster=cluster, namespace="org-c", last_activity_at=now - timedelta(days=3),
+                       dormant=True, scale_to_zero_allowed=False)
+    # acme dormant for 3 h: its pynode's floor 1 → 0, then back to 1 (1 replica × 2 GPUs).
+    AuditRecord.objects.create(at=now - timedelta(hours=5), action="scale_to_zero_applied", org=acme,
+                               cause="switch #1: became dormant (dormancy sweep)",
+                               old={"ksvc org-a/llama": "1", "setting": "disabled"},
+                               new={"ksvc org-a/llama": "0", "setting": "enabled"})
+    AuditRecord.objects.create(at=now - timedelta(hours=2), action="scale_to_zero_applied", org=acme,
+                               cause="switch #2: became active (activity)",
+                               old={"ksvc org-a/llama": "0", "setting": "enabled"},
+                               new={"ksvc org-a/llama": "1", "setting": "disabled"})
+    # beta's idle 2-GPU pod scaled to zero for 3 h, then restored.
+    run = PruneRun.objects.create(cluster=cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
+                                  evaluated_at=now - timedelta(hours=4))
+    PruneDecision.objects.create(run=run, namespace="org-b", pod="idle-1", owner_kind="Deployment",
+                                 owner_name="idle", gpus=["GPU-1", "GPU-2"], decision="prune", reason="idle",
+                                 method="scale", result="succeeded", acted_at=now - timedelta(hours=4),
+                                 restore="restored", restored_at=now - timedelta(hours=1))
+    # A dry run's decision frees nothing.
+    dry = PruneRun.objects.create(cluster=cluster, mode=PruneRun.Mode.DRY_RUN, status="succeeded",
+                                  evaluated_at=now - timedelta(hours=4))
+    PruneDecision.objects.create(run=dry, namespace="org-b", pod="idle-2", gpus=["GPU-3"], decision="prune",
+                                 reason="idle", result="dry-run")
+    # h100-2 drained 2 h ago and still cordoned: its 8 GPUs freed until now.
+    DefragJob.objects.create(cluster=cluster, node_name="h100-2", state=JobState.DRAINED,
+                             created_at=now - timedelta(hours=3), finished_at=now - timedelta(hours=2),
+                             report={"pods": [{"namespace": "org-a", "name": "p", "gpus": 2}]})
+    return handle
+
+
+def staff_user(django_user_model, *perms: str):
+    user = django_user_model.objects.create_user("viewer", "viewer@example.com", "pw", is_staff=True)
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
+    return user
+
+
+@pytest.mark.parametrize("page", (PAGE, CSV))
+def test_staff_without_the_permission_is_refused_before_any_cluster_call(world, client, django_user_model, page):
+    calls = len(world.gateway.calls)
+    client.force_login(staff_user(django_user_model))
+    response = client.get(page)
+    assert response.status_code == 403
+    assert "acme" not in response.content.decode() and "h100-2" not in response.content.decode()
+    assert len(world.gateway.calls) == calls
+
+
+def test_anonymous_is_sent_to_the_login_page(world, client):
+    response = client.get(CSV)
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def _rows(response) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(response.content.decode())))
+
+
+def _hours(rows, org, mechanism) -> float:
+    return sum(float(r["gpu_hours"]) for r in rows if r["org"] == org and r["mechanism"] == mechanism)
+
+
+def test_csv_has_a_row_per_day_org_and_mechanism_from_the_records(world, client, django_user_model):
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+    response = client.get(CSV, {"days": "7"})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
+    assert re.fullmatch(r'attachment; filename="savings-sim-\d{4}-\d\d-\d\d-to-\d{4}-\d\d-\d\d\.csv"',
+                        response["Content-Disposition"])
+    text = response.content.decode()
+    assert text.splitlines()[0] == "day_utc,org,mechanism,gpu_hours"
+    rows = _rows(response)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d", r["day_utc"]) for r in rows)
+    assert _hours(rows, "acme", "dormancy") == pytest.approx(6.0, abs=0.01)       # 1 × 2 GPUs × 3 h
+    assert _hours(rows, "beta", "pruning") == pytest.approx(6.0, abs=0.01)        # 2 GPUs × 3 h
+    assert _hours(rows, "(whole nodes)", "defrag/drain") == pytest.approx(16.0, abs=0.05)   # 8 GPUs × 2 h
+    assert {r["mechanism"] for r in rows} == {"dormancy", "pruning", "defrag/drain"}   # binpack: not measured
+
+
+@pytest.mark.parametrize("days", ["0", "-3", "abc", "1e9", "nan"])
+def test_bad_days_is_a_clear_400_naming_the_field(world, client, django_user_model, days):
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+    calls = len(world.gateway.calls)
+    response = client.get(CSV, {"days": days})
+    assert response.status_code == 400
+    assert "days" in response.content.decode()
+    assert len(world.gateway.calls) == calls
+
+
+def test_page_shows_totals_nodes_exempt_orgs_and_a_stacked_chart(world, client, django_user_model):
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+    response = client.get(PAGE)
+    assert response.status_code == 200
+    html = response.content.decode()
+    config = json.loads(re.search(r'<script id="savings-chart-config" type="application/json">(.*?)</script>',
+                                  html, re.S).group(1))
+    assert config["type"] == "bar" and config["options"]["scales"]["x"]["stacked"] is True
+    assert config["options"]["scales"]["y"]["title"]["text"] == "GPU-hours freed"
+    assert sum(sum(d["data"]) for d in config["data"]["datasets"]) == pytest.approx(28.0, abs=0.1)
+    assert "0 (not measured)" in html
+    assert re.search(r'id="nodes-freed"><strong>1</strong> node\(s\).*<strong>1</strong> still out', html)
+    assert "node h100-2 (defrag job #" in html
+    # gamma is exempt and dormant; its Deployment's pod holds 3 GPUs now.
+    assert re.search(r"<td>gamma</td><td>yes</td><td class=\"num\">3</td>", html)
+    assert "vendor/chartjs/chart.umd.min.js" in html
+
+
+def test_the_admin_menu_links_the_savings_page_for_those_allowed(world, client, django_user_model):
+    user = staff_user(django_user_model, "capacity.view_cluster_contents")
+    client.force_login(user)
+    listing = client.get("/admin/savings/savingscluster/")
+    assert listing.status_code == 200
+    assert 'href="/savings/clusters/sim/"' in listing.content.decode()
+    assert "/admin/savings/savingscluster/" in client.get("/admin/").content.decode()
+    other = django_user_model.objects.create_user("plain", "p@example.com", "pw", is_staff=True)
+    client.force_login(other)
+    assert client.get("/admin/savings/savingscluster/").status_code == 403
