@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-real install system-deps lint
+.PHONY: demo test test-real install system-deps lint screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/python scripts/start_demo.py
+
+# docs/screenshots/: the panel's five pages at 1366x768, from a throwaway cluster, Prometheus
+# and database that the browser test starts (needs Chromium and Prometheus: `make system-deps`).
+screenshots: install
+	$(BIN)/python scripts/screenshots.py
 
 system-deps:
 	@sh scripts/install_system_deps.sh
