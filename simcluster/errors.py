@@ -9,19 +9,21 @@ class ApiError(Exception):
     """
 
     def __init__(self, code: int, reason: str, message: str, *, details: dict | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, list_meta: dict | None = None):
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details or {}
         self.headers = headers or {}
+        # The Status's ListMeta (a 410 on a paged LIST carries a continue token).
+        self.list_meta = list_meta or {}
 
     def status(self) -> dict:
         body = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": dict(self.list_meta),
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,

@@ -239,8 +239,9 @@ def _pod(ns, name, labels, spec, node_name, annotations, rs_name, rs_uid, starte
             "status": {"phase": "Running", "startTime": _rfc3339(started),
                        "conditions": [{"type": t, "status": "True", "lastTransitionTime": when}
                                       for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-                       "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0,
-                                              "started": True, "state": {"running": {"startedAt": when}}}]}}
+                       "containerStatuses": [{"name": "main", "image": spec["containers"][0]["image"], "imageID": "",
+                                              "ready": True, "restartCount": 0, "started": True,
+                                              "state": {"running": {"startedAt": when}}}]}}
 
 
 def dump(docs: list[dict], out, *, fmt: str = "yaml") -> None:

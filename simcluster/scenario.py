@@ -9,6 +9,7 @@ Anything malformed is a `ScenarioError` naming the file, the document and the fi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,9 @@ class Scenario:
     settings: SimSettings = field(default_factory=SimSettings)
     # (where, manifest): `where` is "document 3" or "document 1 item 7", for errors.
     objects: list[tuple[str, dict]] = field(default_factory=list)
+    # The manifests were parsed here and nothing else holds them: the first `apply`
+    # stores them as they are instead of copying each (half the memory at load).
+    owned: bool = False
 
 
 def _read(source) -> tuple[str, list]:
@@ -43,7 +47,8 @@ def _read(source) -> tuple[str, list]:
                                     and (os.path.exists(source) or source.endswith((".yaml", ".yml", ".json")))):
         path = Path(source)
         try:
-            text = path.read_text()
+            # Bytes: orjson parses them directly, without a decoded copy of the file.
+            text = path.read_bytes()
         except OSError as exc:
             raise ScenarioError(f"{path}: cannot read the scenario: {exc.strerror}") from None
         name = str(path)
@@ -51,7 +56,7 @@ def _read(source) -> tuple[str, list]:
         text, name = source, "<scenario text>"
     else:
         raise ScenarioError(f"a scenario is a path, YAML text or a list of objects, not {type(source).__name__}")
-    if text.lstrip().startswith(("{", "[")):
+    if text[:4096].lstrip()[:1] in ("{", "[", b"{", b"["):
         # A `kubectl get -o json` dump: JSON is YAML, but a pure-Python YAML parse of a
         # 10,000-pod dump takes a minute and a GiB; orjson takes a fraction of a second.
         try:
@@ -59,11 +64,21 @@ def _read(source) -> tuple[str, list]:
             return name, doc if isinstance(doc, list) else [doc]
         except orjson.JSONDecodeError:
             pass   # not JSON after all (a YAML flow mapping): the YAML parser says why
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError as exc:
+            raise ScenarioError(f"{name}: not UTF-8 text: {exc}") from None
     try:
         # libyaml's loader when PyYAML has it: same documents, several times faster.
         return name, [doc for doc in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))]
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{name}: not valid YAML: {exc}") from None
+
+
+# Seconds and concurrencies in a Simulation document: a billion is ~32 years, beyond
+# which date arithmetic on the simulated clock overflows.
+_MAX_SETTING = 1e9
 
 
 def _settings(name: str, where: str, doc: dict) -> SimSettings:
@@ -83,6 +98,9 @@ def _settings(name: str, where: str, doc: dict) -> SimSettings:
         if type(value) is not type(default):
             raise ScenarioError(f"{name}: {where} (Simulation): spec.{key} must be a "
                                 f"{type(default).__name__}, got {value!r}")
+        if isinstance(value, float) and not (math.isfinite(value) and 0 <= value <= _MAX_SETTING):
+            raise ScenarioError(f"{name}: {where} (Simulation): spec.{key} must be a number from 0 to "
+                                f"{_MAX_SETTING:g}, got {value!r}")
         values[key] = value
     if values.get("placement", "spread") not in ("spread", "most-allocated"):
         raise ScenarioError(f"{name}: {where} (Simulation): spec.placement must be spread or most-allocated, "
@@ -95,7 +113,7 @@ def _settings(name: str, where: str, doc: dict) -> SimSettings:
 
 def load(source) -> Scenario:
     name, documents = _read(source)
-    scenario = Scenario(source=name)
+    scenario = Scenario(source=name, owned=not isinstance(source, (list, tuple)))
     seen_settings = False
     for index, doc in enumerate(documents, start=1):
         where = f"document {index}"
@@ -153,6 +171,7 @@ def apply(sim: Simulation, scenario: Scenario) -> int:
     store = sim.store
     created = 0
     declared: set[str] = set()
+    owned, scenario.owned = scenario.owned, False   # handed over once; a second apply copies
     with store.lock:
         for where, rtype, doc in typed:
             namespace = doc["metadata"].get("namespace") if rtype.namespaced else None
@@ -169,7 +188,7 @@ def apply(sim: Simulation, scenario: Scenario) -> int:
             if rtype is NAMESPACES:
                 declared.add(name)
             try:
-                store.create(rtype, doc, keep_metadata=True)
+                store.create(rtype, doc, keep_metadata=True, owned=owned)
             except errors.ApiError as exc:
                 raise ScenarioError(f"{scenario.source}: {where} ({_describe(doc)}): {exc.message}") from None
             created += 1

@@ -58,6 +58,10 @@ class SimSettings:
     # KServe). Their paths answer as kube-apiserver does for a group nobody installed:
     # 404 with the plain-text body "404 page not found", and discovery omits them.
     unserved_groups: list = field(default_factory=list)
+    # kube-apiserver's --etcd-compaction-interval (300 upstream): every interval of simulated
+    # time the history before the previous pass is forgotten, and older watch versions and
+    # LIST continue tokens answer 410 Expired. 0: never (only the history's length bounds it).
+    etcd_compaction_interval_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
 
 

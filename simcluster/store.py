@@ -6,13 +6,15 @@ Code that wants to modify an object calls `copy(obj)` first and writes the copy 
 """
 from __future__ import annotations
 
+import heapq
 import threading
 import uuid
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from datetime import timedelta
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import orjson
+from sortedcontainers import SortedDict
 
 from . import errors
 from .clock import SimClock, rfc3339
@@ -35,6 +37,28 @@ class WatchEvent(NamedTuple):
     old: dict | None = None   # the version before (MODIFIED, DELETED): selector transitions
 
 
+class ListPage(NamedTuple):
+    """One page of a LIST as the store reads it at `rv`."""
+    items: list[dict]
+    rv: int
+    last_key: tuple[str, str] | None   # where the next page starts (None: this is the last)
+    remaining: int | None              # objects after this page (only for lists without selectors)
+
+
+class ExpiredView(Exception):
+    """The version a paged LIST reads at has been compacted away (etcd's ErrCompacted)."""
+
+
+# How many read views (a type at a resourceVersion) a paged LIST may resume from without
+# re-reading the history: each holds the versions of what changed since its version.
+_VIEW_CACHE_SIZE = 64
+
+
+def _obj_key(obj: dict) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace", ""), meta["name"]
+
+
 def _spec_part(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
@@ -46,7 +70,11 @@ class Store:
         self.changed = threading.Condition(self.lock)
         self.validator = validator
         self._rv = 0
-        self._objects: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
+        # Per type, objects by (namespace, name) in key order (etcd's key space): a paged
+        # LIST resumes after the last key it returned instead of re-reading the type.
+        self._objects: dict[str, SortedDict] = defaultdict(SortedDict)
+        # (type key, rv) -> [rv scanned up to, {key: the object's version at rv, None if absent}]
+        self._views: OrderedDict[tuple[str, int], list] = OrderedDict()
         self._pods_by_node: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
         self._by_uid: dict[str, tuple[ResourceType, str, str]] = {}
         self._history: deque[WatchEvent] = deque(maxlen=history)
@@ -95,29 +123,109 @@ class Store:
     def list(self, rtype: ResourceType, namespace: str | None = None, *,
              label_selector: str | None = None, field_selector: str | None = None) -> tuple[list[dict], int]:
         """Matching objects in (namespace, name) order, and the list's resourceVersion."""
+        page = self.list_page(rtype, namespace, label_selector=label_selector, field_selector=field_selector)
+        return page.items, page.rv
+
+    def list_page(self, rtype: ResourceType, namespace: str | None = None, *,
+                  label_selector: str | None = None, field_selector: str | None = None,
+                  limit: int = 0, after: tuple[str, str] | None = None, at_rv: int | None = None) -> ListPage:
+        """A page of matching objects in key order, as they stood at `at_rv` (now when None).
+
+        Like an etcd range read with a limit at a revision: the page starts after the key
+        `after`, holds at most `limit` matches (0: no limit), and costs the keys it reads
+        plus the writes since `at_rv`, never a pass over the whole type. `last_key` is set
+        when another object exists after the page, whether or not it matches (etcd's
+        `more`). Raises `ExpiredView` when `at_rv` is older than the history reaches.
+        """
         label_match = parse_label_selector(label_selector)
         field_match, exact = parse_field_selector(field_selector, rtype.plural)
         with self.lock:
-            # The index holds bound pods only: spec.nodeName= (unbound) scans them all.
-            if rtype is PODS and exact.get("spec.nodeName"):
-                candidates = self._pods_by_node.get(exact["spec.nodeName"], {}).items()
-            else:
-                candidates = self._objects[rtype.key].items()
-            name = exact.get("metadata.name")
+            rv = self._rv if at_rv is None else at_rv
+            if rv < self._compacted_rv:
+                raise ExpiredView(rv)
+            if rv > self._rv:
+                raise ValueError(f"resourceVersion {rv} is newer than the store's {self._rv}")
+            changed = self._changed_since(rtype, rv) if rv < self._rv else {}
+            objects = self._objects[rtype.key]
             namespace = namespace or exact.get("metadata.namespace") or None
-            items = []
-            for (ns, obj_name), obj in candidates:
-                if namespace is not None and ns != namespace:
+            name = exact.get("metadata.name")
+            if namespace is not None:
+                low, high = (namespace, ""), (namespace + "\x00",)
+            else:
+                low, high = None, None
+            if after is not None and (low is None or after >= low):
+                low, low_inclusive = after, False
+            else:
+                low_inclusive = True
+
+            def in_range(key: tuple[str, str]) -> bool:
+                return (low is None or key > low or (low_inclusive and key == low)) and \
+                    (high is None or key < high)
+
+            if rtype is PODS and exact.get("spec.nodeName"):
+                # The index holds bound pods only: spec.nodeName= (unbound) scans them all.
+                indexed = self._pods_by_node.get(exact["spec.nodeName"], {})
+                keys: Iterator = iter(sorted(k for k in {*indexed, *changed} if in_range(k)))
+            else:
+                current = objects.irange(low, high, inclusive=(low_inclusive, False))
+                gone = sorted(k for k, v in changed.items() if v is not None and k not in objects and in_range(k))
+                keys = heapq.merge(current, gone) if gone else current
+            items: list[dict] = []
+            last_key = None
+            for key in keys:
+                obj = changed[key] if key in changed else objects.get(key)
+                if obj is None:
                     continue
-                if name is not None and obj_name != name:
+                if limit and len(items) >= limit:
+                    break   # another object exists after the page
+                last_key = key
+                if name is not None and key[1] != name:
                     continue
                 if label_match and not label_match(obj["metadata"].get("labels") or {}):
                     continue
                 if field_match and not field_match(obj):
                     continue
-                items.append(((ns, obj_name), obj))
-            items.sort(key=lambda pair: pair[0])
-            return [obj for _, obj in items], self._rv
+                items.append(obj)
+            else:
+                return ListPage(items, rv, None, None)
+            remaining = None
+            if not label_selector and not field_selector:
+                remaining = self._count_after(objects, changed, last_key, high)
+            return ListPage(items, rv, last_key, remaining)
+
+    @staticmethod
+    def _count_after(objects: SortedDict, changed: dict, after: tuple[str, str],
+                     high: tuple | None) -> int:
+        """Objects (as of the view) after `after` and below `high`."""
+        end = len(objects) if high is None else objects.bisect_left(high)
+        count = end - objects.bisect_right(after)
+        for key, version in changed.items():
+            if key > after and (high is None or key < high):
+                if key in objects and version is None:
+                    count -= 1
+                elif key not in objects and version is not None:
+                    count += 1
+        return count
+
+    def _changed_since(self, rtype: ResourceType, rv: int) -> dict:
+        """{key: version at `rv` (None: it did not exist)} for the objects of `rtype`
+        written after `rv`: what a read at `rv` must see instead of the current state.
+        Kept per view, so each further page reads only the writes since the last one."""
+        view_key = (rtype.key, rv)
+        view = self._views.get(view_key)
+        if view is None:
+            view = self._views[view_key] = [rv, {}]
+            if len(self._views) > _VIEW_CACHE_SIZE:
+                self._views.popitem(last=False)
+        else:
+            self._views.move_to_end(view_key)
+        scanned, versions = view
+        if scanned < self._rv:
+            for event in self.events_since(scanned):
+                if event.key == rtype.key:
+                    versions.setdefault(_obj_key(event.obj), event.old if event.type != "ADDED" else None)
+            view[0] = self._rv
+        return versions
 
     # ---- writes --------------------------------------------------------------------
     def _now(self) -> str:
@@ -152,10 +260,13 @@ class Store:
             self._pods_by_node[node].pop((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]), None)
 
     def create(self, rtype: ResourceType, obj: dict, *, keep_metadata: bool = False,
-               dry_run: bool = False) -> dict:
+               dry_run: bool = False, owned: bool = False) -> dict:
         """Create `obj`. `keep_metadata` keeps a given uid, creationTimestamp and status
-        (loading a scenario or a `kubectl get -o json` dump)."""
-        obj = copy(obj)
+        (loading a scenario or a `kubectl get -o json` dump). `owned` says the caller
+        hands `obj` over and keeps no reference to it (a freshly parsed scenario), so
+        it is stored as is instead of as a copy."""
+        if not owned:
+            obj = copy(obj)
         meta = obj.setdefault("metadata", {})
         obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
         with self.lock:

@@ -126,10 +126,10 @@ class ApiServer:
             return handlers.get(sim, route)
         if verb == "list":
             if tables.wants_table(request):
-                items, rv = sim.store.list(route.rtype, route.namespace,
-                                           label_selector=request.args.get("labelSelector"),
-                                           field_selector=request.args.get("fieldSelector"))
-                return json_response(tables.table(route.rtype, items, rv, sim.clock.now(), request))
+                # kubectl pages its tables too (--chunk-size, 500 by default).
+                items, meta = handlers.list_page(sim, route, request)
+                return json_response(tables.table(route.rtype, items, int(meta["resourceVersion"]),
+                                                  sim.clock.now(), request, list_meta=meta))
             return handlers.list_objects(sim, route, request)
         if verb == "watch":
             return watch.watch(sim, route, request, self.stopping, decision.drop_watch_after,

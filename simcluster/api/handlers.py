@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import base64
-import bisect
 
 import orjson
 from werkzeug.wrappers import Request, Response
@@ -11,7 +10,7 @@ from .. import errors, fieldmanager
 from ..patching import APPLY_PATCH, apply_patch
 from ..resources import NAMESPACES, PODS, RESOURCE_TYPES, ResourceType
 from ..sim import Simulation
-from ..store import copy
+from ..store import ExpiredView, copy
 from . import subresources
 from .http import dry_run, json_response, read_object
 from .routing import Route
@@ -30,11 +29,6 @@ def is_builtin(rtype: ResourceType) -> bool:
     return rtype.group in BUILTIN_GROUPS
 
 
-def _key(obj: dict) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return meta.get("namespace", ""), meta["name"]
-
-
 # ---- reads -------------------------------------------------------------------------
 def get(sim: Simulation, route: Route) -> Response:
     obj = sim.store.require(route.rtype, route.namespace, route.name)
@@ -45,16 +39,39 @@ def get(sim: Simulation, route: Route) -> Response:
     return json_response(obj)
 
 
+# Continue tokens are shaped as k8s.io/apiserver/pkg/storage's: base64 (URL alphabet, no
+# padding) of {"v": "meta.k8s.io/v1", "rv": <the list's resourceVersion>, "start": <key>},
+# here the key being the last (namespace, name) returned. rv -1 means "at the latest
+# version": the token a 410 offers for an inconsistent remainder.
+_TOKEN_VERSION = "meta.k8s.io/v1"
+
+# storage/etcd3/errors.go: a continue token whose revision etcd has compacted.
+CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list result. "
+                    "You can start a new list without the continue parameter.")
+INCONSISTENT_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+    "without the continue parameter, or use the continue token in this response to retrieve the remainder of "
+    "the results. Continuing with the provided token results in an inconsistent list - objects that were "
+    "created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")
+
+
 def _encode_continue(rv: int, key: tuple[str, str]) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps({"rv": rv, "start": list(key)})).decode()
+    token = orjson.dumps({"v": _TOKEN_VERSION, "rv": rv, "start": list(key)})
+    return base64.urlsafe_b64encode(token).decode().rstrip("=")
 
 
-def _decode_continue(token: str) -> tuple[str, str]:
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    """(resourceVersion, last key) of a token this server issued; 400 otherwise."""
     try:
-        data = orjson.loads(base64.urlsafe_b64decode(token.encode()))
+        data = orjson.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
+        if data.get("v") != _TOKEN_VERSION:
+            raise ValueError("unknown token version")
+        rv = data["rv"]
         namespace, name = data["start"]
-        return str(namespace), str(name)
-    except (ValueError, KeyError, TypeError):
+        if not isinstance(rv, int) or isinstance(rv, bool) or rv < -1 or rv == 0:
+            raise ValueError("bad resourceVersion")
+        return rv, (str(namespace), str(name))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise errors.bad_request(f"continue key is not valid: {token!r} is not a token this server issued") from None
 
 
@@ -71,22 +88,43 @@ def _int_param(request: Request, name: str, default: int | None = None) -> int |
     return value
 
 
+def list_page(sim: Simulation, route: Route, request: Request) -> tuple[list[dict], dict]:
+    """The items of a LIST (one page of it with `limit`) and its ListMeta.
+
+    A first page reads at the store's current resourceVersion; its continue token
+    carries that version and the last key returned, so each further page resumes there
+    and sees the objects as they stood at that version (etcd's range read at a
+    revision), whatever was written between the pages. Once the history no longer
+    reaches back to that version the token answers 410 Expired, with a token that
+    continues at the latest version, as kube-apiserver does after an etcd compaction.
+    """
+    token = request.args.get("continue")
+    at_rv, after = (None, None)
+    if token:
+        rv, after = _decode_continue(token)
+        at_rv = None if rv == -1 else rv
+        if at_rv is not None and at_rv > sim.store.resource_version:
+            raise errors.bad_request(f"continue key is not valid: resourceVersion {at_rv} has not happened yet")
+    limit = _int_param(request, "limit", 0)
+    try:
+        page = sim.store.list_page(route.rtype, route.namespace,
+                                   label_selector=request.args.get("labelSelector"),
+                                   field_selector=request.args.get("fieldSelector"),
+                                   limit=limit, after=after, at_rv=at_rv)
+    except ExpiredView:
+        raise errors.ApiError(410, "Expired", INCONSISTENT_CONTINUE,
+                              list_meta={"continue": _encode_continue(-1, after)}) from None
+    meta: dict = {"resourceVersion": str(page.rv)}
+    if page.last_key is not None:
+        meta["continue"] = _encode_continue(page.rv, page.last_key)
+        if page.remaining is not None:
+            meta["remainingItemCount"] = page.remaining
+    return page.items, meta
+
+
 def list_objects(sim: Simulation, route: Route, request: Request) -> Response:
     rtype = route.rtype
-    items, rv = sim.store.list(rtype, route.namespace,
-                               label_selector=request.args.get("labelSelector"),
-                               field_selector=request.args.get("fieldSelector"))
-    meta: dict = {"resourceVersion": str(rv)}
-    token = request.args.get("continue")
-    if token:
-        start = _decode_continue(token)
-        keys = [_key(obj) for obj in items]
-        items = items[bisect.bisect_right(keys, start):]
-    limit = _int_param(request, "limit", 0)
-    if limit and len(items) > limit:
-        meta["continue"] = _encode_continue(rv, _key(items[limit - 1]))
-        meta["remainingItemCount"] = len(items) - limit
-        items = items[:limit]
+    items, meta = list_page(sim, route, request)
     return json_response({"kind": rtype.list_kind, "apiVersion": rtype.api_version,
                           "metadata": meta, "items": items})
 

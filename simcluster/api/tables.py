@@ -227,7 +227,8 @@ _PRINTERS = {
 _PRINTERS[("events.k8s.io", "events")] = _PRINTERS[("", "events")]
 
 
-def table(rtype: ResourceType, items: list[dict], rv: int, now: datetime, request: Request) -> dict:
+def table(rtype: ResourceType, items: list[dict], rv: int, now: datetime, request: Request,
+          list_meta: dict | None = None) -> dict:
     include = request.args.get("includeObject", "Metadata")
     columns, row_of = _PRINTERS.get((rtype.group, rtype.plural), ([_NAME, _column("Age")], _default_row))
     named = columns[0] is _NAME
@@ -241,5 +242,5 @@ def table(rtype: ResourceType, items: list[dict], rv: int, now: datetime, reques
             row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                              "metadata": obj["metadata"]}
         rows.append(row)
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(rv)},
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta or {"resourceVersion": str(rv)},
             "columnDefinitions": columns, "rows": rows}

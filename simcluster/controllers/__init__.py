@@ -1,9 +1,11 @@
 """The simulated controllers. `default_controllers()` lists them in the order one
-round runs them: owners before what they own, the scheduler and kubelet last."""
+round runs them: owners before what they own, the scheduler and kubelet, then the
+etcd compactor (which writes nothing)."""
 from __future__ import annotations
 
 
 def default_controllers() -> list:
+    from .compactor import CompactorController
     from .daemonset import DaemonSetController
     from .deployment import DeploymentController
     from .disruption import DisruptionController
@@ -22,4 +24,4 @@ def default_controllers() -> list:
                ModelServingController()]
     workloads = [DeploymentController(), ReplicaSetController(), StatefulSetController(), DaemonSetController(),
                  GarbageCollectorController(), DisruptionController()]
-    return serving + workloads + [SchedulerController(), KubeletController()]
+    return serving + workloads + [SchedulerController(), KubeletController(), CompactorController()]
