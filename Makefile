@@ -42,5 +42,5 @@ test: install system-deps lint
 # Needs Go, the Go module proxy and root (a private network namespace); the first build
 # takes minutes, later ones seconds (see README, "Real control plane").
 test-real: install
-	$(BIN)/python -m realcluster build --with knative
+	$(BIN)/python -m realcluster build --with knative --with kserve
 	$(BIN)/python -m pytest tests/realcluster

@@ -348,13 +348,31 @@ def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
                 raise
 
 
+def knative_initial_scale_read(gateway: kube.KubeGateway) -> planning.InitialScale:
+    """What config-autoscaler says about a zero initial scale. A ConfigMap that cannot be
+    read (no permission, no answer) never fails a switch: the pynode is then switched
+    without initial-scale "0", which Knative accepts whatever the flag, and the panel
+    says that a pod starts."""
+    namespace, name = planning.AUTOSCALER_CONFIG.split("/")
+    try:
+        config = gateway.get(kube.CONFIGMAPS, name, namespace=namespace)
+    except NotFound:
+        return planning.knative_initial_scale(config=None)
+    except KubeError as exc:
+        return planning.knative_initial_scale(config=None, error=str(exc))
+    return planning.knative_initial_scale(config=config.get("data") or {})
+
+
 def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> planning.Lever:
-    """Read the Knative version the cluster states, choose the lever by it and record both
-    (with the evidence) on the cluster row, where the panel shows them."""
+    """Read the Knative version the cluster states and its autoscaler's initial-scale
+    rule, choose the lever by them and record both (with the evidence) on the cluster
+    row, where the panel shows them."""
     stated = discovery.knative_version_read(gateway)
     lever = planning.knative_lever(version=stated.version, source=stated.source, looked_at=stated.looked_at)
+    if f"no {discovery.KNATIVE_NAMESPACE} namespace" not in stated.looked_at:   # Knative is installed
+        lever = lever.with_initial_scale(knative_initial_scale_read(gateway))
     fields = {"knative_version": stated.version[:40], "knative_lever": lever.target,
-              "knative_lever_reason": lever.reason}
+              "knative_lever_reason": lever.explain()}
     changed = {k: v for k, v in fields.items() if getattr(cluster, k) != v}
     if changed:
         for key, value in changed.items():

@@ -13,16 +13,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build the upstream binaries (cached outside the repository)")
     build.add_argument("--force", action="store_true", help="run go build even when a cached build exists")
-    build.add_argument("--with", dest="with_modules", action="append", default=[], choices=["knative"],
+    build.add_argument("--with", dest="with_modules", action="append", default=[], choices=["knative", "kserve"],
                        help="also build an optional set: knative (Serving's controller, autoscaler, "
-                            "webhook, activator; run by `up --with knative`)")
+                            "webhook, activator; run by `up --with knative`), kserve (KServe's CRDs and "
+                            "controller manager; run by `up --with kserve`)")
     up = sub.add_parser("up", help="run the control plane in its own network namespace (root) until Ctrl-C")
     up.add_argument("--scenario", help="a simcluster scenario (YAML or kubectl -o json dump) to load")
     up.add_argument("--kubeconfig-out", required=True, help="write a kubeconfig for clients on this host here")
     up.add_argument("--port", type=int, default=0, help="the host's 127.0.0.1 port of the apiserver (0: any free one)")
-    up.add_argument("--with", dest="with_sets", action="append", default=[], choices=["knative"],
+    up.add_argument("--with", dest="with_sets", action="append", default=[], choices=["knative", "kserve"],
                     help="also run an optional set: knative (Serving's controller, autoscaler, webhook and "
-                         "activator, out of cluster; build it with `build --with knative`)")
+                         "activator, out of cluster; build it with `build --with knative`), kserve (KServe's "
+                         "CRDs and controller; needs knative; build it with `build --with kserve`)")
     up.add_argument("--state-dir", default=DEFAULT_STATE_DIR,
                     help=f"etcd data, certificates, component logs (default {DEFAULT_STATE_DIR})")
     down = sub.add_parser("down", help="stop the tier that `up` started in --state-dir")

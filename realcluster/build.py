@@ -35,6 +35,9 @@ KWOK_VERSION = "v0.7.0"
 # Knative 1.15: the newest Serving the module proxy serves that builds (v0.51.0 needs a
 # knative.dev/pkg the proxy refuses). Minimum Kubernetes 1.28.
 KNATIVE_SERVING_VERSION = "v0.42.2"
+# KServe 0.14.1: the release written against Knative Serving v0.42.2 (its go.mod requires
+# exactly that), so its controller drives the Knative this tier runs.
+KSERVE_VERSION = "v0.14.1"
 
 
 class BuildError(RuntimeError):
@@ -100,8 +103,15 @@ KNATIVE = GoModule(
     # Serving's own go.mod pins it so; a replace in a dependency does not carry over.
     replaces={"github.com/gorilla/websocket": "v1.5.0"},
 )
+# KServe: its CRDs (config/crd in the module) and its controller manager, against the
+# 0.30 client libraries and Knative Serving v0.42.2: a module of its own.
+KSERVE = GoModule(
+    name="kserve",
+    requires={"github.com/kserve/kserve": KSERVE_VERSION},
+    programs={"kserve-manager": "github.com/kserve/kserve/cmd/manager"},
+)
 MODULES = (CORE, KWOK)
-OPTIONAL_MODULES = {"knative": KNATIVE}
+OPTIONAL_MODULES = {"knative": KNATIVE, "kserve": KSERVE}
 
 
 def cache_root() -> Path:

@@ -24,7 +24,7 @@ from . import netns
 from .build import KNATIVE_SERVING_VERSION, BuildError, binaries
 from .client import Api
 from .kubeconfig import write_kubeconfig
-from .pki import INSIDE_IP, Pki, PkiError, pki_create
+from .pki import INSIDE_IP, Pki, PkiError, pki_create, serving_cert_issue
 from .scenario import KWOK_ANNOTATION, KWOK_VALUE, LoadError, scenario_apply, scenario_read
 
 APISERVER_PORT = 6443
@@ -102,7 +102,12 @@ class Tier:
     pki: Pki | None = None
     log: object = print
     with_knative: bool = False
+    with_kserve: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def optional_sets(self) -> tuple[str, ...]:
+        return tuple(name for name, on in (("knative", self.with_knative), ("kserve", self.with_kserve)) if on)
 
     @property
     def pid_file(self) -> Path:
@@ -113,7 +118,7 @@ class Tier:
         started = time.monotonic()
         scenario = scenario_read(scenario_path) if scenario_path else None   # bad input fails before anything runs
         try:
-            bins = binaries(("knative",) if self.with_knative else ())
+            bins = binaries(self.optional_sets)
         except BuildError as exc:
             raise UpError(str(exc)) from None
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +131,7 @@ class Tier:
         self.pki = pki = pki_create(self.state_dir / "pki", extra_tokens=extra_tokens)
         inside = f"https://{INSIDE_IP}:{APISERVER_PORT}"
         configs = {}
-        for who in ("controller-manager", "scheduler", "kwok", "knative"):
+        for who in ("controller-manager", "scheduler", "kwok", "knative", "kserve"):
             configs[who] = write_kubeconfig(self.state_dir / f"{who}.kubeconfig", inside,
                                             ca_cert=pki.ca_cert, token=pki.tokens[who])
         admin = Api(inside, token=pki.tokens["admin"], ca_cert=pki.ca_cert)
@@ -189,6 +194,8 @@ class Tier:
 
         if self.with_knative:
             self._knative_up(bins, admin, configs["knative"], scenario, started)
+        if self.with_kserve:
+            self._kserve_up(bins, admin, configs["kserve"], started)
 
         if self.with_knative:
             from .knative import ingress_ready_loop
@@ -279,6 +286,48 @@ class Tier:
                         # The autoscaler's stats server and the controller's probes both bind :8080.
                         namespace_port=APISERVER_PORT if name == "autoscaler" else None)
 
+    def _kserve_up(self, bins: dict, admin: Api, kubeconfig: Path, started: float) -> None:
+        import base64
+
+        from . import kserve
+
+        step = time.monotonic()
+        tmp_dir = self.state_dir / "kserve-tmp"
+        serving_cert_issue(self.pki, kserve.webhook_cert_dir(tmp_dir), name="kserve-webhook",
+                           dns_names=kserve.WEBHOOK_DNS)
+        ca_bundle = base64.b64encode(self.pki.ca_cert.read_bytes()).decode()
+        created = self._install(admin, kserve.manifests(ca_bundle=ca_bundle), what="KServe")
+        self._wait_served(admin, kserve.SERVED_KINDS, what="KServe's CRDs")
+        self.log(f"KServe {kserve.KSERVE_VERSION} installed: {created} objects "
+                 f"(+{time.monotonic() - step:.1f} s, {time.monotonic() - started:.1f} s in)")
+        self._start("kserve-controller", kserve.controller_argv(bins["kserve-manager"]),
+                    ready=lambda: kserve.controller_ready(admin), started=started, stop_timeout=2.0,
+                    env={**os.environ, **kserve.controller_env(kubeconfig=kubeconfig, tmp_dir=tmp_dir)})
+
+    def _install(self, admin: Api, docs: list[dict], *, what: str) -> int:
+        created = 0
+        for doc in docs:
+            path = admin.collection_path(doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace"))
+            if path is None:   # a kind from a CRD created a moment ago
+                admin.resources(refresh=True)
+                path = admin.collection_path(doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace"))
+            answer = admin.request("POST", path, doc)
+            if answer.status not in (200, 201, 409):
+                message = answer.body.get("message") if isinstance(answer.body, dict) else answer.body
+                name = (doc.get("metadata") or {}).get("name")
+                raise UpError(f"{what} install: {doc.get('kind')} {name}: the apiserver answered "
+                              f"{answer.status}: {message}")
+            created += answer.status != 409
+        return created
+
+    def _wait_served(self, admin: Api, kinds, *, what: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not all(admin.collection_path(v, k, "default") for v, k in kinds):
+            if time.monotonic() > deadline:
+                raise UpError(f"{what} were not served within {READY_TIMEOUT_SECONDS:.0f} s")
+            time.sleep(0.2)
+            admin.resources(refresh=True)
+
     def _wait_nodes_ready(self, api: Api) -> int:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         selector = f"?labelSelector=type%3Dkwok"
@@ -325,7 +374,8 @@ def scheduler_config_for(placement: str, kubeconfig: Path) -> dict:
 
 def up_main(args) -> int:
     tier = Tier(state_dir=Path(args.state_dir).resolve(), kubeconfig_out=Path(args.kubeconfig_out).resolve(),
-                port=args.port, with_knative="knative" in args.with_sets,
+                port=args.port, with_knative="knative" in args.with_sets or "kserve" in args.with_sets,
+                with_kserve="kserve" in args.with_sets,
                 log=lambda message: print(f"realcluster: {message}", flush=True))
     stop = threading.Event()
     coming_up = True

@@ -31,6 +31,9 @@ IDENTITIES = {
     # Serving's own ClusterRoleBindings grant them what they grant in a cluster.
     "knative": ("system:serviceaccount:knative-serving:controller",
                 ("system:serviceaccounts", "system:serviceaccounts:knative-serving")),
+    # KServe's controller manager, bound by its own ClusterRole (config/rbac/role.yaml).
+    "kserve": ("system:serviceaccount:kserve:kserve-controller-manager",
+               ("system:serviceaccounts", "system:serviceaccounts:kserve")),
 }
 
 
@@ -107,3 +110,18 @@ def pki_create(directory: Path, *, extra_tokens: dict | None = None) -> Pki:
     pki.token_file.write_text("\n".join(lines) + "\n")
     pki.token_file.chmod(0o600)
     return pki
+
+
+def serving_cert_issue(pki: Pki, directory: Path, *, name: str, dns_names: tuple[str, ...]) -> Path:
+    """A serving certificate signed by the tier's CA, as `tls.crt`/`tls.key` in `directory`
+    (where controller-runtime's webhook server looks for them); returns the directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [f"DNS:{dns}" for dns in dns_names] + ["IP:127.0.0.1", f"IP:{INSIDE_IP}"]
+    (directory / "tls.ext").write_text(f"subjectAltName={','.join(names)}\nextendedKeyUsage=serverAuth\n"
+                                       "keyUsage=digitalSignature,keyEncipherment\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
+             "-subj", f"/CN={name}", cwd=directory)
+    _openssl("x509", "-req", "-in", "tls.csr", "-CA", str(pki.directory / "ca.crt"),
+             "-CAkey", str(pki.directory / "ca.key"), "-CAcreateserial", "-out", "tls.crt", "-days", "3650",
+             "-extfile", "tls.ext", cwd=directory)
+    return directory

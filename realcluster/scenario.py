@@ -68,6 +68,7 @@ def _settings_not_applied(settings: SimSettings) -> list[str]:
             continue   # the scheduler's scoring strategy (see cluster.scheduler_config)
         if getattr(settings, spec_field.name) != getattr(defaults, spec_field.name):
             note = {"knative_version": " (with --with knative this tier runs Knative Serving 1.15)",
+                    "kserve_version": " (with --with kserve this tier runs KServe 0.14.1)",
                     "tokens": " (honoured: they are in the apiserver's token file)"}.get(spec_field.name, "")
             if spec_field.name != "tokens":
                 ignored.append(f"spec.{spec_field.name}{note}")

@@ -1,8 +1,9 @@
 """The real control plane, brought up once per test session, and simcluster beside it.
 
-`real_tier` starts `python -m realcluster up --with knative` (upstream kube-apiserver,
-controller-manager, scheduler, etcd, KWOK and Knative Serving 1.15 in a private network
-namespace; needs root and the binaries of `python -m realcluster build --with knative`,
+`real_tier` starts `python -m realcluster up --with knative --with kserve` (upstream
+kube-apiserver, controller-manager, scheduler, etcd, KWOK, Knative Serving 1.15 and KServe
+0.14.1's controller in a private network namespace; needs root and the binaries of
+`python -m realcluster build --with knative --with kserve`,
 which `make test-real` runs first) on this directory's
 scenario and stops it at the end of the session. `sim_tier` serves the same scenario on
 simcluster with a manual clock. Tests share each cluster and take a namespace of their own.
@@ -53,13 +54,13 @@ def real_tier(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the real tier runs in its own network namespace, which needs root")
     try:
-        binaries(("knative",))
+        binaries(("knative", "kserve"))
     except BuildError as exc:
         pytest.fail(f"{exc} (make test-real builds them first)")
     state = tmp_path_factory.mktemp("realcluster")
     kubeconfig = state / "kubeconfig"
     process = subprocess.Popen(
-        [sys.executable, "-m", "realcluster", "up", "--with", "knative", "--scenario", str(SCENARIO),
+        [sys.executable, "-m", "realcluster", "up", "--with", "knative", "--with", "kserve", "--scenario", str(SCENARIO),
          "--kubeconfig-out", str(kubeconfig), "--state-dir", str(state / "run")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # If pytest is killed, the tier goes down with it (SIGTERM: in order).
