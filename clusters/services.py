@@ -37,16 +37,23 @@ def cluster_sync_default() -> Cluster | None:
 
 def schedules_install(*, using: str = "default") -> list[str]:
     """Write config/schedule.py into django-celery-beat; rows an operator already tuned
-    keep their interval and enabled flag. Returns the names created."""
+    keep their interval and enabled flag, rows still at an interval an earlier release
+    installed (`former_every_seconds`) move to the current one. Returns the names created."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     created = []
     with transaction.atomic(using=using):
         for periodic in SCHEDULES:
-            if PeriodicTask.objects.using(using).filter(name=periodic.name).exists():
-                continue
             interval, _ = IntervalSchedule.objects.using(using).get_or_create(
                 every=periodic.every_seconds, period=IntervalSchedule.SECONDS)
+            installed = PeriodicTask.objects.using(using).filter(name=periodic.name).select_related("interval").first()
+            if installed is not None:
+                old = installed.interval
+                if old is not None and old.period == IntervalSchedule.SECONDS \
+                        and old.every in periodic.former_every_seconds:
+                    installed.interval, installed.description = interval, periodic.description
+                    installed.save(update_fields=["interval", "description"])
+                continue
             PeriodicTask.objects.using(using).create(
                 name=periodic.name, task=periodic.task, interval=interval,
                 description=periodic.description, priority=periodic.priority)

@@ -37,7 +37,9 @@ from .query import IdleQuery, parse_result
 log = logging.getLogger(__name__)
 EVENT_COMPONENT = "gpu-capacity-pruner"
 
-LEASE_SECONDS = 60            # a run's lease reaches at most this far ahead of its last renewal
+# A run's lease reaches at most this far ahead of its last renewal (seconds; renewed before
+# every write): a dead worker's run is completed by the 10 s reconcile beat within 40 s.
+LEASE_SECONDS = 30
 CONFLICT_ATTEMPTS = 3         # re-read and retry a write refused with 409 this many times in all
 RECONCILE_GIVE_UP = timedelta(hours=1)  # a run whose owners cannot be read is marked failed after this
 R_INTERRUPTED = "run-interrupted"  # a planned scale-down its run's worker never reached

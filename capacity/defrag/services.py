@@ -71,9 +71,11 @@ SAFE_MESSAGE = "Safe to defrag/remove node"
 EVICTION_RETRY_SECONDS = 5.0
 # Backoff after an API failure inside a step, seconds (the gateway already retried).
 ERROR_RETRY_SECONDS = 5.0
-# A worker owns a job through a lease this long (seconds); it renews it after every step,
-# so a killed worker's job is free again within a minute.
-LEASE_SECONDS = 60.0
+# A worker owns a job through a lease this long (seconds). The step task renews it every
+# HEARTBEAT_SECONDS (capacity/defrag/tasks.py), so a live worker never loses it, and a
+# killed worker's job is free again within 30 s, and with the 10 s resume beat
+# (config/schedule.py) it is stepped again within 40 s, well inside a minute.
+LEASE_SECONDS = 30.0
 # Bounds of what an operator may ask for (seconds): a poll below 0.1 s only loads the API
 # server; a day is longer than any defrag is worth waiting for.
 POLL_RANGE = (0.1, 3600.0)

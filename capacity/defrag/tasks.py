@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 
 from celery import shared_task
+from django.db import connections
 
 from clusters.errors import KubeError
 from config import clock
@@ -30,8 +32,12 @@ log = logging.getLogger(__name__)
 
 # A step task stops after this many seconds of wall time and re-queues itself: a step is a
 # short task (a killed worker loses at most this much), well below the broker's
-# visibility timeout (config/settings.py) and the lease (services.LEASE_SECONDS).
+# visibility timeout (config/settings.py).
 STEP_BUDGET_SECONDS = 20.0
+# How often a stepping worker renews its lease (seconds), from a thread of its own so that
+# a step blocked in a slow API call (a request may wait 30 s, the gateway retries) keeps
+# the job: a third of services.LEASE_SECONDS, so two renewals may fail before it lapses.
+HEARTBEAT_SECONDS = 10.0
 # The longest a job's next check is queued ahead (seconds): below the visibility timeout.
 MAX_COUNTDOWN_SECONDS = 60.0
 
@@ -50,7 +56,7 @@ def defrag_job_run(self, job_id: int) -> str:
 
     Two copies of this task for one job (a redelivered message, the resume beat) do not
     step it together: the second finds the lease taken and returns. A worker killed
-    mid-step leaves the lease to expire (at most a minute); `defrag_jobs_resume` then
+    mid-step leaves the lease to expire (LEASE_SECONDS, 30 s); `defrag_jobs_resume` then
     re-queues the job and the next worker resumes from its recorded step.
     """
     owner = _owner(self)
@@ -62,22 +68,60 @@ def defrag_job_run(self, job_id: int) -> str:
         return "missing"
     started = time.monotonic()
     try:
-        while True:
-            job = defrag_job_step(job=job, now=clock.now())
-            if _resting(job):
-                return job.state
-            if not defrag_job_lease_renew(job_id=job_id, owner=owner, now=clock.now()):
-                return "lease lost"
-            left = STEP_BUDGET_SECONDS - (time.monotonic() - started)
-            pause = _pause(job)
-            if pause > left:
-                break
-            if pause > 0:
-                _wait(job, pause)
+        with _Heartbeat(job_id=job_id, owner=owner) as heartbeat:
+            while True:
+                job = defrag_job_step(job=job, now=clock.now())
+                if _resting(job):
+                    return job.state
+                if heartbeat.lost.is_set() or not defrag_job_lease_renew(job_id=job_id, owner=owner,
+                                                                         now=clock.now()):
+                    return "lease lost"
+                left = STEP_BUDGET_SECONDS - (time.monotonic() - started)
+                pause = _pause(job)
+                if pause > left:
+                    break
+                if pause > 0:
+                    _wait(job, pause)
     finally:
         defrag_job_lease_release(job_id=job_id, owner=owner)
     defrag_job_run.apply_async((job_id,), countdown=min(_pause(job), MAX_COUNTDOWN_SECONDS))
     return job.state
+
+
+class _Heartbeat:
+    """Renews the job's lease every HEARTBEAT_SECONDS while the task steps it. `lost` is set
+    once a renewal finds the lease taken (it lapsed and another worker acquired it): the
+    task then stops at its next step. Dies with its process, so a killed worker's lease
+    lapses on time."""
+
+    def __init__(self, *, job_id: int, owner: str):
+        self.job_id, self.owner = job_id, owner
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"defrag-lease-{job_id}", daemon=True)
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=HEARTBEAT_SECONDS)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(HEARTBEAT_SECONDS):
+                try:
+                    held = defrag_job_lease_renew(job_id=self.job_id, owner=self.owner, now=clock.now())
+                except Exception:  # noqa: BLE001 - the database blinked: the next beat tries again
+                    log.warning("defrag job %s: lease renewal failed", self.job_id, exc_info=True)
+                    continue
+                if not held:
+                    log.warning("defrag job %s: lease lost by %s", self.job_id, self.owner)
+                    self.lost.set()
+                    return
+        finally:
+            connections.close_all()   # this thread's own connections only
 
 
 def _resting(job: DefragJob) -> bool:
@@ -109,7 +153,7 @@ def _wait(job: DefragJob, pause: float) -> None:
 
 @shared_task(name="capacity.tasks.defrag_jobs_resume", ignore_result=True)
 def defrag_jobs_resume() -> int:
-    """Every minute (config/schedule.py): re-queue each live job that should be stepped and
+    """Every 10 s (config/schedule.py): re-queue each live job that should be stepped and
     no worker holds (its lease expired, or its queued message was lost)."""
     due = defrag_jobs_due(now=clock.now())
     for job_id in due:
