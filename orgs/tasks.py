@@ -45,12 +45,17 @@ def scale_to_zero_reconcile() -> dict:
 
 @shared_task
 def scale_to_zero_retry() -> dict:
-    """Every minute: apply again each org whose wanted setting is not the applied one."""
+    """Every minute: apply again each org whose wanted setting is not the applied one. The
+    orgs of a cluster that did not answer are skipped after its first failure (listed
+    under "skipped"): one unreachable cluster costs this worker one org's retries, not
+    every org's."""
     return _summary(services.orgs_apply_unapplied(now=clock.now()))
 
 
 def _summary(outcomes: list[services.ApplyOutcome]) -> dict:
-    return {"orgs": len(outcomes),
-            "first_applied": [o.org for o in outcomes if o.kind == "first apply" and o.complete],
-            "drifted": [o.org for o in outcomes if o.drift],
-            "incomplete": [o.summary() for o in outcomes if not o.complete]}
+    tried = [o for o in outcomes if o.kind != services.SKIPPED]
+    return {"orgs": len(tried),
+            "first_applied": [o.org for o in tried if o.kind == "first apply" and o.complete],
+            "drifted": [o.org for o in tried if o.drift],
+            "incomplete": [o.summary() for o in tried if not o.complete],
+            "skipped": [o.summary() for o in outcomes if o.kind == services.SKIPPED]}

@@ -80,3 +80,42 @@ def test_a_conflict_that_outlasts_its_retries_fails_the_apply_with_its_reason(si
     org.refresh_from_db()
     assert "409 Conflict" in org.pending[0] and org.applied == ""
     assert ksvc_min_scale(handle.gateway, "pynode") == "1"
+
+
+def test_the_retry_pass_tries_a_cluster_that_does_not_answer_for_one_org_only(sim_cluster_factory, tmp_path,
+                                                                            make_org, settings):
+    import socket
+
+    from clusters.kube import gateway_for
+    from clusters.models import Cluster
+    from orgs.tasks import scale_to_zero_retry
+    from simcluster.kubeconfig import write_kubeconfig
+
+    handle = sim_cluster_factory(world(orgs={"live": [pynode("live")]}))
+    handle.advance(0)
+    with socket.socket() as probe:       # a port nothing listens on: connection refused
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    down = Cluster.objects.create(name="down", kubeconfig_path=str(
+        write_kubeconfig(tmp_path / "down", f"http://127.0.0.1:{closed}")))
+    make_org("down-a", idle_hours=48, cluster=down, dormant=True)
+    first = scale_to_zero_retry()
+    one_org = gateway_for(down).calls_total()      # what one org's apply costs: every attempt counted
+    assert first["incomplete"] and "ConnectionError" in first["incomplete"][0] and first["skipped"] == []
+    assert one_org >= settings.KUBE_RETRY_ATTEMPTS, "the gateway retried the unanswered request"
+
+    others = [make_org(slug, idle_hours=48, cluster=down, dormant=True) for slug in ("down-b", "down-c")]
+    live = make_org("live", idle_hours=48, cluster=handle.cluster, dormant=True)
+    second = scale_to_zero_retry()
+
+    assert gateway_for(down).calls_total() == 2 * one_org, "down-a was tried again, down-b and down-c not at all"
+    assert [line.split(":")[0] for line in second["skipped"]] == ["down-b", "down-c"]
+    assert all("not tried: cluster down did not answer" in line and "left for the next pass" in line
+               for line in second["skipped"])
+    for org in others:
+        org.refresh_from_db()
+        assert org.applied == "" and org.reconciled_at is None and org.last_error == ""
+        assert not AuditRecord.objects.filter(org=org).exists()
+    live.refresh_from_db()
+    assert live.applied == "enabled", "the other cluster's org was still applied in the same pass"
+    assert ksvc_min_scale(handle.gateway, "pynode", ns="live") == "0"
