@@ -1,15 +1,83 @@
-"""Operators' view of orgs: dormancy state, history, and the acts each needing its own permission."""
+"""Operators' view of orgs: dormancy state, history, exemptions and snoozes, and the acts
+each needing its own permission. An act on several orgs shows first, on a confirmation
+page, what it would change on each org and its workloads (planned, nothing written)."""
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import Q
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from config import clock
 from config.actors import actor_describe
-from orgs import services
-from orgs.models import ActivityToken, AuditRecord, DormancySwitch, Org
+from config.admin_display import JsonAsTablesMixin
+from orgs import planning, services
+from orgs.models import ActivityToken, AuditRecord, DormancySwitch, Org, WorkloadExemption
+
+SNOOZE_CHOICES = (("24h", "snooze for 24 hours"), ("7d", "snooze for 7 days"),
+                  ("until", "snooze until a time (UTC)"), ("exempt", "exempt until removed"))
+SNOOZE_DURATIONS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
 
 
-class DormancySwitchInline(admin.TabularInline):
+class HoldFormMixin(forms.Form):
+    """How long, and why: the same choices for an org and for one workload."""
+
+    hold = forms.ChoiceField(choices=SNOOZE_CHOICES, initial="24h", widget=forms.RadioSelect,
+                             label="For how long")
+    until_time = forms.DateTimeField(required=False, label="Until (UTC)",
+                                     help_text="Only with “snooze until a time”, e.g. 2026-12-01 18:00.")
+    reason = forms.CharField(max_length=200, help_text="Why; shown beside the exemption and kept in the audit.")
+
+    def clean(self):
+        data = super().clean()
+        choice, now = data.get("hold"), clock.now()
+        try:
+            if choice == "exempt":
+                data["until"] = None
+            elif choice in SNOOZE_DURATIONS:
+                data["until"] = planning.snooze_until(now=now, duration=SNOOZE_DURATIONS[choice])
+            elif choice == "until":
+                if data.get("until_time") is None:
+                    self.add_error("until_time", "give the time the snooze ends")
+                else:
+                    data["until"] = planning.snooze_until(now=now, until=data["until_time"])
+        except ValueError as exc:
+            self.add_error("until_time", str(exc))
+        return data
+
+
+class OrgHoldForm(HoldFormMixin):
+    pass
+
+
+class ExemptionFilter(admin.SimpleListFilter):
+    title = "exemption"
+    parameter_name = "held"
+
+    def lookups(self, request, model_admin):
+        return (("exempt", "exempt"), ("snoozed", "snoozed now"), ("any", "exempt or snoozed"),
+                ("none", "neither"))
+
+    def queryset(self, request, queryset):
+        now = clock.now()
+        snoozed = Q(exempt=False, snoozed_until__gt=now)
+        held = Q(exempt=True) | snoozed
+        return {"exempt": queryset.filter(exempt=True), "snoozed": queryset.filter(snoozed),
+                "any": queryset.filter(held), "none": queryset.exclude(held)}.get(self.value(), queryset)
+
+
+def _hold_text(hold, now) -> str:
+    if hold is None:
+        return "—"
+    return hold.describe(now)
+
+
+class DormancySwitchInline(JsonAsTablesMixin, admin.TabularInline):
     model = DormancySwitch
     extra = 0
     can_delete = False
@@ -25,21 +93,68 @@ class DormancySwitchInline(admin.TabularInline):
         return actor_describe(switch.actor, switch.actor_label)
 
 
+class WorkloadExemptionInline(admin.TabularInline):
+    model = WorkloadExemption
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = ("kind", "name", "state", "created_at", "set_by")
+    readonly_fields = fields
+    verbose_name = "workload exempt or snoozed"
+    verbose_name_plural = "workloads exempt or snoozed (models and pynodes)"
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="exemption")
+    def state(self, exemption: WorkloadExemption) -> str:
+        return exemption.hold().describe(clock.now())
+
+    @admin.display(description="set by")
+    def set_by(self, exemption: WorkloadExemption) -> str:
+        return actor_describe(exemption.created_by, exemption.actor_label)
+
+
 @admin.register(Org)
-class OrgAdmin(admin.ModelAdmin):
-    list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "last_activity_at",
-                    "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
-    list_filter = ("dormant", "scale_to_zero_allowed", "applied", "cluster")
+class OrgAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+    list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "exemption_state",
+                    "last_activity_at", "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
+    list_filter = ("dormant", "scale_to_zero_allowed", ExemptionFilter, "applied", "cluster")
     search_fields = ("slug", "namespace")
-    readonly_fields = ("dormant", "dormant_since", "last_activity_at", "scale_to_zero_state", "applied", "pending",
-                       "drift", "last_error", "reconciled_at", "mechanism", "knative_lever", "created_at",
+    readonly_fields = ("dormant", "dormant_since", "last_activity_at", "exemption", "scale_to_zero_state", "applied",
+                       "pending", "drift", "last_error", "reconciled_at", "mechanism", "knative_lever", "created_at",
                        "scale_to_zero_allowed")
-    inlines = [DormancySwitchInline]
-    actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now"]
+    exclude = ("exempt", "snoozed_until", "exemption_reason")
+    inlines = [WorkloadExemptionInline, DormancySwitchInline]
+    actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now",
+               "exempt_or_snooze", "end_exemption"]
 
     @admin.display(boolean=True, description="drift")
     def has_drift(self, org: Org) -> bool:
         return bool(org.drift or org.last_error)
+
+    @admin.display(description="exempt / snoozed")
+    def exemption_state(self, org: Org) -> str:
+        hold = org.hold()
+        if hold is None:
+            return "—"
+        now = clock.now()
+        if hold.until is None:
+            return "exempt"
+        if not hold.active(now):
+            return "snooze ended"
+        return f"snoozed, {planning.duration_words(hold.until - now)} left"
+
+    @admin.display(description="exemption from dormancy and pruning")
+    def exemption(self, org: Org) -> str:
+        now = clock.now()
+        text = _hold_text(org.hold(), now)
+        if org.pk is None:
+            return text
+        add = reverse("admin:orgs_workloadexemption_add") + f"?org={org.pk}"
+        return format_html('{} <br><span class="help">The org: the actions “Exempt or snooze…” and “End the '
+                           'exemption” of the org list. One model or pynode: <a href="{}">exempt or snooze a '
+                           'workload of {}</a>.</span>', text, add, org.slug)
 
     @admin.display(description="scale to zero on the cluster")
     def scale_to_zero_state(self, org: Org) -> str:
@@ -75,6 +190,29 @@ class OrgAdmin(admin.ModelAdmin):
     def has_run_dormancy_sweep_permission(self, request) -> bool:
         return self._has(request, "run_dormancy_sweep")
 
+    def has_exempt_permission(self, request) -> bool:
+        return self._has(request, "exempt")
+
+    # --- preview, then act --------------------------------------------------------------------
+    def _preview_then(self, request, queryset, *, act: str, title: str, apply, form_class=None):
+        """Show what the act would change on each org (the scale-to-zero plan on a fresh
+        read, nothing written); apply it only when the operator confirms that page."""
+        confirmed = request.POST.get("confirm") == "yes"
+        form = form_class(request.POST if confirmed else None) if form_class else None
+        if confirmed and (form is None or form.is_valid()):
+            apply(form.cleaned_data if form is not None else None)
+            return None
+        orgs = list(queryset.select_related("cluster"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title, "subtitle": None, "opts": self.model._meta, "act": act, "form": form,
+            "previews": services.orgs_preview(orgs=orgs, act=act, now=clock.now()),
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "action_name": request.POST.get("action", ""), "select_across": request.POST.get("select_across", "0"),
+            "whole_fleet": act == "sweep", "selected_count": len(orgs),
+        }
+        return TemplateResponse(request, "admin/orgs/org/action_preview.html", context)
+
     def _allow(self, request, queryset, allowed: bool) -> None:
         now = clock.now()
         for org in queryset.select_related("cluster"):
@@ -86,16 +224,17 @@ class OrgAdmin(admin.ModelAdmin):
         self.message_user(request, f"scale to zero {'allowed' if allowed else 'disallowed'} for "
                                    f"{queryset.count()} org(s)")
 
-    @admin.action(permissions=["disallow_scale_to_zero"], description="Disallow scale to zero (and revert now)")
-    def disallow_scale_to_zero(self, request, queryset) -> None:
-        self._allow(request, queryset, False)
+    @admin.action(permissions=["disallow_scale_to_zero"], description="Disallow scale to zero (and revert now)…")
+    def disallow_scale_to_zero(self, request, queryset):
+        return self._preview_then(request, queryset, act="disallow", title="Disallow scale to zero: what changes",
+                                  apply=lambda _: self._allow(request, queryset, False))
 
-    @admin.action(permissions=["allow_scale_to_zero"], description="Allow scale to zero")
-    def allow_scale_to_zero(self, request, queryset) -> None:
-        self._allow(request, queryset, True)
+    @admin.action(permissions=["allow_scale_to_zero"], description="Allow scale to zero…")
+    def allow_scale_to_zero(self, request, queryset):
+        return self._preview_then(request, queryset, act="allow", title="Allow scale to zero: what changes",
+                                  apply=lambda _: self._allow(request, queryset, True))
 
-    @admin.action(permissions=["mark_active"], description="Mark active now")
-    def mark_active_now(self, request, queryset) -> None:
+    def _mark_active(self, request, queryset) -> None:
         now = clock.now()
         results = [services.org_mark_active_now(org=org, actor=request.user, now=now) for org in queryset]
         woke = [r.org for r in results if r.woke]
@@ -104,15 +243,123 @@ class OrgAdmin(admin.ModelAdmin):
             if result.queued is False:
                 self.message_user(request, result.describe(), messages.WARNING)
 
-    @admin.action(permissions=["run_dormancy_sweep"], description="Run the dormancy sweep now (all orgs)")
-    def run_dormancy_sweep_now(self, request, queryset) -> None:
+    @admin.action(permissions=["mark_active"], description="Mark active now…")
+    def mark_active_now(self, request, queryset):
+        return self._preview_then(request, queryset, act="mark_active", title="Mark active now: what changes",
+                                  apply=lambda _: self._mark_active(request, queryset))
+
+    def _sweep(self, request) -> None:
         result = services.dormancy_sweep(now=clock.now(), actor=request.user)
         self.message_user(request, f"sweep: {len(result.switched)} org(s) turned dormant: "
                                    f"{', '.join(result.switched) or 'none'}")
 
+    @admin.action(permissions=["run_dormancy_sweep"], description="Run the dormancy sweep now (all orgs)…")
+    def run_dormancy_sweep_now(self, request, queryset):
+        return self._preview_then(request, queryset, act="sweep",
+                                  title="Run the dormancy sweep now: the orgs it would mark dormant",
+                                  apply=lambda _: self._sweep(request))
+
+    def _hold(self, request, queryset, data) -> None:
+        now = clock.now()
+        for org in queryset:
+            try:
+                outcome = services.org_hold_set(org=org, until=data["until"], reason=data["reason"],
+                                                actor=request.user, now=now)
+            except ValueError as exc:
+                self.message_user(request, f"{org}: {exc}; nothing changed", messages.ERROR)
+                continue
+            self.message_user(request, outcome.describe(), messages.WARNING if "could not" in outcome.message
+                              else messages.SUCCESS)
+
+    @admin.action(permissions=["exempt"], description="Exempt or snooze from dormancy and pruning…")
+    def exempt_or_snooze(self, request, queryset):
+        return self._preview_then(request, queryset, act="hold",
+                                  title="Exempt or snooze from dormancy and pruning: what changes",
+                                  apply=lambda data: self._hold(request, queryset, data), form_class=OrgHoldForm)
+
+    def _hold_clear(self, request, queryset) -> None:
+        now = clock.now()
+        for org in queryset:
+            self.message_user(request, services.org_hold_clear(org=org, actor=request.user, now=now).describe())
+
+    @admin.action(permissions=["exempt"], description="End the exemption or snooze…")
+    def end_exemption(self, request, queryset):
+        return self._preview_then(request, queryset, act="hold_clear", title="End the exemption or snooze: what "
+                                  "changes", apply=lambda _: self._hold_clear(request, queryset))
+
+
+class WorkloadExemptionForm(HoldFormMixin, forms.ModelForm):
+    class Meta:
+        model = WorkloadExemption
+        fields = ("org", "kind", "name")
+
+    def validate_unique(self) -> None:
+        """Setting it again replaces the earlier exemption or snooze of the same workload."""
+
+
+@admin.register(WorkloadExemption)
+class WorkloadExemptionAdmin(admin.ModelAdmin):
+    """Exempt or snooze one model or pynode; removing the row ends it. Both are audited and,
+    on a dormant org, applied to the cluster at once."""
+
+    form = WorkloadExemptionForm
+    list_display = ("org", "kind", "name", "state", "set_by", "created_at")
+    list_filter = ("kind", "org__cluster")
+    search_fields = ("org__slug", "name", "reason")
+    fields = ("org", "kind", "name", "hold", "until_time", "reason")
+    autocomplete_fields = ("org",)
+
+    @admin.display(description="exemption")
+    def state(self, exemption: WorkloadExemption) -> str:
+        return exemption.hold().describe(clock.now())
+
+    @admin.display(description="set by")
+    def set_by(self, exemption: WorkloadExemption) -> str:
+        return actor_describe(exemption.created_by, exemption.actor_label)
+
+    def get_fields(self, request, obj=None):
+        if obj is not None:
+            return ("org", "kind", "name", "state", "reason", "set_by", "created_at")
+        return self.fields
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None:
+            return ("org", "kind", "name", "state", "reason", "set_by", "created_at")
+        return ()
+
+    def has_add_permission(self, request) -> bool:
+        return request.user.has_perm("orgs.exempt")
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("orgs.exempt")
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("orgs.exempt") or super().has_view_permission(request, obj)
+
+    def save_model(self, request, obj, form, change) -> None:
+        data = form.cleaned_data
+        outcome = services.workload_hold_set(org=data["org"], kind=data["kind"], name=data["name"],
+                                             until=data["until"], reason=data["reason"], actor=request.user,
+                                             now=clock.now())
+        saved = WorkloadExemption.objects.get(org=data["org"], kind=data["kind"], name=data["name"])
+        obj.pk, obj.created_at = saved.pk, saved.created_at
+        level = messages.WARNING if outcome.applied is not None and not outcome.applied.complete else messages.INFO
+        self.message_user(request, outcome.describe(), level)
+
+    def delete_model(self, request, obj) -> None:
+        outcome = services.workload_hold_clear(exemption=obj, actor=request.user, now=clock.now())
+        self.message_user(request, outcome.describe())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for exemption in queryset.select_related("org"):
+            self.delete_model(request, exemption)
+
 
 @admin.register(AuditRecord)
-class AuditRecordAdmin(admin.ModelAdmin):
+class AuditRecordAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("at", "action", "cause", "by", "org")
     list_filter = ("action",)
     search_fields = ("org__slug", "action", "cause", "actor_label")

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from config.actors import actor_label_current
+from orgs.planning import Hold
 
 
 class ScaleToZero(models.TextChoices):
@@ -28,7 +29,7 @@ class Org(models.Model):
     drift = models.JSONField(default=list, blank=True,
                              help_text="Workloads found not holding the wanted setting at the last reconcile.")
     pending = models.JSONField(
-        default=list, blank=True,
+        default=list, db_default=[], blank=True,
         help_text="What did not take the wanted setting at the last apply (a partial apply), and why; "
                   "retried every minute until empty.")
     last_error = models.TextField(blank=True, help_text="The last Kubernetes failure while applying the setting.")
@@ -36,6 +37,16 @@ class Org(models.Model):
     mechanism = models.CharField(max_length=120, blank=True,
                                  help_text="How models are switched on this cluster (by Knative version; "
                                            "the cluster page says why).")
+    exempt = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Exempt from dormancy and pruning until an operator ends it: the sweep never marks the org "
+                  "dormant and the pruner skips its workloads.")
+    snoozed_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Dormancy and pruning snoozed until this time: until then the org is treated as exempt; "
+                  "afterwards the snooze simply stops applying.")
+    exemption_reason = models.CharField(max_length=200, blank=True, db_default="",
+                                        help_text="Why the org is exempt or snoozed (the operator's words).")
     created_at = models.DateTimeField(auto_now_add=True, help_text="When the org was registered.")
 
     class Meta:
@@ -51,6 +62,7 @@ class Org(models.Model):
             ("mark_active", "Can mark an org active now"),
             ("run_dormancy_sweep", "Can run the dormancy sweep now"),
             ("record_activity", "Can record activity through the API"),
+            ("exempt", "Can exempt or snooze an org or one of its workloads from dormancy and pruning"),
         ]
 
     def __str__(self) -> str:
@@ -60,6 +72,47 @@ class Org(models.Model):
     def wanted(self) -> str:
         """The setting the org's workloads should hold: enabled only when dormant and allowed."""
         return ScaleToZero.ENABLED if (self.dormant and self.scale_to_zero_allowed) else ScaleToZero.DISABLED
+
+    def hold(self) -> Hold | None:
+        """The org's own exemption or snooze as a planning value (None: neither was set)."""
+        if self.exempt:
+            return Hold(until=None, reason=self.exemption_reason)
+        if self.snoozed_until is not None:
+            return Hold(until=self.snoozed_until, reason=self.exemption_reason)
+        return None
+
+
+class WorkloadExemption(models.Model):
+    """One model or pynode of an org kept out of dormancy's scale to zero and out of the
+    pruner: for good (no `until`) or snoozed until a time, after which it simply stops applying."""
+
+    class Kind(models.TextChoices):
+        MODEL = "inferenceservice", "model (InferenceService)"
+        PYNODE = "pynode", "pynode (Knative Service)"
+
+    org = models.ForeignKey(Org, on_delete=models.CASCADE, related_name="exemptions",
+                            help_text="The org whose namespace holds the workload.")
+    kind = models.CharField(max_length=20, choices=Kind.choices, help_text="Which kind of workload.")
+    name = models.CharField(max_length=253, help_text="The workload's name in the org's namespace.")
+    until = models.DateTimeField(null=True, blank=True,
+                                 help_text="Snoozed until this time; empty: exempt until an operator removes it.")
+    reason = models.CharField(max_length=200, help_text="Why (the operator's words).")
+    created_at = models.DateTimeField(help_text="When it was set.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", help_text="The operator who set it.")
+    actor_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Who set it when not a panel user: cli:<os user>@<host>.")
+
+    class Meta:
+        ordering = ["org__slug", "kind", "name"]
+        constraints = [models.UniqueConstraint(fields=["org", "kind", "name"], name="orgs_one_exemption_per_workload")]
+
+    def __str__(self) -> str:
+        return f"{self.org}/{self.name} ({self.kind})"
+
+    def hold(self) -> Hold:
+        return Hold(until=self.until, reason=self.reason)
 
 
 class DormancySwitch(models.Model):

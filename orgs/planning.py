@@ -13,14 +13,6 @@ disabling returns each workload to its owner's floor and nothing above it:
 Disabling patches only a "0" it finds where the floor is higher (the product's own
 "0"); any other value is the owner's business and is left alone.
 
-A pynode is switched through its template, so each switch makes a new Revision, and a
-new Revision starts `initial-scale` pods (1 by default) before the autoscaler may take it
-to zero: a pod spun up for nothing on every dormancy switch. Where the cluster's
-`config-autoscaler` allows a zero initial scale (`allow-zero-initial-scale`), enabling
-also sets the template's `initial-scale` to "0" (the owner's value recorded beside the
-min-scale one, and given back on disable); where it does not, Knative's webhook would
-refuse that "0", so it is not set and the panel says that one pod starts per switch.
-
 How models are switched (the lever) follows the Knative version the cluster states:
 - Knative >= 1.21 copies a Revision's autoscaling annotations onto its PodAutoscaler on
   every reconcile (a direct PA patch is reverted), so the Revision is patched; that
@@ -36,16 +28,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 MIN_SCALE = "autoscaling.knative.dev/min-scale"
 MIN_SCALE_LEGACY = "autoscaling.knative.dev/minScale"
 OWNER_MIN_SCALE = "capacity.io/owner-min-scale"
-INITIAL_SCALE = "autoscaling.knative.dev/initial-scale"
-INITIAL_SCALE_LEGACY = "autoscaling.knative.dev/initialScale"
-OWNER_INITIAL_SCALE = "capacity.io/owner-initial-scale"
-AUTOSCALER_CONFIG = "knative-serving/config-autoscaler"
-# Knative reads its ConfigMap flags with Go's strconv.ParseBool.
-_GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 PYNODE_SELECTOR = "capacity.io/component=pynode"
 ORG_LABEL = "capacity.io/org"
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
@@ -66,66 +53,18 @@ def parse_version(text: str | None) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class InitialScale:
-    """Whether a pynode's switch can keep its new Revision from starting a pod, as the
-    cluster's config-autoscaler says, and the sentence the panel shows."""
-
-    zero_allowed: bool
-    statement: str
-
-
-def knative_initial_scale(*, config: dict | None, error: str = "") -> InitialScale:
-    """From config-autoscaler's `data` (None: no such ConfigMap, Knative's defaults), or
-    the reason it could not be read (`error`)."""
-    if error:
-        return InitialScale(False, f"{AUTOSCALER_CONFIG} could not be read ({error}): a pynode switched to "
-                            "min-scale 0 gets a new revision that starts the cluster's initial scale of pods "
-                            "(1 by default) before it scales to zero; initial-scale \"0\" is not set, since "
-                            "Knative refuses it unless allow-zero-initial-scale is on.")
-    data = config or {}
-    flag = data.get("allow-zero-initial-scale")
-    if flag in _GO_TRUE:
-        return InitialScale(True, f"{AUTOSCALER_CONFIG} allows a zero initial scale (allow-zero-initial-scale: "
-                            f"{flag!r}): a pynode switched to min-scale 0 also gets initial-scale \"0\", so its new "
-                            "revision starts no pod.")
-    pods = (data.get("initial-scale") or "1").strip()
-    where = f"{AUTOSCALER_CONFIG} has no allow-zero-initial-scale" if flag is None else \
-        f"{AUTOSCALER_CONFIG} sets allow-zero-initial-scale: {flag!r}"
-    if config is None:
-        where = f"no {AUTOSCALER_CONFIG} (Knative's defaults)"
-    return InitialScale(False, f"{where}: each switch of a pynode to min-scale 0 makes a new revision that starts "
-                        f"{pods} pod(s) (the cluster's initial-scale) before it scales to zero. Setting "
-                        "allow-zero-initial-scale: \"true\" there lets the switch start none.")
-
-
-INITIAL_SCALE_UNKNOWN = InitialScale(False, "")
-
-
-@dataclass(frozen=True)
 class Lever:
-    """How models are switched on a cluster, and the evidence it was chosen by; and
-    whether a pynode's switch may start its new Revision at zero pods."""
+    """How models are switched on a cluster, and the evidence it was chosen by."""
 
     target: str             # VIA_REVISION or VIA_PODAUTOSCALER
     version: str            # as the cluster states it; "" unknown
     reason: str
     restarts_pods: bool
-    initial_scale: InitialScale = INITIAL_SCALE_UNKNOWN
 
     def describe(self) -> str:
         shown = self.version or "unknown"
         restart = ", restarts model pods" if self.restarts_pods else ""
-        pynodes = "pynodes via template"
-        if self.initial_scale.statement:
-            pynodes += " at initial-scale 0" if self.initial_scale.zero_allowed else ", a pod starts per switch"
-        return f"models via {self.target} (Knative {shown}{restart}); {pynodes}"
-
-    def explain(self) -> str:
-        """Everything the panel shows: why this lever, and what a pynode switch starts."""
-        return " ".join(part for part in (self.reason, self.initial_scale.statement) if part)
-
-    def with_initial_scale(self, initial_scale: InitialScale) -> "Lever":
-        return Lever(self.target, self.version, self.reason, self.restarts_pods, initial_scale)
+        return f"models via {self.target} (Knative {shown}{restart}); pynodes via template"
 
 
 def knative_lever(*, version: str, source: str = "", looked_at: tuple[str, ...] = ()) -> Lever:
@@ -168,10 +107,6 @@ class Patch:
     key: str = MIN_SCALE
     record: str | None = None
     clear_record: bool = False
-    # A pynode's initial scale set with its min-scale (key, value; None removes it), and
-    # the owner's value to write down ("" = none; None = nothing to write).
-    initial: tuple[str, str | None] | None = None
-    record_initial: str | None = None
 
     @property
     def changes_scale(self) -> bool:
@@ -179,10 +114,8 @@ class Patch:
 
     def merge_patch(self) -> dict:
         body: dict = {}
-        if self.changes_scale or self.initial is not None:
-            annotations = {self.key: self.wanted} if self.changes_scale else {}
-            if self.initial is not None:
-                annotations[self.initial[0]] = self.initial[1]
+        if self.changes_scale:
+            annotations = {self.key: self.wanted}
             if self.target == "ksvc":
                 body["spec"] = {"template": {"metadata": {"annotations": annotations}}}
             else:
@@ -190,18 +123,12 @@ class Patch:
         if self.record is not None or self.clear_record:
             notes = body.setdefault("metadata", {}).setdefault("annotations", {})
             notes[OWNER_MIN_SCALE] = None if self.clear_record else self.record
-            if self.record_initial is not None:
-                notes[OWNER_INITIAL_SCALE] = self.record_initial
-            elif self.clear_record and self.initial is not None:
-                notes[OWNER_INITIAL_SCALE] = None
         return body
 
     def describe(self) -> str:
         text = f"{self.target} {self.namespace}/{self.name}: min-scale {self.current or 'unset'} → {self.wanted or 'unset'}"
         if not self.changes_scale:
             text = f"{self.target} {self.namespace}/{self.name}: min-scale stays {self.current or 'unset'}"
-        if self.initial is not None:
-            text += f", initial-scale {self.initial[1] or 'unset'}"
         if self.record is not None:
             text += f" (owner's value {self.record or 'unset'} recorded)"
         if self.clear_record:
@@ -219,6 +146,7 @@ class ScaleToZeroPlan:
     mechanism: str
     notes: tuple[str, ...] = ()       # kinds this cluster does not serve: none of those here
     incomplete: tuple[str, ...] = ()  # what could not be planned (a read failed), and why
+    exempt: tuple[str, ...] = ()      # workloads an operator exempted or snoozed: kept at their owner's floor
 
     @property
     def in_place(self) -> bool:
@@ -289,8 +217,13 @@ def routed_revisions(ksvc: dict) -> list[str]:
 def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inference_services: list[dict],
                        knative_services: list[dict], revisions: list[dict], podautoscalers: list[dict],
                        knative_version: str | None = None, lever: Lever | None = None, applied: str = "",
-                       unserved: tuple[str, ...] = (), unreadable: dict[str, str] | None = None) -> ScaleToZeroPlan:
+                       unserved: tuple[str, ...] = (), unreadable: dict[str, str] | None = None,
+                       held: dict[tuple[str, str], str] | None = None) -> ScaleToZeroPlan:
     """The patches that bring every pynode and model of a namespace to `setting`.
+
+    `held` maps ("pynode" | "inferenceservice", name) to the description of an operator's
+    exemption or snooze in force: such a workload is never set to "0"; it is kept at (or
+    returned to) its owner's floor, as when scale to zero is disabled.
 
     `applied` is the setting last seen holding on the org ("" never); `unserved` names the
     kinds the cluster does not serve ("inferenceservices", "knative services",
@@ -304,6 +237,14 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
     skipped: list[str] = []
     notes: list[str] = []
     incomplete: list[str] = []
+    held = held or {}
+    exempt: list[str] = []
+
+    def setting_for(kind: str, name: str) -> str:
+        if setting == ENABLED and (kind, name) in held:
+            exempt.append(f"{kind} {namespace}/{name}: {held[(kind, name)]}; kept at its owner's floor")
+            return DISABLED
+        return setting
 
     def consider(target: str, obj: dict, wanted: str | None, reason: str) -> None:
         annotations = _annotations(obj)
@@ -329,8 +270,8 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                           f"{unreadable['knative services']}")
     else:
         for ksvc in sorted(pynodes, key=_name):
-            patch = _pynode_patch(ksvc, namespace=namespace, setting=setting, applied=applied,
-                                  zero_initial=lever.initial_scale.zero_allowed)
+            patch = _pynode_patch(ksvc, namespace=namespace, setting=setting_for("pynode", _name(ksvc)),
+                                  applied=applied)
             if patch is None:
                 holding.append(f"ksvc {namespace}/{_name(ksvc)}")
             else:
@@ -363,17 +304,19 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                 skipped.append(f"inferenceservice {namespace}/{name}: no predictor Knative Service yet")
                 continue
             floor = model_floor(isvc)
-            reason = f"model {name}: scale to zero {setting}"
+            own = setting_for("inferenceservice", name)
+            reason = f"model {name}: scale to zero {setting}" if own == setting else \
+                f"model {name}: exempt from scale to zero, kept at its owner's floor"
             for rev_name in routed_revisions(ksvc):
                 revision, pa = rev_by_name.get(rev_name), pa_by_name.get(rev_name)
                 target = revision if lever.target == VIA_REVISION else pa
                 if target is not None:
                     target_kind = "revision" if lever.target == VIA_REVISION else "podautoscaler"
-                    if setting == ENABLED:
+                    if own == ENABLED:
                         consider(target_kind, target, "0", reason)
                     else:
                         restore(target_kind, target, floor, reason)
-                if setting == DISABLED and lever.target == VIA_PODAUTOSCALER and revision is not None:
+                if own == DISABLED and lever.target == VIA_PODAUTOSCALER and revision is not None:
                     # A "0" on the Revision of an awake model can only be an earlier Revision
                     # patch; left there, a Knative that copies it to the PA keeps the model
                     # cold. Undoing it restarts the model's pods, which warm is worth.
@@ -384,52 +327,113 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                                              key=_key(annotations)))
     return ScaleToZeroPlan(namespace=namespace, setting=setting, patches=tuple(patches), holding=tuple(holding),
                            skipped=tuple(skipped), mechanism=lever.describe(), notes=tuple(notes),
-                           incomplete=tuple(incomplete))
+                           incomplete=tuple(incomplete), exempt=tuple(exempt))
 
 
-def _initial_key(annotations: dict) -> str:
-    return INITIAL_SCALE_LEGACY if INITIAL_SCALE not in annotations and INITIAL_SCALE_LEGACY in annotations \
-        else INITIAL_SCALE
-
-
-def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
-                  zero_initial: bool = False) -> Patch | None:
+def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str) -> Patch | None:
     template = _annotations(ksvc, template=True)
-    notes = _annotations(ksvc)
     current = current_min_scale(template)
-    recorded = OWNER_MIN_SCALE in notes
+    recorded = OWNER_MIN_SCALE in _annotations(ksvc)
     name, key = _name(ksvc), _key(template)
     reason = f"pynode: scale to zero {setting}"
-    initial_key = _initial_key(template)
     if setting == ENABLED:
         if current == "0" and recorded:
             return None
         owner = pynode_floor(ksvc, applied=applied)
-        initial = record_initial = None
-        if zero_initial:
-            # The switch's new Revision starts no pod; the owner's initial scale is kept to give back.
-            initial = (initial_key, "0")
-            if OWNER_INITIAL_SCALE not in notes:
-                record_initial = template.get(initial_key) or ""
         return Patch("ksvc", namespace, name, current, "0", reason, key=key,
-                     record=None if recorded else (owner or ""), initial=initial, record_initial=record_initial)
+                     record=None if recorded else (owner or ""))
     floor = pynode_floor(ksvc, applied=applied)
     if not recorded and current == floor:
         return None
-    initial = (initial_key, notes[OWNER_INITIAL_SCALE] or None) if OWNER_INITIAL_SCALE in notes else None
-    return Patch("ksvc", namespace, name, current, floor, reason, key=key, clear_record=recorded, initial=initial)
+    return Patch("ksvc", namespace, name, current, floor, reason, key=key, clear_record=recorded)
 
+
+# --- exemptions and snoozes -------------------------------------------------------------------
+# Stable words stored on prune decisions and shown as skip reasons.
+HELD_EXEMPT = "exempted-by-operator"
+HELD_SNOOZED = "snoozed-by-operator"
+
+
+def duration_words(delta: timedelta) -> str:
+    minutes = max(int(delta.total_seconds() // 60), 0)
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min" if minutes else "under a minute"
 
 
 @dataclass(frozen=True)
-class OrgActivity:
-    """What the sweep needs to know of one org."""
+class Hold:
+    """An operator's exemption (no `until`: until removed) or snooze (until a time) of an
+    org or one workload from dormancy and pruning. A snooze past its time simply stops
+    applying: every reader compares with `now`, nothing has to run when it ends."""
+
+    until: datetime | None
+    reason: str = ""
+
+    def active(self, now: datetime) -> bool:
+        return self.until is None or self.until > now
+
+    @property
+    def word(self) -> str:
+        """The skip reason the pruner records for what this hold keeps."""
+        return HELD_EXEMPT if self.until is None else HELD_SNOOZED
+
+    def remaining(self, now: datetime) -> timedelta | None:
+        return None if self.until is None else max(self.until - now, timedelta(0))
+
+    def describe(self, now: datetime) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        if self.until is None:
+            return f"exempt until removed{why}"
+        if not self.active(now):
+            return f"snooze ended {self.until:%Y-%m-%d %H:%M} UTC{why}"
+        return f"snoozed for {duration_words(self.until - now)} more (until {self.until:%Y-%m-%d %H:%M} UTC){why}"
+
+
+# The longest snooze an operator may set: beyond it, an exemption says what is meant.
+SNOOZE_MAX = timedelta(days=366)
+
+
+def snooze_until(*, now: datetime, duration: timedelta | None = None, until: datetime | None = None) -> datetime:
+    """The end of a snooze given as a duration from `now` or as a time; refused by name
+    when it is not in the future or longer than SNOOZE_MAX."""
+    if (duration is None) == (until is None):
+        raise ValueError("give the snooze a duration or an end time (one of them)")
+    if duration is not None:
+        seconds = duration.total_seconds()
+        if seconds != seconds or seconds <= 0:  # NaN compares unequal to itself
+            raise ValueError(f"snooze duration must be positive, got {duration}")
+        if duration > SNOOZE_MAX:
+            raise ValueError(f"snooze duration must be at most {SNOOZE_MAX.days} days, got {duration}; "
+                             "exempt the org or workload instead")
+        return now + duration
+    if until.tzinfo is None:
+        raise ValueError("snooze end time must carry a time zone")
+    if until <= now:
+        raise ValueError(f"snooze end time must be in the future, got {until:%Y-%m-%d %H:%M %Z}")
+    if until - now > SNOOZE_MAX:
+        raise ValueError(f"snooze end time must be within {SNOOZE_MAX.days} days; exempt instead")
+    return until
+
+
+# --- the dormancy sweep ------------------------------------------------------------------------
+class OrgActivity(NamedTuple):
+    """What the sweep needs to know of one org (a tuple: the sweep reads thousands per run)."""
 
     id: int
     slug: str
     last_activity_at: datetime | None
     dormant: bool
     scale_to_zero_allowed: bool
+    exempt: bool = False
+    snoozed_until: datetime | None = None
+
+    def held(self, now: datetime) -> bool:
+        return self.exempt or (self.snoozed_until is not None and self.snoozed_until > now)
 
 
 @dataclass(frozen=True)
@@ -438,11 +442,14 @@ class SweepPlan:
     cutoff: datetime
     to_dormant: tuple[str, ...] = field(default_factory=tuple)
     over_budget: tuple[str, ...] = field(default_factory=tuple)
+    held: tuple[str, ...] = field(default_factory=tuple)       # idle, but exempt or snoozed
+    chosen: tuple[OrgActivity, ...] = field(default_factory=tuple)   # the orgs of `to_dormant`, as read
 
     def describe(self) -> list[str]:
         lines = [f"{slug}: no activity since before {self.cutoff:%Y-%m-%d %H:%M} UTC → dormant"
                  for slug in self.to_dormant]
         lines += [f"{slug}: would turn dormant, left for the next sweep (budget)" for slug in self.over_budget]
+        lines += [f"{slug}: idle, but exempt or snoozed: stays awake" for slug in self.held]
         return lines
 
 
@@ -452,20 +459,28 @@ def sweep_cutoff(*, now: datetime, dormant_after: timedelta) -> datetime:
     return now - dormant_after
 
 
-def is_sweepable(org: OrgActivity, cutoff: datetime) -> bool:
-    """The sweep's rule; the database UPDATE in services encodes the same condition.
+def is_idle(org: OrgActivity, cutoff: datetime) -> bool:
+    """Awake with no activity since before `cutoff`. The sweep's database read narrows to
+    these orgs (by the indexed columns) before `plan_sweep` applies the whole rule.
 
     An org never seen active counts from its registration: callers pass that time as
     `last_activity_at` (a new org is not dormant at birth)."""
-    return (not org.dormant and org.scale_to_zero_allowed
-            and org.last_activity_at is not None and org.last_activity_at < cutoff)
+    return not org.dormant and org.last_activity_at is not None and org.last_activity_at < cutoff
+
+
+def is_sweepable(org: OrgActivity, cutoff: datetime, now: datetime) -> bool:
+    """The dormancy rule, the only statement of it: idle, scale to zero allowed, and
+    neither exempt nor snoozed. The sweep marks exactly the orgs its plan chose."""
+    return is_idle(org, cutoff) and org.scale_to_zero_allowed and not org.held(now)
 
 
 def plan_sweep(*, orgs: list[OrgActivity], now: datetime, dormant_after: timedelta, budget: int) -> SweepPlan:
-    """Which orgs the sweep would mark dormant (the dry run shows this)."""
+    """Which orgs the sweep marks dormant: at most `budget`, longest idle first."""
     if budget < 0:
         raise ValueError(f"the sweep budget must be >= 0, got {budget}")
     cutoff = sweep_cutoff(now=now, dormant_after=dormant_after)
-    due = sorted((o for o in orgs if is_sweepable(o, cutoff)), key=lambda o: (o.last_activity_at, o.id))
+    due = sorted((o for o in orgs if is_sweepable(o, cutoff, now)), key=lambda o: (o.last_activity_at, o.id))
+    held = sorted(o.slug for o in orgs if is_idle(o, cutoff) and o.scale_to_zero_allowed and o.held(now))
     return SweepPlan(now=now, cutoff=cutoff, to_dormant=tuple(o.slug for o in due[:budget]),
-                     over_budget=tuple(o.slug for o in due[budget:]))
+                     over_budget=tuple(o.slug for o in due[budget:]), held=tuple(held),
+                     chosen=tuple(due[:budget]))

@@ -5,10 +5,16 @@ applies through the Kubernetes gateway and records what it did.
 """
 from __future__ import annotations
 
+import gc
+import json
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import orjson
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils.text import slugify
@@ -21,7 +27,8 @@ from clusters.models import Cluster
 from config import clock
 from config.actors import actor_label_current
 from orgs import planning
-from orgs.models import AuditRecord, DormancySwitch, Org
+from orgs.models import AuditRecord, DormancySwitch, Org, WorkloadExemption
+from orgs.selectors import workload_holds_read
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +42,9 @@ RETRY_EVERY = timedelta(seconds=60)
 RETRY_GRACE = timedelta(seconds=30)
 RETRY_BUDGET = 200   # orgs per retry run; the rest wait a minute
 RETRY_PROMISE = "within 2 minutes"
+# The kind of an apply an operator's exemption or snooze (or its removal) asks for: what
+# it patches follows the operator's change, it is no drift.
+EXEMPTION_CHANGE = "exemption change"
 
 
 def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: datetime, cause: str = "") -> AuditRecord:
@@ -136,45 +146,91 @@ class SweepResult:
                 "dormant": list(self.switched), "lines": list(self.lines)}
 
 
-_SWEEP_CONDITION = "NOT o.dormant AND o.scale_to_zero_allowed AND o.last_activity_at < %(cutoff)s"
-
-# PostgreSQL: marking and recording in ONE statement. IMPORTANT: the condition is in the
-# UPDATE's own WHERE, so a row an activity changed meanwhile is re-checked on its newest
-# version (READ COMMITTED re-evaluation) and an org with fresh activity is never marked.
-_SWEEP_PG = f"""
-WITH switched AS (
+# Mark the orgs the plan chose, and record their switches, in one statement. IMPORTANT:
+# each row is marked only if it still reads as the plan read it (compare-and-set on the
+# columns the rule looks at): an org whose activity, flag or exemption changed since the
+# read is left alone. Its row lock makes a concurrent activity or exemption wait for the
+# UPDATE, or the UPDATE re-check the newest row version (READ COMMITTED re-evaluation).
+_SWEEP_PG = """
+WITH chosen AS (
+    SELECT (e->>0)::bigint AS id, (e->>1)::timestamptz AS last_activity_at,
+           (e->>2)::boolean AS scale_to_zero_allowed, (e->>3)::boolean AS exempt,
+           (e->>4)::timestamptz AS snoozed_until
+    FROM jsonb_array_elements(%(chosen)s::jsonb) AS e
+), switched AS (
     UPDATE orgs_org o SET dormant = TRUE, dormant_since = %(now)s
-    WHERE {_SWEEP_CONDITION} {{budget}}
+    FROM chosen c
+    WHERE o.id = c.id AND NOT o.dormant
+      AND (o.last_activity_at, o.scale_to_zero_allowed, o.exempt, o.snoozed_until)
+          IS NOT DISTINCT FROM (c.last_activity_at, c.scale_to_zero_allowed, c.exempt, c.snoozed_until)
     RETURNING o.id, o.slug
 ), recorded AS (
     INSERT INTO orgs_dormancyswitch (org_id, at, direction, cause, actor_id, actor_label, patched, errors)
     SELECT id, %(now)s, 'dormant', %(cause)s, %(actor)s, %(actor_label)s, '[]'::jsonb, '[]'::jsonb FROM switched
     RETURNING id, org_id
 )
-SELECT s.id, s.slug, r.id FROM switched s JOIN recorded r ON r.org_id = s.id
+SELECT org_id, id FROM recorded
 """
-_SWEEP_SQLITE = f"""
+# SQLite (the demo): the same compare-and-set; its datetimes are text written by one adapter.
+_SWEEP_SQLITE = """
 UPDATE orgs_org AS o SET dormant = 1, dormant_since = %(now)s
-WHERE {_SWEEP_CONDITION} {{budget}}
+FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.last_activity_at') AS last_activity_at,
+             json_extract(value, '$.scale_to_zero_allowed') AS scale_to_zero_allowed,
+             json_extract(value, '$.exempt') AS exempt, json_extract(value, '$.snoozed_until') AS snoozed_until
+      FROM json_each(%(chosen)s)) AS c
+WHERE o.id = c.id AND NOT o.dormant AND o.last_activity_at IS c.last_activity_at
+  AND o.scale_to_zero_allowed IS c.scale_to_zero_allowed AND o.exempt IS c.exempt
+  AND o.snoozed_until IS c.snoozed_until
 RETURNING id, slug
 """
-_BUDGET = ("AND o.id IN (SELECT i.id FROM orgs_org i WHERE NOT i.dormant AND i.scale_to_zero_allowed"
-           " AND i.last_activity_at < %(cutoff)s ORDER BY i.last_activity_at, i.id LIMIT %(budget)s)")
 
 
-class _OverBudget(Exception):
-    """The unlimited sweep statement marked more orgs than the budget: roll it back."""
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """The sweep makes tens of thousands of short-lived tuples (the rows it reads, the
+    plan, the statement's parameter) with no cycles among them, all freed by reference
+    counting when it ends. Left on, the cyclic collector counted them and ran a full
+    collection of the worker's whole heap midway: 140-190 ms at 10,000 orgs going dormant,
+    more than the read itself (bench/orgs_sweep.py). Paused, the count falls back as they
+    are freed, so no collection is owed afterwards either."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
-def _sweep_statement(params: dict, *, limited: bool, now: datetime, actor) -> list[tuple[int, str, int]]:
-    """Mark and record in the database; returns (org id, slug, switch id) of each org marked."""
-    budget_sql = _BUDGET if limited else ""
+def _sweep_candidates_read(cutoff: datetime) -> list[planning.OrgActivity]:
+    """The orgs the rule could pick: awake and idle since before `cutoff` (`planning.is_idle`,
+    read through the sweep index so the hourly read stays small); `plan_sweep` decides."""
+    rows = Org.objects.filter(dormant=False, last_activity_at__lt=cutoff).values_list(
+        "id", "slug", "last_activity_at", "dormant", "scale_to_zero_allowed", "exempt", "snoozed_until")
+    return [planning.OrgActivity(*row) for row in rows]
+
+
+def _sweep_statement(chosen: tuple[planning.OrgActivity, ...], params: dict, *, now: datetime,
+                     actor) -> list[tuple[int, str, int]]:
+    """Mark and record the chosen orgs; returns (org id, slug, switch id) of each org marked."""
+    if not chosen:
+        return []
+    if connection.vendor == "postgresql":
+        # One JSON array of rows, as read (orjson writes 10,000 in a few ms; a list of
+        # Python datetimes adapted one by one as an array parameter took 20 times longer).
+        rows = [(o.id, o.last_activity_at, o.scale_to_zero_allowed, o.exempt, o.snoozed_until) for o in chosen]
+        params = {**params, "chosen": orjson.dumps(rows).decode()}
+        with connection.cursor() as cursor:
+            # One round trip: the switches' ids come back with the orgs (no second query), and
+            # no join back to the marked rows: the plan knows each id's slug.
+            cursor.execute(_SWEEP_PG, params)
+            slugs = {o.id: o.slug for o in chosen}
+            return [(org_id, slugs[org_id], switch_id) for org_id, switch_id in cursor.fetchall()]
+    when = connection.ops.adapt_datetimefield_value   # SQLite: the text its datetimes are stored as
+    rows = [{"id": o.id, "last_activity_at": when(o.last_activity_at), "scale_to_zero_allowed": int(o.scale_to_zero_allowed),
+             "exempt": int(o.exempt), "snoozed_until": when(o.snoozed_until)} for o in chosen]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # One round trip: the switches' ids come back with the orgs (no second query).
-            cursor.execute(_SWEEP_PG.format(budget=budget_sql), params)
-            return cursor.fetchall()
-        cursor.execute(_SWEEP_SQLITE.format(budget=budget_sql), params)
+        cursor.execute(_SWEEP_SQLITE, {**params, "chosen": json.dumps(rows)})
         marked = cursor.fetchall()
     created = DormancySwitch.objects.bulk_create(
         DormancySwitch(org_id=org_id, at=now, direction=DormancySwitch.Direction.TO_DORMANT,
@@ -184,47 +240,40 @@ def _sweep_statement(params: dict, *, limited: bool, now: datetime, actor) -> li
 
 def dormancy_sweep(*, now: datetime, actor=None, dry_run: bool = False, budget: int | None = None,
                    enqueue: bool = True) -> SweepResult:
-    """Mark orgs with no activity for ORGS_DORMANT_AFTER dormant, and queue enabling scale to zero
+    """Mark dormant the orgs `planning.plan_sweep` chooses (no activity for ORGS_DORMANT_AFTER,
+    scale to zero allowed, neither exempt nor snoozed), and queue enabling scale to zero
     (`enqueue=False`: the caller applies it, as the CLI does to report what was applied).
 
     At most `budget` orgs (ORGS_SWEEP_BUDGET) per sweep, longest idle first; 0 marks none,
-    as the dry run says."""
+    as the dry run says. The dry run shows the same plan the sweep executes."""
+    with _cyclic_gc_paused():
+        return _dormancy_sweep(now=now, actor=actor, dry_run=dry_run, budget=budget, enqueue=enqueue)
+
+
+def _dormancy_sweep(*, now: datetime, actor, dry_run: bool, budget: int | None, enqueue: bool) -> SweepResult:
     budget = settings.ORGS_SWEEP_BUDGET if budget is None else budget
+    cutoff = planning.sweep_cutoff(now=now, dormant_after=settings.ORGS_DORMANT_AFTER)
+    plan = planning.plan_sweep(orgs=_sweep_candidates_read(cutoff), now=now,
+                               dormant_after=settings.ORGS_DORMANT_AFTER, budget=budget)
     if dry_run:
-        rows = Org.objects.values_list("id", "slug", "last_activity_at", "dormant", "scale_to_zero_allowed")
-        plan = planning.plan_sweep(orgs=[planning.OrgActivity(*row) for row in rows], now=now,
-                                   dormant_after=settings.ORGS_DORMANT_AFTER, budget=budget)
         return SweepResult(now=now, cutoff=plan.cutoff, dry_run=True, switched=plan.to_dormant,
                            lines=tuple(plan.describe()))
-    cutoff = planning.sweep_cutoff(now=now, dormant_after=settings.ORGS_DORMANT_AFTER)
-    if budget < 0:
-        raise ValueError(f"the sweep budget must be >= 0, got {budget}")
     ops = connection.ops
-    params = {"now": ops.adapt_datetimefield_value(now), "cutoff": ops.adapt_datetimefield_value(cutoff),
+    params = {"now": ops.adapt_datetimefield_value(now),
               "cause": DormancySwitch.Cause.ADMIN if actor else DormancySwitch.Cause.SWEEP,
-              "actor": actor.pk if actor else None, "actor_label": actor_label_current(), "budget": budget}
+              "actor": actor.pk if actor else None, "actor_label": actor_label_current()}
     with transaction.atomic():
-        switched: list[tuple[int, str, int]] = []
-        if budget:
-            # The budget's ordered sub-select costs about a quarter of the sweep, and it only
-            # bites when more orgs are due than the budget allows (a clock jump). So the plain
-            # statement runs first in a savepoint; only when it marked more than `budget` is it
-            # rolled back and the ordered, limited one run instead (longest idle first).
-            try:
-                with transaction.atomic():
-                    switched = _sweep_statement(params, limited=False, now=now, actor=actor)
-                    if len(switched) > budget:
-                        raise _OverBudget
-            except _OverBudget:
-                switched = _sweep_statement(params, limited=True, now=now, actor=actor)
+        switched = _sweep_statement(plan.chosen, params, now=now, actor=actor)
         slugs = tuple(sorted(slug for _, slug, _ in switched))
         if actor is not None:
             audit(action="dormancy_sweep", actor=actor, org=None, old={}, new={"dormant": list(slugs)}, at=now)
         if switched and enqueue:
             pairs = [(org_id, switch_id) for org_id, _, switch_id in switched]
             transaction.on_commit(lambda: [_enqueue_apply(i, s, urgent=False) for i, s in pairs])
-    return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs,
-                       lines=tuple(f"{s}: dormant" for s in slugs),
+    changed = sorted(set(plan.to_dormant) - set(slugs))
+    lines = tuple(f"{s}: dormant" for s in slugs) + tuple(
+        f"{s}: changed since the sweep read it (activity, flag or exemption): left awake" for s in changed)
+    return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs, lines=lines,
                        switches=tuple(sorted((org_id, switch_id) for org_id, _, switch_id in switched)))
 
 
@@ -348,31 +397,13 @@ def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
                 raise
 
 
-def knative_initial_scale_read(gateway: kube.KubeGateway) -> planning.InitialScale:
-    """What config-autoscaler says about a zero initial scale. A ConfigMap that cannot be
-    read (no permission, no answer) never fails a switch: the pynode is then switched
-    without initial-scale "0", which Knative accepts whatever the flag, and the panel
-    says that a pod starts."""
-    namespace, name = planning.AUTOSCALER_CONFIG.split("/")
-    try:
-        config = gateway.get(kube.CONFIGMAPS, name, namespace=namespace)
-    except NotFound:
-        return planning.knative_initial_scale(config=None)
-    except KubeError as exc:
-        return planning.knative_initial_scale(config=None, error=str(exc))
-    return planning.knative_initial_scale(config=config.get("data") or {})
-
-
 def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> planning.Lever:
-    """Read the Knative version the cluster states and its autoscaler's initial-scale
-    rule, choose the lever by them and record both (with the evidence) on the cluster
-    row, where the panel shows them."""
+    """Read the Knative version the cluster states, choose the lever by it and record both
+    (with the evidence) on the cluster row, where the panel shows them."""
     stated = discovery.knative_version_read(gateway)
     lever = planning.knative_lever(version=stated.version, source=stated.source, looked_at=stated.looked_at)
-    if f"no {discovery.KNATIVE_NAMESPACE} namespace" not in stated.looked_at:   # Knative is installed
-        lever = lever.with_initial_scale(knative_initial_scale_read(gateway))
     fields = {"knative_version": stated.version[:40], "knative_lever": lever.target,
-              "knative_lever_reason": lever.explain()}
+              "knative_lever_reason": lever.reason}
     changed = {k: v for k, v in fields.items() if getattr(cluster, k) != v}
     if changed:
         for key, value in changed.items():
@@ -383,17 +414,19 @@ def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: d
 
 
 def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, lever: planning.Lever,
-                outcome: ApplyOutcome) -> planning.ScaleToZeroPlan:
+                outcome: ApplyOutcome, held: dict[tuple[str, str], str] | None = None) -> planning.ScaleToZeroPlan:
     plan = planning.plan_scale_to_zero(
         namespace=org.namespace, setting=outcome.setting, pynodes=workloads.pynodes,
         inference_services=workloads.inference_services, knative_services=workloads.knative_services,
         revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, lever=lever, applied=org.applied,
-        unserved=workloads.unserved, unreadable={kind: str(exc) for kind, exc in workloads.unreadable.items()})
+        unserved=workloads.unserved, unreadable={kind: str(exc) for kind, exc in workloads.unreadable.items()},
+        held=held)
     outcome.skipped, outcome.notes, outcome.mechanism = list(plan.skipped), list(plan.notes), plan.mechanism
+    outcome.skipped += plan.exempt
     outcome.pending = list(plan.incomplete)
     if plan.incomplete:   # what could not be planned could not be read
         outcome.failures += workloads.unreadable.values()
-    if org.applied == outcome.setting:
+    if org.applied == outcome.setting and outcome.kind != EXEMPTION_CHANGE:
         # We believed the setting held: anything to patch now is drift (reverted, failed, or new).
         outcome.drift += [{"workload": f"{p.target} {p.namespace}/{p.name}", "found": p.current,
                            "wanted": p.wanted} for p in plan.patches if p.changes_scale]
@@ -422,9 +455,12 @@ def _kind_of_apply(org: Org, setting: str, switch_id: int | None) -> str:
 
 
 def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_id: int | None = None,
-                            workloads: Workloads | None = None, cause: str = "", actor=None) -> ApplyOutcome:
+                            workloads: Workloads | None = None, cause: str = "", actor=None,
+                            kind: str = "") -> ApplyOutcome:
     """Bring the org's pynodes and models to the setting its row wants, and record it:
     the org's state, the switch's record, and an audit row with `cause` for every patch.
+    Workloads an operator exempted or snoozed keep their owner's floor (`kind`
+    EXEMPTION_CHANGE: the apply an exemption's change asks for, which is no drift).
 
     IMPORTANT: the org row is re-read before acting and again after; if an activity (or
     the sweep) changed what it wants meanwhile, the work is redone for the new state,
@@ -437,9 +473,12 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
         switch = DormancySwitch.objects.filter(id=switch_id).first()
         if switch is not None:
             cause = f"switch #{switch.id}: {switch.get_direction_display()} ({switch.get_cause_display()})"
-    first_kind = _kind_of_apply(org, org.wanted, switch_id)
+    first_kind = kind or _kind_of_apply(org, org.wanted, switch_id)
     outcome.kind = first_kind
     outcome.cause = cause or first_kind
+    held, ended = workload_holds_read(org=org, now=now)
+    if ended and not kind:
+        outcome.cause += "; " + "; ".join(ended)
     try:
         gateway = kube.gateway_for(org.cluster)
         lever = cluster_knative_lever(gateway=gateway, cluster=org.cluster, now=now)
@@ -448,7 +487,7 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
             current = workloads if workloads is not None else \
                 workloads_read(gateway, namespace=org.namespace, cluster=org.cluster, now=now).of(org.namespace)
             workloads = None  # a second round reads afresh
-            _apply_once(org, current, gateway, lever, outcome)
+            _apply_once(org, current, gateway, lever, outcome, held=held)
             org = Org.objects.select_related("cluster").get(id=org_id)
             if org.wanted == outcome.setting:
                 break
@@ -521,40 +560,18 @@ def _unapplied_orgs(now: datetime):
     return Org.objects.filter(mismatch).exclude(Exists(fresh_switch)).order_by("reconciled_at", "id")
 
 
-SKIPPED = "skipped"   # an ApplyOutcome's kind: not tried in this pass, its cluster did not answer
-
-
 def orgs_apply_unapplied(*, now: datetime, budget: int = RETRY_BUDGET) -> list[ApplyOutcome]:
     """Apply again every org whose wanted setting is not the applied one (a lost or failed
-    queue message, a partial apply), oldest check first; the org row is the intent.
-
-    A cluster that gave no answer (connection refused, timeout) to one org's apply is not
-    tried again for its other orgs in this pass: each would spend the gateway's retries on
-    it. They stay unapplied and untouched (outcome kind SKIPPED), and are tried in the next pass."""
+    queue message, a partial apply), oldest check first; the org row is the intent."""
     outcomes = []
-    silent: dict[int, KubeError] = {}   # cluster id -> the failure that showed it does not answer
-    for org in _unapplied_orgs(now).select_related("cluster")[:budget]:
-        if org.cluster_id in silent:
-            outcomes.append(ApplyOutcome(
-                org=org.slug, setting=org.wanted, kind=SKIPPED, cause="retry: cluster did not answer",
-                pending=[f"not tried: cluster {org.cluster.name} did not answer this pass "
-                         f"({silent[org.cluster_id]}); left for the next pass"]))
-            continue
+    for org in _unapplied_orgs(now)[:budget]:
         if org.pending:
             cause = "retry: a partial apply"
         elif not org.applied:
             cause = "retry: first apply"
         else:
             cause = f"retry: wanted {org.wanted}, applied {org.applied}"
-        outcome = org_scale_to_zero_apply(org_id=org.id, now=now, cause=cause)
-        outcomes.append(outcome)
-        unanswered = next((exc for exc in outcome.failures if exc.code == 0), None)
-        if unanswered is not None:
-            silent[org.cluster_id] = unanswered
-    skipped = [o.org for o in outcomes if o.kind == SKIPPED]
-    if skipped:
-        logger.warning("scale-to-zero retry: %d org(s) not tried, their cluster did not answer: %s",
-                       len(skipped), ", ".join(skipped))
+        outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now, cause=cause))
     return outcomes
 
 
@@ -615,3 +632,228 @@ def orgs_sync(*, cluster: Cluster, now: datetime) -> SyncResult:
             result.unchanged.append(slug)
     return result
 
+
+# --- exemptions and snoozes ------------------------------------------------------------------
+_WORKLOAD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def _hold_reason_clean(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("reason: say why (it is shown beside the exemption and kept in the audit)")
+    if len(reason) > 200:
+        raise ValueError(f"reason: at most 200 characters, got {len(reason)}")
+    return reason
+
+
+def _hold_state(exempt: bool, until: datetime | None, reason: str) -> dict:
+    if exempt:
+        return {"exempt": True, "reason": reason}
+    if until is not None:
+        return {"snoozed_until": until.isoformat(), "reason": reason}
+    return {"exempt": False, "snoozed_until": None}
+
+
+@dataclass(frozen=True)
+class HoldOutcome:
+    """What an exemption or snooze (or its end) did, in the panel's words."""
+
+    subject: str
+    message: str
+    woke: bool = False
+    applied: ApplyOutcome | None = None
+
+    def describe(self) -> str:
+        text = f"{self.subject}: {self.message}"
+        if self.applied is not None:
+            text += f"; {self.applied.summary()}"
+        return text
+
+
+def org_hold_set(*, org: Org, until: datetime | None, reason: str, actor, now: datetime) -> HoldOutcome:
+    """Exempt the org from dormancy and pruning (`until` None: until removed) or snooze it
+    until `until`. A dormant org wakes at once (its workloads return to their owner's
+    floor, queued at high priority); the sweep leaves it awake while the hold lasts.
+
+    IMPORTANT: the org row is locked and written, so a sweep between its read and its
+    UPDATE sees a changed row and leaves the org alone."""
+    reason = _hold_reason_clean(reason)
+    if until is not None:
+        until = planning.snooze_until(now=now, until=until)
+    queue_errors: list[str] = []
+    with transaction.atomic():
+        locked = Org.objects.select_for_update().get(id=org.id)
+        old = _hold_state(locked.exempt, locked.snoozed_until, locked.exemption_reason)
+        locked.exempt, locked.snoozed_until, locked.exemption_reason = until is None, until, reason
+        woke = locked.dormant
+        if woke:
+            locked.dormant, locked.dormant_since = False, None
+        locked.save(update_fields=["exempt", "snoozed_until", "exemption_reason", "dormant", "dormant_since"])
+        action = "org_exempt" if until is None else "org_snooze"
+        hold = locked.hold()
+        audit(action=action, actor=actor, org=locked, old={**old, "dormant": woke},
+              new={**_hold_state(until is None, until, reason), "dormant": False}, at=now,
+              cause=f"operator: {hold.describe(now)}")
+        if woke:
+            switch = DormancySwitch.objects.create(org=locked, at=now, direction=DormancySwitch.Direction.TO_ACTIVE,
+                                                   cause=DormancySwitch.Cause.ADMIN, actor=actor)
+            org_id, switch_id = locked.id, switch.id
+            transaction.on_commit(lambda: queue_errors.append(_enqueue_apply(org_id, switch_id, urgent=True)))
+    org.exempt, org.snoozed_until, org.exemption_reason = locked.exempt, locked.snoozed_until, reason
+    org.dormant, org.dormant_since = locked.dormant, locked.dormant_since
+    message = hold.describe(now)
+    if woke:
+        if queue_errors and queue_errors[0]:
+            message += (f"; it was dormant and is marked active, but returning its workloads to their floor could not "
+                        f"be queued ({queue_errors[0]}); the retry task applies it {RETRY_PROMISE}")
+        else:
+            message += "; it was dormant and is marked active: its workloads return to their owner's floor (queued)"
+    return HoldOutcome(subject=org.slug, message=message, woke=woke)
+
+
+def org_hold_clear(*, org: Org, actor, now: datetime) -> HoldOutcome:
+    """End the org's exemption or snooze; the next sweep treats it like any other org."""
+    with transaction.atomic():
+        locked = Org.objects.select_for_update().get(id=org.id)
+        if not locked.exempt and locked.snoozed_until is None:
+            return HoldOutcome(subject=org.slug, message="was neither exempt nor snoozed: nothing changed")
+        old = _hold_state(locked.exempt, locked.snoozed_until, locked.exemption_reason)
+        Org.objects.filter(id=org.id).update(exempt=False, snoozed_until=None, exemption_reason="")
+        audit(action="org_exemption_end", actor=actor, org=locked, old=old, new=_hold_state(False, None, ""),
+              at=now, cause="operator")
+    org.exempt, org.snoozed_until, org.exemption_reason = False, None, ""
+    return HoldOutcome(subject=org.slug, message="exemption or snooze ended: the next dormancy sweep and prune "
+                                                 "run treat the org like any other")
+
+
+def workload_hold_set(*, org: Org, kind: str, name: str, until: datetime | None, reason: str, actor,
+                      now: datetime) -> HoldOutcome:
+    """Exempt (`until` None) or snooze one model or pynode of the org. On a dormant org the
+    workload returns to its owner's floor now (applied at once, audited with the cause)."""
+    if kind not in WorkloadExemption.Kind.values:
+        raise ValueError(f"kind: one of {', '.join(WorkloadExemption.Kind.values)}, not {kind!r}")
+    name = (name or "").strip()
+    if len(name) > 253 or not _WORKLOAD_NAME.fullmatch(name):
+        raise ValueError(f"name: a Kubernetes object name (lowercase letters, digits, '-', '.'; at most 253), "
+                         f"not {name!r}")
+    reason = _hold_reason_clean(reason)
+    if until is not None:
+        until = planning.snooze_until(now=now, until=until)
+    existing = WorkloadExemption.objects.filter(org=org, kind=kind, name=name).first()
+    old = {} if existing is None else _hold_state(existing.until is None, existing.until, existing.reason)
+    exemption, _ = WorkloadExemption.objects.update_or_create(
+        org=org, kind=kind, name=name,
+        defaults={"until": until, "reason": reason, "created_at": now,
+                  "created_by": actor if getattr(actor, "pk", None) else None})
+    hold = exemption.hold()
+    subject = f"{kind} {org.namespace}/{name}"
+    audit(action="workload_exempt" if until is None else "workload_snooze", actor=actor, org=org,
+          old={"workload": subject, **old}, new={"workload": subject, **_hold_state(until is None, until, reason)},
+          at=now, cause=f"operator: {hold.describe(now)}")
+    applied = None
+    if org.wanted == planning.ENABLED:
+        applied = org_scale_to_zero_apply(org_id=org.id, now=now, actor=actor, kind=EXEMPTION_CHANGE,
+                                          cause=f"operator exempted {subject} ({hold.describe(now)})")
+    return HoldOutcome(subject=subject, message=hold.describe(now), applied=applied)
+
+
+def workload_hold_clear(*, exemption: WorkloadExemption, actor, now: datetime) -> HoldOutcome:
+    """End a workload's exemption or snooze; on a dormant org it scales to zero again now."""
+    org = exemption.org
+    subject = f"{exemption.kind} {org.namespace}/{exemption.name}"
+    old = _hold_state(exemption.until is None, exemption.until, exemption.reason)
+    exemption.delete()
+    audit(action="workload_exemption_end", actor=actor, org=org, old={"workload": subject, **old},
+          new={"workload": subject, "exempt": False, "snoozed_until": None}, at=now, cause="operator")
+    applied = None
+    org = Org.objects.get(id=org.id)
+    if org.wanted == planning.ENABLED:
+        applied = org_scale_to_zero_apply(org_id=org.id, now=now, actor=actor, kind=EXEMPTION_CHANGE,
+                                          cause=f"operator ended the exemption of {subject}")
+    return HoldOutcome(subject=subject, message="exemption or snooze ended", applied=applied)
+
+
+# --- previews of operator acts on several orgs --------------------------------------------------
+@dataclass
+class OrgPreview:
+    """What an act would do to one org, planned from a fresh read and written nowhere."""
+
+    org: str
+    namespace: str
+    now: str                    # the org's state now, in words
+    after: str                  # its state after the act, in words
+    setting: str                # the scale-to-zero setting it would want
+    changes: list[str] = field(default_factory=list)     # workloads whose min-scale would change
+    kept: list[str] = field(default_factory=list)        # exempt / skipped / holding, and why
+    error: str = ""                                      # the cluster could not be read
+
+
+def _org_state(org: Org, now: datetime) -> str:
+    words = "dormant" if org.dormant else "active"
+    words += ", scale to zero " + ("allowed" if org.scale_to_zero_allowed else "disallowed")
+    hold = org.hold()
+    if hold is not None and hold.active(now):
+        words += f", {hold.describe(now)}"
+    return words
+
+
+def orgs_preview(*, orgs: list[Org], act: str, now: datetime) -> list[OrgPreview]:
+    """For each org, its state after `act` ("allow", "disallow", "mark_active", "sweep",
+    "hold", "hold_clear") and the workloads whose min-scale that would change, from the
+    scale-to-zero plan on a fresh read of the cluster. Nothing is written to the cluster."""
+    acts = {"allow", "disallow", "mark_active", "sweep", "hold", "hold_clear"}
+    if act not in acts:
+        raise ValueError(f"act: one of {', '.join(sorted(acts))}, not {act!r}")
+    chosen: set[str] = set()
+    if act == "sweep":
+        cutoff = planning.sweep_cutoff(now=now, dormant_after=settings.ORGS_DORMANT_AFTER)
+        chosen = set(planning.plan_sweep(orgs=_sweep_candidates_read(cutoff), now=now,
+                                         dormant_after=settings.ORGS_DORMANT_AFTER,
+                                         budget=settings.ORGS_SWEEP_BUDGET).to_dormant)
+        orgs = list(Org.objects.filter(slug__in=chosen).select_related("cluster"))
+    previews: list[OrgPreview] = []
+    by_cluster: dict[int, list[Org]] = {}
+    for org in orgs:
+        by_cluster.setdefault(org.cluster_id, []).append(org)
+    for group in by_cluster.values():
+        cluster = group[0].cluster
+        read: ClusterWorkloads | None = None
+        error = ""
+        try:
+            gateway = kube.gateway_for(cluster)
+            lever = cluster_knative_lever(gateway=gateway, cluster=cluster, now=now)
+            read = workloads_read(gateway, namespace=group[0].namespace if len(group) == 1 else None,
+                                  cluster=cluster, now=now)
+        except KubeError as exc:
+            error = f"cluster {cluster.name} could not be read: {exc}"
+        for org in sorted(group, key=lambda o: o.slug):
+            dormant, allowed = org.dormant, org.scale_to_zero_allowed
+            if act == "allow":
+                allowed = True
+            elif act == "disallow":
+                allowed = False
+            elif act in ("mark_active", "hold"):
+                dormant = False
+            elif act == "sweep":
+                dormant = True
+            setting = planning.ENABLED if (dormant and allowed) else planning.DISABLED
+            after = ("dormant" if dormant else "active") + ", scale to zero " + ("allowed" if allowed else "disallowed")
+            if act == "hold":
+                after += ", exempt or snoozed as chosen below"
+            elif act == "hold_clear":
+                after += ", neither exempt nor snoozed (the next sweep may mark it dormant)"
+            preview = OrgPreview(org=org.slug, namespace=org.namespace, now=_org_state(org, now), after=after,
+                                 setting=setting, error=error)
+            if read is not None:
+                workloads = read.of(org.namespace)
+                held, _ = workload_holds_read(org=org, now=now)
+                plan = planning.plan_scale_to_zero(
+                    namespace=org.namespace, setting=setting, pynodes=workloads.pynodes,
+                    inference_services=workloads.inference_services, knative_services=workloads.knative_services,
+                    revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, lever=lever,
+                    applied=org.applied, unserved=workloads.unserved,
+                    unreadable={k: str(e) for k, e in workloads.unreadable.items()}, held=held)
+                preview.changes = [p.describe() for p in plan.patches]
+                preview.kept = list(plan.exempt) + list(plan.skipped) + list(plan.incomplete)
+            previews.append(preview)
+    return sorted(previews, key=lambda p: p.org)

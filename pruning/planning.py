@@ -7,6 +7,7 @@ acted on once per run whatever number of its pods are idle.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -35,6 +36,10 @@ R_OWNER_GONE = "owner-not-found"
 R_OPT_OUT = "opted-out"
 R_PROTECTED = "protected-namespace"
 R_ORG = "org-disallows-scale-to-zero"
+# An operator exempted or snoozed the org or the workload (orgs.planning.HELD_EXEMPT /
+# HELD_SNOOZED: the org panel's exemptions, passed in as `PruneSettings.held_*`).
+R_HELD_EXEMPT = "exempted-by-operator"
+R_HELD_SNOOZED = "snoozed-by-operator"
 R_CAP = "cap-reached"
 R_SAME_OWNER = "owner-already-in-plan"
 R_AT_ZERO = "already-at-zero"
@@ -96,6 +101,10 @@ class PruneSettings:
     protected_namespaces: frozenset = frozenset({"kube-system", "kube-public", "kube-node-lease"})
     # Namespaces whose org has scale_to_zero_allowed off.
     org_blocked_namespaces: frozenset = frozenset()
+    # Exemptions and snoozes in force: namespace -> reason (the whole org), and owner
+    # (kind, namespace, name) -> reason (one model or pynode); R_HELD_EXEMPT or R_HELD_SNOOZED.
+    held_namespaces: Mapping[str, str] = field(default_factory=dict)
+    held_owners: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
     max_scale_downs: int = 20
 
 
@@ -258,6 +267,10 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
             skip(R_PROTECTED, owner, method)
         elif ns in settings.org_blocked_namespaces:
             skip(R_ORG, owner, method)
+        elif ns in settings.held_namespaces:
+            skip(settings.held_namespaces[ns], owner, method)
+        elif owner.key in settings.held_owners:
+            skip(settings.held_owners[owner.key], owner, method)
         elif obj is not None and obj.annotations.get(OPT_OUT_ANNOTATION) == "false":
             skip(R_OPT_OUT, owner, method)
         elif owner.key in planned:

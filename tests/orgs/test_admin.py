@@ -30,10 +30,13 @@ def cluster(sim_cluster_factory, celery_eager):
     return sim
 
 
-def act(client, user, action, *slugs):
+def act(client, user, action, *slugs, **form):
+    """Run an action as the panel does: the preview page first, then its confirmation."""
     client.force_login(user)
     ids = [str(Org.objects.get(slug=s).id) for s in slugs]
-    return client.post(CHANGELIST, {"action": action, "_selected_action": ids}, follow=True)
+    client.post(CHANGELIST, {"action": action, "_selected_action": ids, "index": "0"})
+    return client.post(CHANGELIST, {"action": action, "_selected_action": ids, "index": "0", "confirm": "yes", **form},
+                       follow=True)
 
 
 def test_changelist_shows_state_and_filters(client, cluster):
@@ -151,7 +154,8 @@ def test_the_change_form_cannot_flip_what_only_actions_may_change(client, cluste
     page = client.post(f"{CHANGELIST}{org.id}/change/", {
         "slug": org.slug, "cluster": org.cluster_id, "namespace": org.namespace,
         "dormant": "on", "scale_to_zero_allowed": "",
-        "switches-TOTAL_FORMS": "0", "switches-INITIAL_FORMS": "0"})
+        "switches-TOTAL_FORMS": "0", "switches-INITIAL_FORMS": "0",
+        "exemptions-TOTAL_FORMS": "0", "exemptions-INITIAL_FORMS": "0"})
     assert page.status_code == 302, page.content[:2000]
     org.refresh_from_db()
     assert org.scale_to_zero_allowed and not org.dormant
