@@ -13,6 +13,14 @@ disabling returns each workload to its owner's floor and nothing above it:
 Disabling patches only a "0" it finds where the floor is higher (the product's own
 "0"); any other value is the owner's business and is left alone.
 
+A pynode is switched through its template, so each switch makes a new Revision, and a
+new Revision starts `initial-scale` pods (1 by default) before the autoscaler may take it
+to zero: a pod spun up for nothing on every dormancy switch. Where the cluster's
+`config-autoscaler` allows a zero initial scale (`allow-zero-initial-scale`), enabling
+also sets the template's `initial-scale` to "0" (the owner's value recorded beside the
+min-scale one, and given back on disable); where it does not, Knative's webhook would
+refuse that "0", so it is not set and the panel says that one pod starts per switch.
+
 How models are switched (the lever) follows the Knative version the cluster states:
 - Knative >= 1.21 copies a Revision's autoscaling annotations onto its PodAutoscaler on
   every reconcile (a direct PA patch is reverted), so the Revision is patched; that
@@ -33,6 +41,12 @@ from typing import NamedTuple
 MIN_SCALE = "autoscaling.knative.dev/min-scale"
 MIN_SCALE_LEGACY = "autoscaling.knative.dev/minScale"
 OWNER_MIN_SCALE = "capacity.io/owner-min-scale"
+INITIAL_SCALE = "autoscaling.knative.dev/initial-scale"
+INITIAL_SCALE_LEGACY = "autoscaling.knative.dev/initialScale"
+OWNER_INITIAL_SCALE = "capacity.io/owner-initial-scale"
+AUTOSCALER_CONFIG = "knative-serving/config-autoscaler"
+# Knative reads its ConfigMap flags with Go's strconv.ParseBool.
+_GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 PYNODE_SELECTOR = "capacity.io/component=pynode"
 ORG_LABEL = "capacity.io/org"
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
@@ -53,18 +67,66 @@ def parse_version(text: str | None) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class InitialScale:
+    """Whether a pynode's switch can keep its new Revision from starting a pod, as the
+    cluster's config-autoscaler says, and the sentence the panel shows."""
+
+    zero_allowed: bool
+    statement: str
+
+
+def knative_initial_scale(*, config: dict | None, error: str = "") -> InitialScale:
+    """From config-autoscaler's `data` (None: no such ConfigMap, Knative's defaults), or
+    the reason it could not be read (`error`)."""
+    if error:
+        return InitialScale(False, f"{AUTOSCALER_CONFIG} could not be read ({error}): a pynode switched to "
+                            "min-scale 0 gets a new revision that starts the cluster's initial scale of pods "
+                            "(1 by default) before it scales to zero; initial-scale \"0\" is not set, since "
+                            "Knative refuses it unless allow-zero-initial-scale is on.")
+    data = config or {}
+    flag = data.get("allow-zero-initial-scale")
+    if flag in _GO_TRUE:
+        return InitialScale(True, f"{AUTOSCALER_CONFIG} allows a zero initial scale (allow-zero-initial-scale: "
+                            f"{flag!r}): a pynode switched to min-scale 0 also gets initial-scale \"0\", so its new "
+                            "revision starts no pod.")
+    pods = (data.get("initial-scale") or "1").strip()
+    where = f"{AUTOSCALER_CONFIG} has no allow-zero-initial-scale" if flag is None else \
+        f"{AUTOSCALER_CONFIG} sets allow-zero-initial-scale: {flag!r}"
+    if config is None:
+        where = f"no {AUTOSCALER_CONFIG} (Knative's defaults)"
+    return InitialScale(False, f"{where}: each switch of a pynode to min-scale 0 makes a new revision that starts "
+                        f"{pods} pod(s) (the cluster's initial-scale) before it scales to zero. Setting "
+                        "allow-zero-initial-scale: \"true\" there lets the switch start none.")
+
+
+INITIAL_SCALE_UNKNOWN = InitialScale(False, "")
+
+
+@dataclass(frozen=True)
 class Lever:
-    """How models are switched on a cluster, and the evidence it was chosen by."""
+    """How models are switched on a cluster, and the evidence it was chosen by; and
+    whether a pynode's switch may start its new Revision at zero pods."""
 
     target: str             # VIA_REVISION or VIA_PODAUTOSCALER
     version: str            # as the cluster states it; "" unknown
     reason: str
     restarts_pods: bool
+    initial_scale: InitialScale = INITIAL_SCALE_UNKNOWN
 
     def describe(self) -> str:
         shown = self.version or "unknown"
         restart = ", restarts model pods" if self.restarts_pods else ""
-        return f"models via {self.target} (Knative {shown}{restart}); pynodes via template"
+        pynodes = "pynodes via template"
+        if self.initial_scale.statement:
+            pynodes += " at initial-scale 0" if self.initial_scale.zero_allowed else ", a pod starts per switch"
+        return f"models via {self.target} (Knative {shown}{restart}); {pynodes}"
+
+    def explain(self) -> str:
+        """Everything the panel shows: why this lever, and what a pynode switch starts."""
+        return " ".join(part for part in (self.reason, self.initial_scale.statement) if part)
+
+    def with_initial_scale(self, initial_scale: InitialScale) -> "Lever":
+        return Lever(self.target, self.version, self.reason, self.restarts_pods, initial_scale)
 
 
 def knative_lever(*, version: str, source: str = "", looked_at: tuple[str, ...] = ()) -> Lever:
@@ -107,6 +169,10 @@ class Patch:
     key: str = MIN_SCALE
     record: str | None = None
     clear_record: bool = False
+    # A pynode's initial scale set with its min-scale (key, value; None removes it), and
+    # the owner's value to write down ("" = none; None = nothing to write).
+    initial: tuple[str, str | None] | None = None
+    record_initial: str | None = None
 
     @property
     def changes_scale(self) -> bool:
@@ -114,8 +180,10 @@ class Patch:
 
     def merge_patch(self) -> dict:
         body: dict = {}
-        if self.changes_scale:
-            annotations = {self.key: self.wanted}
+        if self.changes_scale or self.initial is not None:
+            annotations = {self.key: self.wanted} if self.changes_scale else {}
+            if self.initial is not None:
+                annotations[self.initial[0]] = self.initial[1]
             if self.target == "ksvc":
                 body["spec"] = {"template": {"metadata": {"annotations": annotations}}}
             else:
@@ -123,12 +191,18 @@ class Patch:
         if self.record is not None or self.clear_record:
             notes = body.setdefault("metadata", {}).setdefault("annotations", {})
             notes[OWNER_MIN_SCALE] = None if self.clear_record else self.record
+            if self.record_initial is not None:
+                notes[OWNER_INITIAL_SCALE] = self.record_initial
+            elif self.clear_record and self.initial is not None:
+                notes[OWNER_INITIAL_SCALE] = None
         return body
 
     def describe(self) -> str:
         text = f"{self.target} {self.namespace}/{self.name}: min-scale {self.current or 'unset'} → {self.wanted or 'unset'}"
         if not self.changes_scale:
             text = f"{self.target} {self.namespace}/{self.name}: min-scale stays {self.current or 'unset'}"
+        if self.initial is not None:
+            text += f", initial-scale {self.initial[1] or 'unset'}"
         if self.record is not None:
             text += f" (owner's value {self.record or 'unset'} recorded)"
         if self.clear_record:
@@ -271,7 +345,8 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
     else:
         for ksvc in sorted(pynodes, key=_name):
             patch = _pynode_patch(ksvc, namespace=namespace, setting=setting_for("pynode", _name(ksvc)),
-                                  applied=applied)
+                                  applied=applied,
+                                  zero_initial=lever.initial_scale.zero_allowed)
             if patch is None:
                 holding.append(f"ksvc {namespace}/{_name(ksvc)}")
             else:
@@ -330,22 +405,37 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                            incomplete=tuple(incomplete), exempt=tuple(exempt))
 
 
-def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str) -> Patch | None:
+def _initial_key(annotations: dict) -> str:
+    return INITIAL_SCALE_LEGACY if INITIAL_SCALE not in annotations and INITIAL_SCALE_LEGACY in annotations \
+        else INITIAL_SCALE
+
+
+def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
+                  zero_initial: bool = False) -> Patch | None:
     template = _annotations(ksvc, template=True)
+    notes = _annotations(ksvc)
     current = current_min_scale(template)
-    recorded = OWNER_MIN_SCALE in _annotations(ksvc)
+    recorded = OWNER_MIN_SCALE in notes
     name, key = _name(ksvc), _key(template)
     reason = f"pynode: scale to zero {setting}"
+    initial_key = _initial_key(template)
     if setting == ENABLED:
         if current == "0" and recorded:
             return None
         owner = pynode_floor(ksvc, applied=applied)
+        initial = record_initial = None
+        if zero_initial:
+            # The switch's new Revision starts no pod; the owner's initial scale is kept to give back.
+            initial = (initial_key, "0")
+            if OWNER_INITIAL_SCALE not in notes:
+                record_initial = template.get(initial_key) or ""
         return Patch("ksvc", namespace, name, current, "0", reason, key=key,
-                     record=None if recorded else (owner or ""))
+                     record=None if recorded else (owner or ""), initial=initial, record_initial=record_initial)
     floor = pynode_floor(ksvc, applied=applied)
     if not recorded and current == floor:
         return None
-    return Patch("ksvc", namespace, name, current, floor, reason, key=key, clear_record=recorded)
+    initial = (initial_key, notes[OWNER_INITIAL_SCALE] or None) if OWNER_INITIAL_SCALE in notes else None
+    return Patch("ksvc", namespace, name, current, floor, reason, key=key, clear_record=recorded, initial=initial)
 
 
 # --- exemptions and snoozes -------------------------------------------------------------------

@@ -397,13 +397,31 @@ def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
                 raise
 
 
+def knative_initial_scale_read(gateway: kube.KubeGateway) -> planning.InitialScale:
+    """What config-autoscaler says about a zero initial scale. A ConfigMap that cannot be
+    read (no permission, no answer) never fails a switch: the pynode is then switched
+    without initial-scale "0", which Knative accepts whatever the flag, and the panel
+    says that a pod starts."""
+    namespace, name = planning.AUTOSCALER_CONFIG.split("/")
+    try:
+        config = gateway.get(kube.CONFIGMAPS, name, namespace=namespace)
+    except NotFound:
+        return planning.knative_initial_scale(config=None)
+    except KubeError as exc:
+        return planning.knative_initial_scale(config=None, error=str(exc))
+    return planning.knative_initial_scale(config=config.get("data") or {})
+
+
 def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> planning.Lever:
-    """Read the Knative version the cluster states, choose the lever by it and record both
-    (with the evidence) on the cluster row, where the panel shows them."""
+    """Read the Knative version the cluster states and its autoscaler's initial-scale
+    rule, choose the lever by them and record both (with the evidence) on the cluster
+    row, where the panel shows them."""
     stated = discovery.knative_version_read(gateway)
     lever = planning.knative_lever(version=stated.version, source=stated.source, looked_at=stated.looked_at)
+    if f"no {discovery.KNATIVE_NAMESPACE} namespace" not in stated.looked_at:   # Knative is installed
+        lever = lever.with_initial_scale(knative_initial_scale_read(gateway))
     fields = {"knative_version": stated.version[:40], "knative_lever": lever.target,
-              "knative_lever_reason": lever.reason}
+              "knative_lever_reason": lever.explain()}
     changed = {k: v for k, v in fields.items() if getattr(cluster, k) != v}
     if changed:
         for key, value in changed.items():
@@ -560,18 +578,40 @@ def _unapplied_orgs(now: datetime):
     return Org.objects.filter(mismatch).exclude(Exists(fresh_switch)).order_by("reconciled_at", "id")
 
 
+SKIPPED = "skipped"   # an ApplyOutcome's kind: not tried in this pass, its cluster did not answer
+
+
 def orgs_apply_unapplied(*, now: datetime, budget: int = RETRY_BUDGET) -> list[ApplyOutcome]:
     """Apply again every org whose wanted setting is not the applied one (a lost or failed
-    queue message, a partial apply), oldest check first; the org row is the intent."""
+    queue message, a partial apply), oldest check first; the org row is the intent.
+
+    A cluster that gave no answer (connection refused, timeout) to one org's apply is not
+    tried again for its other orgs in this pass: each would spend the gateway's retries on
+    it. They stay unapplied and untouched (outcome kind SKIPPED), and are tried in the next pass."""
     outcomes = []
-    for org in _unapplied_orgs(now)[:budget]:
+    silent: dict[int, KubeError] = {}   # cluster id -> the failure that showed it does not answer
+    for org in _unapplied_orgs(now).select_related("cluster")[:budget]:
+        if org.cluster_id in silent:
+            outcomes.append(ApplyOutcome(
+                org=org.slug, setting=org.wanted, kind=SKIPPED, cause="retry: cluster did not answer",
+                pending=[f"not tried: cluster {org.cluster.name} did not answer this pass "
+                         f"({silent[org.cluster_id]}); left for the next pass"]))
+            continue
         if org.pending:
             cause = "retry: a partial apply"
         elif not org.applied:
             cause = "retry: first apply"
         else:
             cause = f"retry: wanted {org.wanted}, applied {org.applied}"
-        outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now, cause=cause))
+        outcome = org_scale_to_zero_apply(org_id=org.id, now=now, cause=cause)
+        outcomes.append(outcome)
+        unanswered = next((exc for exc in outcome.failures if exc.code == 0), None)
+        if unanswered is not None:
+            silent[org.cluster_id] = unanswered
+    skipped = [o.org for o in outcomes if o.kind == SKIPPED]
+    if skipped:
+        logger.warning("scale-to-zero retry: %d org(s) not tried, their cluster did not answer: %s",
+                       len(skipped), ", ".join(skipped))
     return outcomes
 
 
