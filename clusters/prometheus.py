@@ -2,18 +2,24 @@
 
 A thin layer over prometheus-api-client: bearer-token auth (the token is read from the
 environment variable the cluster names, never stored), TLS verification with an
-optional CA bundle, retries of transient failures through urllib3's `Retry` (capped
+optional CA file, retries of transient failures through urllib3's `Retry` (capped
 exponential backoff, honours Retry-After), and `PrometheusError` instead of the
 client's exception types. Later features add their queries on top of `query`.
+
+Instant queries are POSTed with the query in the body (Prometheus' API takes both): the
+pruner's follow-up query names its candidate pods and may run to hundreds of KB, more
+than a URL should carry. `bytes_read` counts the answers' bodies.
 """
 from __future__ import annotations
 
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
@@ -21,6 +27,7 @@ from urllib3.util.retry import Retry
 from clusters.errors import PrometheusError
 
 _STATUS = re.compile(r"HTTP Status Code (\d+)")
+_TLS_REASON = re.compile(r"certificate verify failed: ([^'\"()]+)")
 TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
 
 
@@ -39,14 +46,23 @@ class PrometheusGateway:
                  backoff_max: float = 10.0, timeout: float = 30.0):
         if not url or not url.startswith(("http://", "https://")):
             raise PrometheusError(f"Prometheus URL must start with http:// or https://, got {url!r}")
-        retry = Retry(total=retries, backoff_factor=backoff, backoff_max=backoff_max,
+        if verify_tls and ca_bundle:
+            _check_ca_file(ca_bundle)
+        # `other=0`: a TLS failure (an untrusted certificate) is refused at once; asking
+        # again cannot change the answer.
+        retry = Retry(total=retries, other=0, backoff_factor=backoff, backoff_max=backoff_max,
                       status_forcelist=TRANSIENT_STATUSES, respect_retry_after_header=True,
                       allowed_methods=frozenset({"GET", "POST"}), raise_on_status=False)
         session = requests.Session()
         session.verify = ca_bundle if (verify_tls and ca_bundle) else verify_tls
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self.url = url.rstrip("/")
+        self.ca_bundle = ca_bundle if verify_tls else None
         self.calls = 0
+        self.bytes_read = 0
+        self._headers = headers or {}
+        self._timeout = timeout
+        self._session = session
         self._client = PrometheusConnect(url=self.url, headers=headers, retry=retry, session=session,
                                          timeout=timeout)
 
@@ -71,6 +87,12 @@ class PrometheusGateway:
             status = int(match.group(1)) if match else 0
             raise PrometheusError(f"Prometheus at {self.url} answered: {exc}", status=status,
                                   transient=status in TRANSIENT_STATUSES) from None
+        except requests.exceptions.SSLError as exc:
+            match = _TLS_REASON.search(str(exc))
+            reason = f"certificate verify failed: {match.group(1).strip()}" if match else str(exc)
+            trust = f"the CA file {self.ca_bundle}" if self.ca_bundle else "the system's trusted CAs"
+            raise PrometheusError(f"Prometheus at {self.url}: its TLS certificate is not trusted by {trust} "
+                                  f"({reason})") from None
         except requests.RequestException as exc:
             raise PrometheusError(f"no answer from Prometheus at {self.url}: {exc}", transient=True) from None
         except (KeyError, ValueError) as exc:
@@ -78,13 +100,23 @@ class PrometheusGateway:
 
     def query(self, promql: str, *, at: datetime | None = None) -> list[Sample]:
         """An instant query; `at` pins the evaluation time (inject the clock)."""
-        params = {"time": at.timestamp()} if at else None
-        result = self._call(self._client.custom_query, promql, params=params)
+        form = {"query": promql, **({"time": at.timestamp()} if at else {})}
+        result = self._call(self._post, "/api/v1/query", form)
         samples = []
         for series in result:
             timestamp, value = series["value"]
             samples.append(Sample(labels=series.get("metric", {}), value=float(value), timestamp=float(timestamp)))
         return samples
+
+    def _post(self, path: str, form: dict) -> list:
+        # `verify` explicitly: requests would otherwise let REQUESTS_CA_BUNDLE override the CA file.
+        response = self._session.post(self.url + path, data=form, headers=self._headers, timeout=self._timeout,
+                                      verify=self._session.verify)
+        self.bytes_read += len(response.content)
+        if response.status_code != 200:
+            # The client's own wording, so that every failure reads alike.
+            raise PrometheusApiClientException(f"HTTP Status Code {response.status_code} ({response.content!r})")
+        return orjson.loads(response.content)["data"]["result"]
 
     def query_range(self, promql: str, *, start: datetime, end: datetime, step: str) -> list[dict]:
         return self._call(self._client.custom_query_range, promql, start_time=start, end_time=end, step=step)
@@ -94,3 +126,13 @@ class PrometheusGateway:
             return bool(self._call(self._client.check_prometheus_connection))
         except PrometheusError:
             return False
+
+
+def _check_ca_file(path: str) -> None:
+    """A CA file that cannot be used is named before any query is sent."""
+    if not os.path.isfile(path):
+        raise PrometheusError(f"Prometheus CA file {path!r} does not exist or is not a file")
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError) as exc:
+        raise PrometheusError(f"Prometheus CA file {path!r} holds no usable PEM certificate: {exc}") from None

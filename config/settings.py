@@ -218,6 +218,9 @@ PRUNER_IDLE_THRESHOLD = env.float("PRUNER_IDLE_THRESHOLD", default=0.01)  # frac
 PRUNER_GRACE_SECONDS = env.int("PRUNER_GRACE_SECONDS", default=300)
 PRUNER_MAX_SCALE_DOWNS = env.int("PRUNER_MAX_SCALE_DOWNS", default=20)  # owners per run
 PRUNER_LABEL_SCHEME = env.str("PRUNER_LABEL_SCHEME", default="auto")  # auto, pod, exported
+# Watts: a GPU drawing more is not idle whatever its utilization (unset: power not looked at).
+PRUNER_POWER_THRESHOLD_WATTS = env.float("PRUNER_POWER_THRESHOLD_WATTS", default=None)
+PRUNER_OWNER_KINDS = env.list("PRUNER_OWNER_KINDS", default=[])  # e.g. Deployment,InferenceService; empty: all
 PRUNER_PROTECTED_NAMESPACES = env.list("PRUNER_PROTECTED_NAMESPACES",
                                        default=["kube-system", "kube-public", "kube-node-lease"])
 # Days a prune run's skip rows are kept (the run keeps its counts per reason); pruned by the beat.

@@ -43,6 +43,8 @@ R_HELD_SNOOZED = "snoozed-by-operator"
 R_CAP = "cap-reached"
 R_SAME_OWNER = "owner-already-in-plan"
 R_AT_ZERO = "already-at-zero"
+R_MISSING_POWER = "missing-power-data"      # a power threshold is set and a GPU has no power samples
+R_KIND_NOT_SELECTED = "owner-kind-not-selected"
 
 # Action methods, per owner kind
 M_SCALE = "scale"                     # Deployment / ReplicaSet / StatefulSet `scale` subresource
@@ -50,6 +52,11 @@ M_NOTEBOOK = "notebook-stop"          # kubeflow-resource-stopped annotation
 M_KSERVE_STOP = "kserve-stop"         # serving.kserve.io/stop: "true" (KServe >= 0.15)
 M_MIN_REPLICAS = "kserve-min-replicas"  # spec.predictor.minReplicas: 0 (older KServe)
 M_KNATIVE_MIN_SCALE = "knative-min-scale"  # autoscaling.knative.dev/min-scale: "0"
+
+# The owner kinds the pruner acts on, by the names an operator filters on (`--owner-kinds`);
+# a Knative Service is "KnativeService" there, its kind being plain "Service".
+OWNER_KINDS = {"Deployment": "Deployment", "ReplicaSet": "ReplicaSet", "StatefulSet": "StatefulSet",
+               "Notebook": "Notebook", "InferenceService": "InferenceService", "KnativeService": "Service"}
 
 API_VERSIONS = {
     "Deployment": "apps/v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1",
@@ -106,6 +113,11 @@ class PruneSettings:
     held_namespaces: Mapping[str, str] = field(default_factory=dict)
     held_owners: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
     max_scale_downs: int = 20
+    # Watts: a GPU that drew more at any sample of the window is busy whatever its
+    # utilization, and one without power samples is never idle. None: power not looked at.
+    power_threshold_watts: float | None = None
+    # Owner kinds (values of OWNER_KINDS) the run may act on; None: all of them.
+    owner_kinds: frozenset | None = None
 
 
 @dataclass(frozen=True)
@@ -233,18 +245,44 @@ def _idle_reason(pod: PodView | None, series: list[GpuSeries], s: PruneSettings,
     return ""
 
 
+def _drawing(gpus: list[GpuSeries], s: PruneSettings) -> bool:
+    return s.power_threshold_watts is not None and any(
+        g.max_power_watts is not None and g.max_power_watts > s.power_threshold_watts for g in gpus)
+
+
+def pods_to_look_up(series: list[GpuSeries], settings: PruneSettings) -> set[tuple[str, str]]:
+    """The pods `plan_prune` will look up in the cluster view: those neither busy (by
+    utilization or power) nor without power data when a power threshold is set."""
+    by_pod: dict[tuple[str, str], list[GpuSeries]] = {}
+    for g in series:
+        by_pod.setdefault((g.namespace, g.pod), []).append(g)
+    out = set()
+    for key, gpus in by_pod.items():
+        peak = max((g.max_utilization for g in gpus if g.max_utilization is not None), default=None)
+        if (peak is not None and peak >= settings.idle_threshold) or _drawing(gpus, settings):
+            continue
+        if settings.power_threshold_watts is not None and any(g.max_power_watts is None for g in gpus):
+            continue
+        out.add(key)
+    return out
+
+
 def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSettings,
-               now: datetime) -> PrunePlan:
+               now: datetime, pods_seen: int | None = None) -> PrunePlan:
+    """`series`: the GPUs of the pods that may be idle (or of every pod); `pods_seen`: all
+    pods with GPU data when the series hold only the candidates' (pods not in the series
+    count as busy)."""
     by_pod: dict[tuple[str, str], list[GpuSeries]] = {}
     for g in series:
         by_pod.setdefault((g.namespace, g.pod), []).append(g)
     decisions: list[Decision] = []
     planned: set[tuple] = set()
-    busy = 0
+    busy = 0 if pods_seen is None else max(pods_seen - len(by_pod), 0)
     for (ns, name), gpus in sorted(by_pod.items()):
         peak = max((g.max_utilization for g in gpus if g.max_utilization is not None), default=None)
-        # IMPORTANT: one busy GPU keeps the whole pod (gpu-pruner flagged per GPU).
-        if peak is not None and peak >= settings.idle_threshold:
+        # IMPORTANT: one busy GPU keeps the whole pod (gpu-pruner flagged per GPU); so does
+        # one GPU drawing more power than the threshold, whatever its utilization says.
+        if (peak is not None and peak >= settings.idle_threshold) or _drawing(gpus, settings):
             busy += 1
             continue
         ids = tuple(sorted(g.gpu for g in gpus))
@@ -252,6 +290,9 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
         def skip(reason, owner=None, method=""):
             decisions.append(Decision(ns, name, ids, peak, SKIP, reason, owner, method))
 
+        if settings.power_threshold_watts is not None and any(g.max_power_watts is None for g in gpus):
+            skip(R_MISSING_POWER)   # unknown draw: never counted idle
+            continue
         pod = view.pods.get((ns, name))
         reason = _idle_reason(pod, gpus, settings, now)
         if reason:
@@ -263,7 +304,9 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
             continue
         method = action_method(owner, view)
         obj = view.objects.get(owner.key)
-        if ns in settings.protected_namespaces:
+        if settings.owner_kinds is not None and owner.kind not in settings.owner_kinds:
+            skip(R_KIND_NOT_SELECTED, owner, method)
+        elif ns in settings.protected_namespaces:
             skip(R_PROTECTED, owner, method)
         elif ns in settings.org_blocked_namespaces:
             skip(R_ORG, owner, method)
@@ -283,4 +326,4 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
             planned.add(owner.key)
             decisions.append(Decision(ns, name, ids, peak, PRUNE, R_IDLE, owner, method))
     return PrunePlan(now=now, settings=settings, decisions=tuple(decisions),
-                     pods_seen=len(by_pod), busy=busy)
+                     pods_seen=len(by_pod) if pods_seen is None else max(pods_seen, len(by_pod)), busy=busy)

@@ -1,19 +1,13 @@
-"""Reads for the pruner: the cluster view a plan needs, and run records for the admin.
-
-The cluster view costs a fixed handful of LIST calls per run, whatever the number of
-pods: one cluster-wide pod LIST, then one LIST per owner kind that the idle pods
-actually lead to (gpu-pruner made several GETs per idle pod). Each LIST is one request
-(no paging) so the count does not grow with the cluster either.
-"""
+"""Reads for the pruner: views of the objects a plan needs (`pruning.reads` chooses how
+they are read), the orgs that forbid scale to zero, and run records for the admin."""
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 
 from clusters import kube
 from clusters.selectors import namespace_version
 
-from .planning import ISVC_LABEL, ClusterView, ObjectView, PodView
+from .planning import ObjectView, PodView
 
 KSERVE_NAMESPACE = "kserve"
 KSERVE_STOP_SINCE = (0, 15)  # serving.kserve.io/stop is honoured from KServe 0.15 on
@@ -75,47 +69,6 @@ def kserve_stop_supported(gateway: kube.KubeGateway) -> bool:
         return (int(parts[0]), int(parts[1])) >= KSERVE_STOP_SINCE
     except (ValueError, IndexError):
         return False
-
-
-def _list(gateway, resource) -> list[ObjectView]:
-    return [object_view(o) for o in gateway.list(resource, page_size=None)]
-
-
-def cluster_view(gateway: kube.KubeGateway, *, pods_of_interest: Iterable[tuple[str, str]]) -> ClusterView:
-    """Pods named in `pods_of_interest` and every object their owner walk may reach."""
-    wanted = set(pods_of_interest)
-    if not wanted:
-        return ClusterView(pods={}, objects={})
-    pods = {}
-    for raw in gateway.list(kube.PODS, page_size=None):
-        meta = raw.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        if key in wanted:
-            pods[key] = pod_view(raw)
-    objects: dict[tuple, ObjectView] = {}
-
-    def add(views: list[ObjectView]) -> list[ObjectView]:
-        for v in views:
-            objects[(v.kind, v.namespace, v.name)] = v
-        return views
-
-    owner_kinds = {p.owner[0] for p in pods.values() if p.owner and not p.labels.get(ISVC_LABEL)}
-    stop_supported = True
-    if any(p.labels.get(ISVC_LABEL) for p in pods.values()):
-        add(_list(gateway, kube.INFERENCESERVICES))
-        stop_supported = kserve_stop_supported(gateway)
-    if "ReplicaSet" in owner_kinds:
-        replicasets = add(_list(gateway, kube.REPLICASETS))
-        if any(r.owner and r.owner[0] == "Deployment" for r in replicasets):
-            deployments = add(_list(gateway, kube.DEPLOYMENTS))
-            if any(d.owner and d.owner[0] == "Revision" for d in deployments):
-                add(_list(gateway, kube.REVISIONS))
-                add(_list(gateway, kube.KNATIVE_SERVICES))
-    if "StatefulSet" in owner_kinds:
-        statefulsets = add(_list(gateway, kube.STATEFULSETS))
-        if any(s.owner and s.owner[0] == "Notebook" for s in statefulsets):
-            add(_list(gateway, kube.NOTEBOOKS))
-    return ClusterView(pods=pods, objects=objects, kserve_stop_supported=stop_supported)
 
 
 def org_blocked_namespaces(*, cluster, namespaces: set[str]) -> frozenset[str]:

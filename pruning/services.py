@@ -1,7 +1,8 @@
 """Prune runs and restores: query, plan, act, record.
 
-One run = one PromQL query + a fixed handful of Kubernetes LISTs (`selectors.cluster_view`)
-+ for each owner acted on: one GET (re-read), one write, one Event.
+One run = two PromQL queries + reads of the pods that look idle and their owners, by GETs,
+namespace LISTs or cluster-wide LISTs, whichever costs least (`reads`) + for each owner
+acted on: one GET (re-read), one write, one Event.
 
 A run is owned by its worker through a lease on its row (renewed before every step, at
 most `LEASE_SECONDS` ahead). Every scale-down is written ahead: the decision row holds
@@ -30,9 +31,9 @@ from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, desc
 from clusters.prometheus import PrometheusGateway
 from config import clock
 
-from . import actions, planning, selectors
+from . import actions, planning, reads, selectors
 from .models import POD_NAMES_KEPT, PruneDecision, PruneRun
-from .query import IdleQuery, parse_result
+from .query import IdleQuery
 
 log = logging.getLogger(__name__)
 EVENT_COMPONENT = "gpu-capacity-pruner"
@@ -48,6 +49,8 @@ R_INTERRUPTED = "run-interrupted"  # a planned scale-down its run's worker never
 MAX_WINDOW_SECONDS = 7 * 24 * 3600
 MAX_GRACE_SECONDS = 7 * 24 * 3600
 MAX_SCALE_DOWNS = 10_000
+# Watts. The largest data-centre GPUs draw about 1,200 W; a threshold beyond this is a typo.
+MAX_POWER_THRESHOLD_WATTS = 10_000.0
 
 
 class PruneParamError(ValueError):
@@ -80,6 +83,11 @@ class PruneParams:
     protected_namespaces: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
     step_seconds: int = 60
     max_gap_seconds: int = 120
+    # gpu-pruner's power flag: a GPU drawing more watts than this is busy, and one without
+    # power data is never idle. None: power is not looked at.
+    power_threshold_watts: float | None = None
+    # Only owners of these kinds (planning.OWNER_KINDS names) are acted on; None: all.
+    owner_kinds: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.run_mode not in PruneRun.Mode.values:
@@ -103,6 +111,13 @@ class PruneParams:
         # Zero would plan and then act on nothing: a dry run says that more plainly.
         _whole(self.max_scale_downs, "max_scale_downs", "the cap on scale-downs per run", low=1,
                high=MAX_SCALE_DOWNS)
+        watts = self.power_threshold_watts
+        if watts is not None and (isinstance(watts, bool) or not isinstance(watts, (int, float))
+                                  or not math.isfinite(watts) or not 0 < watts <= MAX_POWER_THRESHOLD_WATTS):
+            raise PruneParamError("power_threshold_watts", f"the power threshold is a number of watts in "
+                                  f"(0, {MAX_POWER_THRESHOLD_WATTS:g}], got {watts!r}")
+        if self.owner_kinds is not None:
+            object.__setattr__(self, "owner_kinds", owner_kinds_parse(self.owner_kinds))
         for name in ("namespace", "model_name"):
             value = getattr(self, name)
             if value is not None and not str(value).strip():
@@ -120,6 +135,8 @@ class PruneParams:
             protected_namespaces=tuple(getattr(dj_settings, "PRUNER_PROTECTED_NAMESPACES",
                                                cls.protected_namespaces)),
             label_scheme=getattr(dj_settings, "PRUNER_LABEL_SCHEME", "auto"),
+            power_threshold_watts=getattr(dj_settings, "PRUNER_POWER_THRESHOLD_WATTS", None),
+            owner_kinds=getattr(dj_settings, "PRUNER_OWNER_KINDS", None) or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         base.update(given)
@@ -135,12 +152,40 @@ class PruneParams:
     def query(self) -> IdleQuery:
         return IdleQuery(window_seconds=self.window_seconds, namespace=self.namespace,
                          model_name=self.model_name, label_scheme=self.label_scheme,
-                         step_seconds=self.step_seconds, max_gap_seconds=self.max_gap_seconds)
+                         step_seconds=self.step_seconds, max_gap_seconds=self.max_gap_seconds,
+                         idle_threshold=self.idle_threshold, power_threshold_watts=self.power_threshold_watts)
+
+    def settings(self, **more) -> planning.PruneSettings:
+        kinds = frozenset(planning.OWNER_KINDS[k] for k in self.owner_kinds) if self.owner_kinds else None
+        return planning.PruneSettings(
+            window_seconds=self.window_seconds, grace_seconds=self.grace_seconds,
+            idle_threshold=self.idle_threshold, protected_namespaces=frozenset(self.protected_namespaces),
+            max_scale_downs=self.max_scale_downs, power_threshold_watts=self.power_threshold_watts,
+            owner_kinds=kinds, **more)
+
+
+def owner_kinds_parse(value) -> tuple[str, ...]:
+    """Owner kinds from a list or a comma-separated text, by their OWNER_KINDS names
+    (any case; "Service" and "ksvc" name the Knative Service). Unknown or none: refused."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = {k.lower(): k for k in planning.OWNER_KINDS} | {"service": "KnativeService", "ksvc": "KnativeService"}
+    out = []
+    for item in items:
+        text = str(item).strip()
+        if text.lower() not in names:
+            raise PruneParamError("owner_kinds", f"unknown owner kind {text!r}; the pruner acts on "
+                                                 f"{', '.join(planning.OWNER_KINDS)}")
+        if names[text.lower()] not in out:
+            out.append(names[text.lower()])
+    if not out:
+        raise PruneParamError("owner_kinds", "the owner kinds filter is empty: leave it out to act on every kind")
+    return tuple(out)
 
 
 SETTING_OF = {"window_seconds": "PRUNER_DURATION_MINUTES", "idle_threshold": "PRUNER_IDLE_THRESHOLD",
               "grace_seconds": "PRUNER_GRACE_SECONDS", "max_scale_downs": "PRUNER_MAX_SCALE_DOWNS",
-              "label_scheme": "PRUNER_LABEL_SCHEME"}
+              "label_scheme": "PRUNER_LABEL_SCHEME", "power_threshold_watts": "PRUNER_POWER_THRESHOLD_WATTS",
+              "owner_kinds": "PRUNER_OWNER_KINDS"}
 
 
 SA_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -161,7 +206,7 @@ def prometheus_token(*, explicit: str | None, env_name: str | None, sa_token_fil
 
 
 def prometheus_for(*, cluster=None, url: str | None = None, token: str | None = None,
-                   verify_tls: bool | None = None) -> PrometheusGateway:
+                   verify_tls: bool | None = None, ca_file: str | None = None) -> PrometheusGateway:
     """The Prometheus gateway of a run: explicit flags win over the cluster row and settings."""
     url = url or (cluster.prometheus_url if cluster else "") or dj_settings.PROMETHEUS_URL
     if not url:
@@ -170,7 +215,7 @@ def prometheus_for(*, cluster=None, url: str | None = None, token: str | None = 
     env_name = (cluster.prometheus_token_env if cluster else "") or dj_settings.PROMETHEUS_TOKEN_ENV
     verify = verify_tls if verify_tls is not None else (cluster.prometheus_verify_tls if cluster else True)
     return PrometheusGateway(url, token=prometheus_token(explicit=token, env_name=env_name),
-                             ca_bundle=(cluster.prometheus_ca_bundle if cluster else "") or None,
+                             ca_bundle=ca_file or (cluster.prometheus_ca_bundle if cluster else "") or None,
                              verify_tls=verify)
 
 
@@ -206,22 +251,21 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     started = time.perf_counter()
     calls_before = kube_gateway.calls_total()
     query = params.query()
-    promql = query.promql()
     run = PruneRun.objects.create(cluster=cluster, actor=actor, mode=params.run_mode, evaluated_at=now,
-                                  parameters=asdict(params), query=promql, lease_owner=lease_holder_name(),
+                                  parameters=asdict(params), query=query.candidates_promql(),
+                                  lease_owner=lease_holder_name(),
                                   lease_expires_at=wall_clock() + timedelta(seconds=LEASE_SECONDS))
     lease = _Lease(run, wall_clock)
     try:
-        series = parse_result(prometheus.query(promql, at=now), label_scheme=query.label_scheme)
-        idle_pods = _pods_under_threshold(series, params.idle_threshold)
-        view = selectors.cluster_view(kube_gateway, pods_of_interest=idle_pods)
-        plan = planning.plan_prune(series=series, view=view, now=now, settings=planning.PruneSettings(
-            window_seconds=params.window_seconds, grace_seconds=params.grace_seconds,
-            idle_threshold=params.idle_threshold,
-            protected_namespaces=frozenset(params.protected_namespaces),
-            org_blocked_namespaces=selectors.org_blocked_namespaces(
-                cluster=cluster, namespaces={ns for ns, _ in idle_pods}),
-            max_scale_downs=params.max_scale_downs))
+        answer, sent = reads.idle_gpus_read(prometheus, query, at=now)
+        run.query = "\n\n".join(sent)
+        idle_pods = _pods_to_read(answer, params)
+        read_plan = reads.reads_choose(pods=idle_pods, pods_per_namespace=answer.pods_per_namespace,
+                                       pods_seen=answer.pods_seen)
+        view = reads.cluster_view_read(kube_gateway, pods=idle_pods, plan=read_plan)
+        plan = planning.plan_prune(series=list(answer.series), view=view, now=now, pods_seen=answer.pods_seen,
+                                   settings=params.settings(org_blocked_namespaces=selectors.org_blocked_namespaces(
+                                       cluster=cluster, namespaces={ns for ns, _ in idle_pods})))
     except (PrometheusError, KubeError) as exc:
         run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(exc)]
         _finish(run, started, kube_gateway, calls_before)
@@ -229,7 +273,8 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     run.pods_seen, run.busy_pods = plan.pods_seen, plan.busy
     run.idle_candidates, run.planned = len(plan.decisions), len(plan.to_prune)
     run.skip_counts = dict(Counter(d.reason for d in plan.decisions if d.decision == planning.SKIP))
-    counts = {f: getattr(run, f) for f in ("pods_seen", "busy_pods", "idle_candidates", "planned", "skip_counts")}
+    counts = {f: getattr(run, f) for f in ("pods_seen", "busy_pods", "idle_candidates", "planned", "skip_counts",
+                                           "query")}
     if not lease.renew(**counts):
         return _lease_lost(run)
     with transaction.atomic():  # one commit for all rows, not one per insert batch
@@ -251,10 +296,8 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     return run
 
 
-def _pods_under_threshold(series, threshold: float) -> set[tuple[str, str]]:
-    busy = {(g.namespace, g.pod) for g in series
-            if g.max_utilization is not None and g.max_utilization >= threshold}
-    return {(g.namespace, g.pod) for g in series} - busy
+def _pods_to_read(answer, params: PruneParams) -> set[tuple[str, str]]:
+    return planning.pods_to_look_up(answer.series, params.settings())
 
 
 def _count(run: PruneRun) -> None:
@@ -426,8 +469,9 @@ def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRu
 def _params_fields(parameters: dict) -> dict:
     names = {f for f in PruneParams.__dataclass_fields__}
     out = {k: v for k, v in parameters.items() if k in names}
-    if "protected_namespaces" in out:
-        out["protected_namespaces"] = tuple(out["protected_namespaces"])
+    for name in ("protected_namespaces", "owner_kinds"):
+        if out.get(name) is not None:
+            out[name] = tuple(out[name])
     return out
 
 

@@ -100,3 +100,65 @@ def test_token_comes_from_the_flag_then_the_named_variable_then_the_service_acco
     assert prometheus_token(explicit=None, env_name="PROM_TOKEN",
                             sa_token_file=str(sa_file)) == "from-service-account"
     assert prometheus_token(explicit=None, env_name="PROM_TOKEN", sa_token_file=str(tmp_path / "none")) is None
+
+
+@pytest.fixture
+def other_ca(tmp_path):
+    """A CA that did not sign the server's certificate."""
+    cert, key = tmp_path / "other.crt", tmp_path / "other.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=another-ca", "-keyout", str(key), "-out", str(cert)], check=True,
+                   capture_output=True)
+    return cert
+
+
+def test_a_wrong_ca_file_fails_at_once_with_a_clear_error(prometheus_factory, self_signed, other_ca):
+    server = prometheus_factory(tls=self_signed)
+    with pytest.raises(PrometheusError) as refused:
+        PrometheusGateway(server.url, ca_bundle=str(other_ca)).query("vector(1)")
+    message = str(refused.value)
+    assert f"Prometheus at {server.url}: its TLS certificate is not trusted by the CA file {other_ca}" in message
+    assert "certificate verify failed" in message
+    assert not refused.value.transient   # refused, not retried: asking again cannot change the answer
+
+
+@pytest.fixture
+def tls_world(tmp_path, prometheus_factory, self_signed):
+    """The simulated cluster with an idle Deployment, its history in a Prometheus serving HTTPS."""
+    from pruning_world import World, deployment
+
+    with World.start(tmp_path) as w:
+        w.create(deployment("web", "team-a", util="0"))
+        w.record_history(minutes=40)
+        w.tls_prometheus = prometheus_factory([s for s in w.history.values() if s.samples], tls=self_signed)
+        yield w
+
+
+@pytest.mark.django_db
+def test_the_ca_file_comes_from_the_flag_or_the_cluster_and_a_wrong_one_is_named(tls_world, self_signed, other_ca):
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.create(name="sim", kubeconfig_path=tls_world.kubeconfig,
+                                     prometheus_url=tls_world.tls_prometheus.url)
+    at = tls_world.now().isoformat()
+
+    def prune(*flags):
+        out = io.StringIO()
+        call_command("prune", "--cluster", "sim", "--at", at, *flags, stdout=out)
+        return out.getvalue()
+
+    # The flag: the run reads the data and finds the idle Deployment.
+    assert "-> Deployment/web: would scale to zero (idle)" in prune("--prometheus-ca-file", str(self_signed[0]))
+    # Without a CA file the system's CAs do not trust it, and the error says so.
+    with pytest.raises(CommandError, match="its TLS certificate is not trusted by the system's trusted CAs"):
+        prune()
+    # The cluster's CA bundle is used when no flag is given; the flag wins over it.
+    cluster.prometheus_ca_bundle = str(self_signed[0])
+    cluster.save()
+    assert "-> Deployment/web: would scale to zero (idle)" in prune()
+    with pytest.raises(CommandError, match=f"not trusted by the CA file {other_ca}"):
+        prune("--prometheus-ca-file", str(other_ca))

@@ -199,7 +199,7 @@ def test_restore_leaves_an_owner_changed_since_alone(world: World):
     assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 1
 
 
-def test_api_calls_do_not_grow_with_idle_pods(world: World):
+def test_idle_pods_gathered_in_one_namespace_cost_three_lists_whatever_their_number(world: World):
     for i in range(6):
         world.create(deployment(f"d{i}", "team-a", replicas=2, util="0"))
     world.record_history(minutes=40)
@@ -207,7 +207,7 @@ def test_api_calls_do_not_grow_with_idle_pods(world: World):
     run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
                             params=PruneParams())
     assert run.idle_candidates == 12
-    # pods, replicasets, deployments: three LISTs whatever the number of idle pods.
+    # All in team-a: its pods, replicasets and deployments, one LIST each (pruning.reads).
     assert run.kube_api_calls == world.gateway.calls_total() - before == 3
 
 

@@ -18,7 +18,8 @@ from pruning.query import FilterError
 # Each run parameter's flag, to name it in an error.
 FLAGS = {"window_seconds": "--duration", "idle_threshold": "--idle-threshold", "grace_seconds": "--grace-period",
          "max_scale_downs": "--max-scale-downs", "namespace": "--namespace", "model_name": "--model-name",
-         "run_mode": "--run-mode", "label_scheme": "--label-scheme"}
+         "run_mode": "--run-mode", "label_scheme": "--label-scheme", "power_threshold_watts": "--power-threshold",
+         "owner_kinds": "--owner-kinds"}
 MAX_CHECK_INTERVAL = 86_400.0   # seconds: one run a day is the slowest daemon that makes sense
 MAX_RUNS = 1_000_000
 
@@ -43,11 +44,15 @@ def _check_flags(opts: dict) -> None:
                            f"{MAX_CHECK_INTERVAL:g}, got {interval}")
     if not 0 <= opts["runs"] <= MAX_RUNS:
         raise CommandError(f"--runs: must be between 0 (no limit) and {MAX_RUNS}, got {opts['runs']}")
-    for flag in ("cluster", "namespace", "model_name", "prometheus_url", "prometheus_token", "at"):
+    for flag in ("cluster", "namespace", "model_name", "prometheus_url", "prometheus_token", "prometheus_ca_file",
+                 "owner_kinds", "at"):
         value = opts[flag]
         if value is not None and not value.strip():
             name = "--" + flag.replace("_", "-")
             raise CommandError(f"{name}: is empty; leave the flag out to use the default")
+    if opts["prometheus_ca_file"] and opts["insecure_skip_tls_verify"]:
+        raise CommandError("--prometheus-ca-file and --insecure-skip-tls-verify exclude each other: "
+                           "a CA file is for verifying the certificate")
 
 
 class Command(BaseCommand):
@@ -70,6 +75,15 @@ class Command(BaseCommand):
                                  "service-account token file)")
         parser.add_argument("--insecure-skip-tls-verify", action="store_true",
                             help="do not verify Prometheus' TLS certificate")
+        parser.add_argument("--prometheus-ca-file", default=None, metavar="PATH",
+                            help="PEM file of the CA(s) that signed Prometheus' certificate (default: the "
+                                 "cluster's CA bundle, else the system's trusted CAs)")
+        parser.add_argument("--power-threshold", type=float, default=None, metavar="WATTS",
+                            help="a GPU that drew more than this (DCGM_FI_DEV_POWER_USAGE) is not idle whatever "
+                                 "its utilization; a GPU without power data is then never idle (default: off)")
+        parser.add_argument("--owner-kinds", default=None, metavar="KINDS",
+                            help="act only on owners of these kinds, comma-separated: Deployment, ReplicaSet, "
+                                 "StatefulSet, Notebook, InferenceService, KnativeService (default: all)")
         parser.add_argument("--idle-threshold", type=float, default=None, metavar="F",
                             help="utilization fraction under which a GPU counts as idle (default 0.01)")
         parser.add_argument("--grace-period", type=int, default=None, metavar="S",
@@ -102,9 +116,15 @@ class Command(BaseCommand):
                 window_seconds=_minutes_to_seconds(opts["duration"]), namespace=opts["namespace"],
                 model_name=opts["model_name"], run_mode=opts["run_mode"], idle_threshold=opts["idle_threshold"],
                 grace_seconds=opts["grace_period"], label_scheme=opts["label_scheme"],
-                max_scale_downs=opts["max_scale_downs"])
-            prometheus = prometheus_for(cluster=cluster, url=opts["prometheus_url"], token=opts["prometheus_token"],
-                                        verify_tls=False if opts["insecure_skip_tls_verify"] else None)
+                max_scale_downs=opts["max_scale_downs"], power_threshold_watts=opts["power_threshold"],
+                owner_kinds=opts["owner_kinds"])
+            try:
+                prometheus = prometheus_for(cluster=cluster, url=opts["prometheus_url"],
+                                            token=opts["prometheus_token"], ca_file=opts["prometheus_ca_file"],
+                                            verify_tls=False if opts["insecure_skip_tls_verify"] else None)
+            except PrometheusError as exc:
+                raise CommandError(f"--prometheus-ca-file: {exc}" if opts["prometheus_ca_file"]
+                                   and "CA file" in str(exc) else str(exc)) from None
             at = datetime.fromisoformat(opts["at"].replace("Z", "+00:00")) if opts["at"] else None
         except PruneParamError as exc:
             flag = FLAGS.get(exc.field)

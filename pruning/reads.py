@@ -1,0 +1,200 @@
+"""What a prune pass reads, in proportion to what looks idle.
+
+Prometheus first (`idle_gpus_read`: the candidates query, then the follow-up about just
+those pods), then Kubernetes (`cluster_view_read`): the candidate pods and the owners their
+walk reaches, each read the cheapest of three ways (`reads_choose`, a pure cost model):
+
+- one GET per pod (and per owner) when few pods look idle;
+- one LIST of a namespace (pods, then each owner kind needed there) when enough of its
+  pods look idle that listing it costs less than getting them one by one;
+- one cluster-wide LIST per kind, as before, when so many look idle that this is cheapest.
+
+Every read goes through the gateway (`clusters.kube`), so each counts in its call counters.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from clusters import kube
+from clusters.errors import NotFound
+
+from .planning import ISVC_LABEL, ClusterView, ObjectView
+from .query import IdleAnswer, IdleQuery, parse_candidates, parse_followup
+from .selectors import kserve_stop_supported, object_view, pod_view
+
+# The cost model, in units of one GET of one object. Measured on the simulated cluster at
+# 10,000 pods (bench/prune_pass.py prints the same figures as "read costs"): a pod GET took
+# 0.7–1.4 ms, an unpaged LIST of all 10,000 pods 0.29–0.47 s (29–47 µs a pod) and a LIST of
+# one namespace's 200 pods 10–12 ms. So a LIST costs about one GET plus one GET per 30 pods:
+# listing a namespace of 200 pods pays once 8 or more of them look idle, and listing the
+# whole 10,000-pod cluster once about 330 pods (3.3 %) do.
+LIST_COST_GETS = 1.0
+PODS_PER_GET = 30
+# Pods per page of a cluster-wide LIST: one page, as the raw-LIST floor reads it.
+LIST_PAGE_SIZE = None
+
+ALL_NAMESPACES = None   # `ReadPlan.list_namespaces` when every kind is listed cluster-wide
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """How the candidate pods are read: `list_namespaces` (None = the whole cluster) are
+    listed, every other candidate pod is read with a GET."""
+    list_namespaces: frozenset | None
+    get_pods: frozenset
+    estimated_cost_gets: float
+
+    @property
+    def full(self) -> bool:
+        return self.list_namespaces is ALL_NAMESPACES
+
+    def describe(self) -> str:
+        if self.full:
+            return "cluster-wide LISTs"
+        return f"{len(self.get_pods)} pod GETs, {len(self.list_namespaces)} namespace LISTs"
+
+
+def _list_cost(pods: int) -> float:
+    return LIST_COST_GETS + pods / PODS_PER_GET
+
+
+def reads_choose(*, pods: Iterable[tuple[str, str]], pods_per_namespace: dict, pods_seen: int) -> ReadPlan:
+    """The cheapest way to read `pods`, by the cost model above. Pod counts are the GPU pods
+    Prometheus saw: a namespace or cluster with many other pods costs more to list than
+    estimated, so the choice leans towards listing by their share."""
+    wanted = frozenset(pods)
+    by_ns = Counter(ns for ns, _ in wanted)
+    listed, got, targeted = set(), set(), 0.0
+    for ns, k in by_ns.items():
+        list_ns = _list_cost(max(pods_per_namespace.get(ns, 0), k))
+        if list_ns < k:
+            listed.add(ns)
+            targeted += list_ns
+        else:
+            got.update(p for p in wanted if p[0] == ns)
+            targeted += k
+    full = _list_cost(max(pods_seen, len(wanted)))
+    if wanted and full < targeted:
+        return ReadPlan(ALL_NAMESPACES, frozenset(), full)
+    return ReadPlan(frozenset(listed), frozenset(got), targeted)
+
+
+def idle_gpus_read(prometheus, query: IdleQuery, *, at: datetime) -> tuple[IdleAnswer, list[str]]:
+    """The candidates and every GPU of theirs; returns the answer and the PromQL sent."""
+    first = query.candidates_promql()
+    pods, seen = parse_candidates(prometheus.query(first, at=at), label_scheme=query.label_scheme)
+    if not pods:
+        return IdleAnswer(series=(), pods_seen=seen), [first]
+    second = query.followup_promql(sorted(pods))
+    answer = parse_followup(prometheus.query(second, at=at), pods=pods, pods_seen=seen,
+                            label_scheme=query.label_scheme)
+    return answer, [first, second]
+
+
+class _Objects:
+    """Objects by (resource, namespace, name), read the way the plan says: a namespace (or
+    the cluster) listed once per kind, anything else with one GET each; remembered."""
+
+    def __init__(self, gateway: kube.KubeGateway, plan: ReadPlan):
+        self.gateway, self.plan = gateway, plan
+        self.listed: dict[tuple, dict] = {}
+        self.got: dict[tuple, ObjectView | None] = {}
+
+    def _listed_in(self, namespace: str) -> bool:
+        return self.plan.full or namespace in self.plan.list_namespaces
+
+    def get(self, resource: kube.Resource, namespace: str, name: str) -> ObjectView | None:
+        if self._listed_in(namespace):
+            scope = None if self.plan.full else namespace
+            if (resource, scope) not in self.listed:
+                try:
+                    items = self.gateway.list(resource, namespace=scope, page_size=LIST_PAGE_SIZE)
+                except NotFound:   # the group is not served: no such objects
+                    items = []
+                self.listed[(resource, scope)] = {(v.namespace, v.name): v for v in map(object_view, items)}
+            return self.listed[(resource, scope)].get((namespace, name))
+        key = (resource, namespace, name)
+        if key not in self.got:
+            try:
+                raw = self.gateway.get(resource, name, namespace=namespace)
+                raw.setdefault("kind", resource.kind)
+                self.got[key] = object_view(raw)
+            except NotFound:
+                self.got[key] = None
+        return self.got[key]
+
+
+def _pods_read(gateway: kube.KubeGateway, wanted: frozenset, plan: ReadPlan) -> dict:
+    pods = {}
+    if plan.full:
+        token = None
+        while True:   # page by page, keeping only the candidates: the rest is dropped at once
+            page = gateway.list_page(kube.PODS, limit=LIST_PAGE_SIZE, continue_token=token)
+            for raw in page.get("items") or ():
+                meta = raw.get("metadata") or {}
+                key = (meta.get("namespace", ""), meta.get("name", ""))
+                if key in wanted:
+                    pods[key] = pod_view(raw)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return pods
+    for ns in sorted(plan.list_namespaces):
+        for raw in gateway.list(kube.PODS, namespace=ns, page_size=None):
+            meta = raw.get("metadata") or {}
+            key = (ns, meta.get("name", ""))
+            if key in wanted:
+                pods[key] = pod_view(raw)
+    for ns, name in sorted(plan.get_pods):
+        try:
+            pods[(ns, name)] = pod_view(gateway.get(kube.PODS, name, namespace=ns))
+        except NotFound:
+            pass   # gone since Prometheus saw it: planning says so
+    return pods
+
+
+def cluster_view_read(gateway: kube.KubeGateway, *, pods: Iterable[tuple[str, str]],
+                      plan: ReadPlan | None = None) -> ClusterView:
+    """The candidate `pods` and every object their owner walk reaches (planning.resolve_owner)."""
+    wanted = frozenset(pods)
+    if not wanted:
+        return ClusterView(pods={}, objects={})
+    plan = plan or ReadPlan(ALL_NAMESPACES, frozenset(), 0.0)
+    views = _pods_read(gateway, wanted, plan)
+    store = _Objects(gateway, plan)
+    objects: dict[tuple, ObjectView] = {}
+
+    def fetch(resource, kind, ns, name):
+        obj = store.get(resource, ns, name)
+        if obj is not None:
+            objects[(kind, ns, name)] = obj
+        return obj
+
+    stop_supported = True
+    if any(p.labels.get(ISVC_LABEL) for p in views.values()):
+        stop_supported = kserve_stop_supported(gateway)
+    for pod in views.values():
+        ns, isvc = pod.namespace, pod.labels.get(ISVC_LABEL)
+        if isvc:
+            fetch(kube.INFERENCESERVICES, "InferenceService", ns, isvc)
+            continue
+        if pod.owner is None:
+            continue
+        kind, name = pod.owner
+        if kind == "ReplicaSet":
+            rs = fetch(kube.REPLICASETS, kind, ns, name)
+            if rs is None or not rs.owner or rs.owner[0] != "Deployment":
+                continue
+            dep = fetch(kube.DEPLOYMENTS, "Deployment", ns, rs.owner[1])
+            if dep is not None and dep.owner and dep.owner[0] == "Revision":
+                rev = fetch(kube.REVISIONS, "Revision", ns, dep.owner[1])
+                service = rev.labels.get("serving.knative.dev/service") if rev else None
+                if service:
+                    fetch(kube.KNATIVE_SERVICES, "Service", ns, service)
+        elif kind == "StatefulSet":
+            sts = fetch(kube.STATEFULSETS, kind, ns, name)
+            if sts is not None and sts.owner and sts.owner[0] == "Notebook":
+                fetch(kube.NOTEBOOKS, "Notebook", ns, sts.owner[1])
+    return ClusterView(pods=views, objects=objects, kserve_stop_supported=stop_supported)

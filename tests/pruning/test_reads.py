@@ -1,0 +1,114 @@
+"""A prune pass reads in proportion to what looks idle: GETs of the few idle pods and their
+owners, a namespace LIST where idle pods gather, cluster-wide LISTs when most are idle.
+Counted through the real gateway against the simulated cluster and a real Prometheus."""
+from __future__ import annotations
+
+import pytest
+
+from clusters.kube import KubeGateway
+from pruning import reads
+from pruning.services import PruneParams, prune_run_execute
+
+from pruning_world import World, deployment
+
+pytestmark = [pytest.mark.django_db, pytest.mark.prometheus]
+
+
+class ScopedCounts(KubeGateway):
+    """The real gateway, also noting each read's scope (the call counters name no namespace)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: list[tuple[str, str, str | None]] = []
+
+    def get(self, resource, name, *, namespace=None, subresource=None):
+        self.reads.append(("get", resource.name, namespace))
+        return super().get(resource, name, namespace=namespace, subresource=subresource)
+
+    def list_page(self, resource, *, namespace=None, **kwargs):
+        self.reads.append(("list", resource.name, namespace))
+        return super().list_page(resource, namespace=namespace, **kwargs)
+
+
+@pytest.mark.parametrize("k,per_ns,seen,expected", [
+    # 2 idle pods among 1,000 spread over busy namespaces: two GETs.
+    ({"a": 2}, {"a": 400}, 1000, ("get", 2)),
+    # 10 of a 20-pod namespace idle: listing it (1 + 20/30 GETs' worth) beats 10 GETs.
+    ({"a": 10, "b": 1}, {"a": 20, "b": 500}, 1000, ("namespaces", {"a"})),
+    # Most of the cluster idle: one cluster-wide LIST.
+    ({"a": 300, "b": 300}, {"a": 400, "b": 400}, 800, ("full", None)),
+    # 3.3 % of 10,000 pods is where the whole cluster is worth listing.
+    ({f"ns{i}": 1 for i in range(320)}, {f"ns{i}": 200 for i in range(50)}, 10_000, ("get", 320)),
+    ({f"ns{i}": 1 for i in range(340)}, {f"ns{i}": 200 for i in range(50)}, 10_000, ("full", None)),
+])
+def test_the_cheapest_reads_are_chosen(k, per_ns, seen, expected):
+    pods = [(ns, f"p{i}") for ns, n in k.items() for i in range(n)]
+    plan = reads.reads_choose(pods=pods, pods_per_namespace=per_ns, pods_seen=seen)
+    how, what = expected
+    if how == "full":
+        assert plan.full
+    elif how == "get":
+        assert not plan.full and plan.list_namespaces == frozenset() and len(plan.get_pods) == what
+    else:
+        assert not plan.full and plan.list_namespaces == what
+        assert {ns for ns, _ in plan.get_pods} == set(k) - what
+
+
+@pytest.fixture
+def make_world(tmp_path, prometheus_factory, monkeypatch):
+    # A 42-pod cluster is read here as the measured model reads a ~420-pod one (a GET
+    # costs what listing 3 pods does instead of 30), so that GETs, namespace LISTs and
+    # cluster-wide LISTs each have their turn at a size a test can afford.
+    monkeypatch.setattr(reads, "PODS_PER_GET", 3)
+    worlds = []
+
+    def make(*, team_a_busy: bool) -> World:
+        cm = World.start(tmp_path / f"w{len(worlds)}", nodes=6)
+        w = cm.__enter__()
+        worlds.append(cm)
+        w.prometheus_factory = prometheus_factory
+        for i in range(3):   # 30 pods in team-a, busy or idle
+            w.create(deployment(f"serve-{i}", "team-a", replicas=10, util="70" if team_a_busy else "0"))
+        for name in ("solo-1", "solo-2"):   # two idle pods among them
+            w.create(deployment(name, "team-a", util="0"))
+        w.create(deployment("batch", "team-c", replicas=10, util="0"))   # a namespace all idle
+        w.record_history(minutes=40)
+        w.gateway.close()
+        w.gateway = ScopedCounts.from_kubeconfig(w.kubeconfig)
+        return w
+
+    yield make
+    for cm in worlds:
+        cm.__exit__(None, None, None)
+
+
+def test_few_idle_pods_are_read_one_by_one_and_a_gathered_namespace_is_listed(make_world):
+    world = make_world(team_a_busy=True)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(max_scale_downs=50))
+    assert (run.pods_seen, run.busy_pods, run.idle_candidates, run.planned) == (42, 30, 12, 3)
+    # No cluster-wide read at all.
+    assert all(ns is not None for _, _, ns in world.gateway.reads), world.gateway.reads
+    # team-a: its two idle pods and their owners one by one; team-c: listed, once per kind.
+    team_a = sorted((verb, res) for verb, res, ns in world.gateway.reads if ns == "team-a")
+    assert team_a == [("get", "deployments.apps")] * 2 + [("get", "pods")] * 2 + [("get", "replicasets.apps")] * 2
+    team_c = sorted((verb, res) for verb, res, ns in world.gateway.reads if ns == "team-c")
+    assert team_c == [("list", "deployments.apps"), ("list", "pods"), ("list", "replicasets.apps")]
+    assert run.kube_api_calls == 9
+
+
+def test_many_idle_pods_are_read_with_cluster_wide_lists(make_world):
+    world = make_world(team_a_busy=False)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(max_scale_downs=50))
+    assert (run.pods_seen, run.busy_pods, run.idle_candidates, run.planned) == (42, 0, 42, 6)
+    assert sorted(world.gateway.reads) == [("list", "deployments.apps", None), ("list", "pods", None),
+                                           ("list", "replicasets.apps", None)]
+    assert run.kube_api_calls == 3
+
+
+def test_no_idle_pod_reads_nothing_from_the_cluster(make_world):
+    world = make_world(team_a_busy=True)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(namespace="team-b"))
+    assert run.pods_seen == 0 and run.kube_api_calls == 0 and world.gateway.reads == []
