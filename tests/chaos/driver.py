@@ -16,25 +16,36 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
+
+from kubernetes.client.exceptions import ApiException
 
 from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_drain, \
     defrag_job_start
 from capacity.defrag.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragAudit, DefragJob, DefragOrphan, \
     JobState
-from capacity.binpack.planning import DELETION_COST
-from capacity.binpack.planning import MARKER as BINPACK_MARKER
+from capacity.runbook.models import RunbookAudit, ServedModel
+from clusters.errors import KubeError
+from clusters.labels import BINPACK_MARKER, DELETION_COST
 from capacity.binpack.models import BinpackRun
 from config import clock
 from config.schedule import SCHEDULES
 from orgs.activity import org_activity_record
 from orgs.models import DormancySwitch, Org
+from pruning.models import PruneDecision, PruneRun
 from tests.celery_workers import pool_children
 
-from .world import MODEL_NS, NODES, ORG_KINDS, SERVICES, Kube, org_slug, pynode_min_scale, scenario_objects
+from .world import MODEL_NS, NODES, ORG_KINDS, PRUNE_DEPLOYMENTS, PRUNE_NODE, RUNBOOK_MODEL, SERVICES, Kube, \
+    org_slug, prune_ns, pynode_min_scale, runbook_ns, scenario_objects
+
+# The pruner's tests keep the real Prometheus they start beside them (tests/pruning is no package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pruning"))
+from prometheus_fixtures import PrometheusServer, Series, gpu_labels  # noqa: E402
 
 WORKERS = ("w1", "w2")
 RESUME_EVERY_S = next(p.every_seconds for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume")
@@ -49,9 +60,20 @@ FORWARD_AFTER_WALL_S = 4.0    # wall seconds a killed job gets before time is fa
 PHASE_LIMIT_WALL_S = 150.0    # the longest any phase may take (wall seconds) before it is a violation
 SWEEP_TASK = "orgs.tasks.dormancy_sweep"
 BINPACK_TASK = "capacity.binpack.tasks.binpack_cluster"
+PRUNE_TASK = "pruning.tasks.prune_cluster"
+REGISTRY_TASK = "capacity.runbook.tasks.registry_sync_cluster"
 BEAT_TASKS = ("capacity.tasks.defrag_jobs_resume", "orgs.tasks.scale_to_zero_retry",
               "orgs.tasks.scale_to_zero_reconcile", "clusters.tasks.discovery_refresh_all",
-              "capacity.binpack.tasks.binpack_all_clusters")
+              "capacity.binpack.tasks.binpack_all_clusters", "pruning.tasks.prune_all_clusters",
+              "pruning.tasks.prune_runs_reconcile", "capacity.runbook.tasks.registry_sync_all_clusters")
+# The workers' pruner settings (test_chaos.py puts them in their environment): scale down for
+# real, over a 10-minute idle window with no grace beyond it.
+PRUNER_ENV = {"PRUNER_RUN_MODE": "scale-down", "PRUNER_DURATION_MINUTES": "10", "PRUNER_GRACE_SECONDS": "0"}
+PRUNE_WINDOW_S = 600
+# How far past the prune phase's start the GPU history reaches (product seconds): beyond any
+# fast-forward a phase can do within PHASE_LIMIT_WALL_S.
+PRUNE_HISTORY_AHEAD_S = 3 * 3600
+PRESSES = 6   # how often the operator presses a panel button whose action failed before it counts as lost
 
 
 class ChaosStuck(Exception):
@@ -66,6 +88,10 @@ class Stats:
     aborts: int = 0
     drains: int = 0
     activities: int = 0
+    prune_acted: int = 0     # scale-downs that took effect (decisions succeeded)
+    restores: int = 0        # of those, restored from the panel
+    runbook_actions: int = 0  # redeploys and unblocks done from the panel
+    panel_presses: int = 0   # panel buttons pressed (a press a fault failed is pressed again)
     faults: Counter = field(default_factory=Counter)       # from simcluster's injected counts
     violations: list[str] = field(default_factory=list)
     gaps: dict = field(default_factory=lambda: {"pool": [], "whole": []})   # product seconds after a kill
@@ -82,6 +108,8 @@ class Stats:
             ("worker kills (pool process / whole worker)", f"{self.kills['pool']} / {self.kills['whole']}"),
             ("aborts sent / drains sent", f"{self.aborts} / {self.drains}"),
             ("activity racing the sweep", str(self.activities)),
+            ("prune scale-downs acted / restored", f"{self.prune_acted} / {self.restores}"),
+            ("runbook actions done (panel presses)", f"{self.runbook_actions} ({self.panel_presses})"),
             ("faults injected (5xx / 409 / 429 / watches cut)",
              f"{self.faults['internal_error']} / {self.faults['conflict']} / {self.faults['throttled']} / "
              f"{self.faults['watch_dropped']}"),
@@ -115,7 +143,7 @@ class PendingGap:
 
 
 class ChaosDriver:
-    def __init__(self, *, seed: int, procs, make_cluster, send_task, say=print):
+    def __init__(self, *, seed: int, procs, make_cluster, send_task, say=print, panel=None, workdir=None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.procs = procs
@@ -129,6 +157,9 @@ class ChaosDriver:
         self.pending: list[PendingGap] = []
         self.job: DefragJob | None = None
         self.log_marks: dict[str, int] = {}     # where each worker's log was when it last started
+        self.panel = panel                      # a logged-in django.test.Client: the operator's browser
+        self.workdir = Path(workdir) if workdir else None
+        self.prometheus: PrometheusServer | None = None
 
     # ---- naming and reporting ---------------------------------------------------------------
     def where(self) -> str:
@@ -247,7 +278,9 @@ class ChaosDriver:
             if unstepped > 3 * GAP_BOUND_S["whole"]:
                 self.pending.remove(gap)
                 self.violation(f"job #{job.pk} ({job.state}) not stepped {unstepped:.0f} s after a {gap.kind} kill")
-            elif now_wall - gap.killed_wall > FORWARD_AFTER_WALL_S:
+            elif now_wall - gap.killed_wall > FORWARD_AFTER_WALL_S and not _resume_beat_passed(job):
+                # Past the lapsed lease and one resume beat, time runs at its own pace again:
+                # a worker's pickup, fast-forwarded, would read ten times as long as it is.
                 forward = True
         if forward:
             self.forward(FORWARD_STEP_S)
@@ -310,6 +343,9 @@ class ChaosDriver:
             self.pending = []
             self.settle()
             handle.server.stop()
+            if self.prometheus is not None:
+                self.prometheus.stop()
+                self.prometheus = None
             self.cluster_retire(handle.cluster)
 
     @staticmethod
@@ -329,14 +365,16 @@ class ChaosDriver:
         orgs_sync(cluster=cluster, now=clock.now())
         node = _busiest_node(kube)
         latency = self.rng.choice((5, 20, 50))
-        handle.control.set_faults(seed=sub_seed, error_rate=0.10, conflict_rate=0.05, latency_ms=latency,
-                                  drop_watch_after=round(self.rng.uniform(0.3, 2.0), 1))
+        handle.control.set_faults(seed=sub_seed, error_rate=0.10, throttle_rate=0.05, conflict_rate=0.05,
+                                  latency_ms=latency, drop_watch_after=round(self.rng.uniform(0.3, 2.0), 1))
         mode = self.rng.choice(("drain", "abort-early", "abort-after-safe"))
         self.say(f"{self.where()} defrag {node} then {mode}; faults seed {sub_seed}, latency {latency} ms")
         try:
             self.defrag_phase(cluster, node, mode)
             self.sweep_phase(cluster)
             self.binpack_phase(cluster)
+            self.prune_phase(cluster, kube)
+            self.runbook_phase(cluster, kube)
         finally:
             injected = handle.control.faults().get("injected", {})
             self.stats.faults.update(injected)
@@ -345,6 +383,8 @@ class ChaosDriver:
         self.check_defrag(cluster, kube)
         self.check_orgs(cluster, kube)
         self.check_binpack(cluster, kube)
+        self.check_prune(cluster, kube)
+        self.check_runbook(cluster, kube)
 
     # ---- defrag ------------------------------------------------------------------------------
     def defrag_phase(self, cluster, node: str, mode: str) -> None:
@@ -419,13 +459,7 @@ class ChaosDriver:
                     if n > 1 and k[0] not in ("abort_request", "drain_request", "pod_skip")}
         if repeated:
             self.violation(f"job #{job.pk}: side effects audited more than once: {repeated}")
-        events = Counter()
-        for event in kube.core.list_event_for_all_namespaces().items:
-            if (event.source and event.source.component) == "gpu-capacity-defrag":
-                events[(event.reason, event.involved_object.name)] += event.count or 1
-        repeated_events = {k: n for k, n in events.items() if n > 1}
-        if repeated_events:
-            self.violation(f"job #{job.pk}: Events posted more than once: {repeated_events}")
+        self._check_events(kube, "gpu-capacity-defrag", f"job #{job.pk}")
 
     # ---- the dormancy sweep with activity racing it -------------------------------------------
     def sweep_phase(self, cluster) -> None:
@@ -502,6 +536,164 @@ class ChaosDriver:
                 self.violation(f"pod {pod.metadata.name}: deletion cost {notes.get(DELETION_COST)!r} half-written "
                                f"(marker {notes[BINPACK_MARKER]!r})")
 
+    # ---- prune scale-down and restore ----------------------------------------------------------
+    def prune_phase(self, cluster, kube: Kube) -> None:
+        """A prune run queued as the schedule does, its worker killed at random moments; then
+        the operator restores every scale-down from the panel.
+
+        Time: the pruner judges pod ages by the product clock against the cluster's creation
+        stamps, and idleness by the GPU history at the product's "now". So the product clock
+        is first moved past the pods' idle window, and the history Prometheus holds (a real
+        one, backfilled) is laid along the product clock from a window before it to hours
+        after, so whatever moment a run is evaluated at (after a kill, a reconcile, a beat,
+        a fast-forward) finds the same history."""
+        ns = prune_ns(self.index)
+        pods = self.wait(lambda: _prune_pods_running(kube, ns), "the prune Deployments' pods run", limit_s=60)
+        newest = max(created for _, created in pods.values())
+        behind = (newest + timedelta(seconds=PRUNE_WINDOW_S + 60) - clock.now()).total_seconds()
+        if behind > 0:
+            self.forward(behind)
+        self.prometheus_start(ns, pods)
+        cluster.prometheus_url = self.prometheus.url
+        cluster.save(update_fields=["prometheus_url"])
+        self.kill_times = []
+        self.schedule_kills(self.rng.randint(1, 3), 2.0)
+        self.send_task(PRUNE_TASK, [cluster.pk])
+        self.say(f"{self.where()} prune queued ({len(pods)} pods, Prometheus {self.prometheus.url})")
+        # A run whose worker was killed is completed by the reconcile beat once its lease
+        # lapses; owners it never reached are the next scheduled run's (fast-forwarded to).
+        self.wait(lambda: _prune_settled(cluster, kube, ns), "the idle Deployments are scaled to zero, no run "
+                  "left running", forward_after=8.0)
+        cluster.prometheus_url = ""     # no further scheduled runs: the operator restores now
+        cluster.save(update_fields=["prometheus_url"])
+        self.prune_restore(cluster)
+        wanted = {name: replicas for name, replicas, _ in PRUNE_DEPLOYMENTS}
+        self.wait(lambda: _deployment_replicas(kube, ns) == wanted, "the restored Deployments are back")
+
+    def prometheus_start(self, ns: str, pods: dict) -> None:
+        now = clock.now()
+        first, last = now - timedelta(seconds=PRUNE_WINDOW_S + 600), now + timedelta(seconds=PRUNE_HISTORY_AHEAD_S)
+        moments = [first + timedelta(minutes=m) for m in range(int((last - first).total_seconds() // 60) + 1)]
+        utilization = {name: float(util) for name, _, util in PRUNE_DEPLOYMENTS}   # DCGM percent
+        history = [Series("DCGM_FI_DEV_GPU_UTIL", gpu_labels(ns, pod, 0, node=PRUNE_NODE),
+                          [(t, utilization[owner]) for t in moments])
+                   for pod, (owner, _) in pods.items()]
+        server = PrometheusServer(self.workdir / f"prometheus-{self.index}")
+        server.backfill(history)
+        self.prometheus = server.start()
+
+    def prune_restore(self, cluster) -> None:
+        """The operator selects every acted decision in the panel and presses Restore; a
+        press whose restore a fault failed is pressed again."""
+        acted = PruneDecision.objects.filter(run__cluster=cluster, result=PruneDecision.Result.SUCCEEDED)
+        self.stats.prune_acted += acted.count()
+        for _ in range(PRESSES):
+            todo = [d.pk for d in acted if d.restore != PruneDecision.Restore.RESTORED]
+            if not todo:
+                break
+            page = self.panel.post("/admin/pruning/prunedecision/", {"action": "restore_selected",
+                                                                     "_selected_action": todo})
+            self.stats.panel_presses += 1
+            if page.status_code not in (200, 302):
+                self.violation(f"the panel's restore answered {page.status_code}")
+                return
+            acted = acted.all()
+        self.stats.restores += acted.filter(restore=PruneDecision.Restore.RESTORED).count()
+
+    def check_prune(self, cluster, kube: Kube) -> None:
+        ns = prune_ns(self.index)
+        running = list(PruneRun.objects.filter(cluster=cluster, status=PruneRun.Status.RUNNING)
+                       .values_list("pk", flat=True))
+        if running:
+            self.violation(f"prune run(s) {running} left running")
+        decisions = PruneDecision.objects.filter(run__cluster=cluster)
+        for d in decisions.filter(result=PruneDecision.Result.ACTING):
+            self.violation(f"prune decision #{d.pk} ({d.owner_name}) left acting")
+        replicas = _deployment_replicas(kube, ns) or {}
+        acted = Counter(decisions.filter(result=PruneDecision.Result.SUCCEEDED).values_list("owner_name", flat=True))
+        for name, asked, util in PRUNE_DEPLOYMENTS:
+            wanted = 1 if util == "0" else 0
+            if acted[name] != wanted:
+                self.violation(f"Deployment {name}: {acted[name]} acted prune decision(s), wanted {wanted}")
+            if replicas.get(name) != asked:
+                self.violation(f"Deployment {ns}/{name} at {replicas.get(name)} replicas, its owner asked {asked}")
+        originals = {name: asked for name, asked, _ in PRUNE_DEPLOYMENTS}
+        for d in decisions.filter(result=PruneDecision.Result.SUCCEEDED):
+            if d.restore_state != {"replicas": originals[d.owner_name]}:
+                self.violation(f"prune decision #{d.pk} ({d.owner_name}) holds restore state {d.restore_state}, "
+                               f"the Deployment had {originals[d.owner_name]}")
+            if d.restore != PruneDecision.Restore.RESTORED:
+                self.violation(f"prune decision #{d.pk} ({d.owner_name}) not restorable: restore {d.restore!r}, "
+                               f"{d.error}")
+        self._check_events(kube, "gpu-capacity-pruner", "prune")
+
+    def _check_events(self, kube: Kube, component: str, what: str) -> None:
+        events = Counter()
+        for event in kube.core.list_event_for_all_namespaces().items:
+            if (event.source and event.source.component) == component:
+                events[(event.reason, event.involved_object.name)] += event.count or 1
+        repeated = {k: n for k, n in events.items() if n > 1}
+        if repeated:
+            self.violation(f"{what}: Events posted more than once: {repeated}")
+
+    # ---- a runbook action from the panel ---------------------------------------------------------
+    def runbook_phase(self, cluster, kube: Kube) -> None:
+        """The operator redeploys a 1-GPU model from the panel: its new revision waits for the
+        GPU the old one holds; the registry (synced by a worker task, killed at random) shows
+        it blocked, and the operator deletes the old revision from the panel to unblock it.
+        Each press a fault failed is pressed again, as an operator would."""
+        ns = runbook_ns(self.index)
+        old = f"{RUNBOOK_MODEL}-predictor-00001"
+        self.wait(lambda: _revision_pods(kube, ns) == {old: "Running"}, "the runbook model runs", limit_s=60)
+        self.kill_times = []
+        self.schedule_kills(self.rng.randint(1, 2), 2.0)
+        self.send_task(REGISTRY_TASK, [cluster.pk])
+        model = self.wait(lambda: ServedModel.objects.filter(cluster=cluster, namespace=ns, name=RUNBOOK_MODEL,
+                                                             ready=True, gone=False).first(),
+                          "a registry sync lists the model", forward_after=8.0)
+        self.press(lambda: self.panel.post("/admin/capacity/servedmodel/", {
+            "action": "redeploy", "_selected_action": [model.pk], "confirm": "yes"}),
+            done=lambda: RunbookAudit.objects.filter(cluster=cluster, action="model_redeploy").exists(),
+            what="redeploy")
+        self.schedule_kills(self.rng.randint(0, 2), 2.0)
+        self.send_task(REGISTRY_TASK, [cluster.pk])
+        self.wait(lambda: any(b["old_revision"] == old for b in ServedModel.objects.get(pk=model.pk).blocked),
+                  "a registry sync shows the new revision blocked by the old one", forward_after=8.0)
+        self.press(lambda: self.panel.post(f"/admin/capacity/servedmodel/{model.pk}/unblock/{old}/",
+                                           {"confirm": "yes"}),
+                   done=lambda: RunbookAudit.objects.filter(cluster=cluster, action="revision_delete_old").exists(),
+                   what="unblock")
+        new = f"{RUNBOOK_MODEL}-predictor-00002"
+        self.wait(lambda: _revision_pods(kube, ns) == {new: "Running"}, "the new revision runs on the freed GPU")
+
+    def press(self, action, *, done, what: str) -> None:
+        for _ in range(PRESSES):
+            self.stats.panel_presses += 1
+            try:
+                page = action()
+            except KubeError as exc:      # the page failed: what did the press do?
+                self.violation(f"the panel's {what} answered an error page ({exc}); done: {done()}")
+            else:
+                if page.status_code not in (200, 302):
+                    raise ChaosStuck(f"{self.where()} the panel's {what} answered {page.status_code}")
+            if done():
+                self.stats.runbook_actions += 1
+                return
+            self.tick()
+        raise ChaosStuck(f"{self.where()} the panel's {what} not done after {PRESSES} presses")
+
+    def check_runbook(self, cluster, kube: Kube) -> None:
+        ns = runbook_ns(self.index)
+        audits = Counter(RunbookAudit.objects.filter(cluster=cluster).values_list("action", "target"))
+        wanted = {("model_redeploy", f"{ns}/{RUNBOOK_MODEL}"): 1,
+                  ("revision_delete_old", f"{ns}/{RUNBOOK_MODEL}-predictor-00001"): 1}
+        if dict(audits) != wanted:
+            self.violation(f"runbook audit {dict(audits)}, wanted each action once: {wanted}")
+        revisions = sorted(r["metadata"]["name"] for r in kube.custom.list_namespaced_custom_object(
+            "serving.knative.dev", "v1", ns, "revisions")["items"])
+        if revisions != [f"{RUNBOOK_MODEL}-predictor-00002"]:
+            self.violation(f"runbook model revisions {revisions}: wanted only the redeployed one")
+
 
 def _binpack_changes(cluster) -> list | None:
     """The cost changes a binpack run would write now (None: the cluster did not answer)."""
@@ -524,6 +716,57 @@ def _binpack_settled(cluster, since) -> bool:
     finished = BinpackRun.objects.filter(cluster=cluster, dry_run=False, started_at__gte=since,
                                          finished_at__isnull=False).exists()
     return finished and _binpack_changes(cluster) == []
+
+
+def _quietly(read, default=None):
+    """A read of the faulty cluster, as a poll: a fault answers `default`, the next poll tries again."""
+    try:
+        return read()
+    except ApiException:
+        return default
+
+
+def _prune_pods_running(kube: Kube, ns: str) -> dict | None:
+    """{pod: (Deployment, created)} once every prune Deployment's pods run, else None."""
+    items = _quietly(lambda: kube.core.list_namespaced_pod(ns).items)
+    if items is None:
+        return None
+    pods = {p.metadata.name: (p.metadata.labels["app"], p.metadata.creation_timestamp) for p in items
+            if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
+    return pods if len(pods) == sum(replicas for _, replicas, _ in PRUNE_DEPLOYMENTS) else None
+
+
+def _deployment_replicas(kube: Kube, ns: str) -> dict | None:
+    items = _quietly(lambda: kube.apps.list_namespaced_deployment(ns).items)
+    return None if items is None else {d.metadata.name: d.spec.replicas for d in items}
+
+
+def _prune_settled(cluster, kube: Kube, ns: str) -> bool:
+    if PruneRun.objects.filter(cluster=cluster, status=PruneRun.Status.RUNNING).exists():
+        return False
+    decisions = PruneDecision.objects.filter(run__cluster=cluster)
+    if decisions.filter(result=PruneDecision.Result.ACTING).exists():
+        return False
+    idle = {name for name, _, util in PRUNE_DEPLOYMENTS if util == "0"}
+    acted = set(decisions.filter(result=PruneDecision.Result.SUCCEEDED).values_list("owner_name", flat=True))
+    replicas = _deployment_replicas(kube, ns)
+    return acted >= idle and replicas is not None and all(replicas[name] == 0 for name in idle)
+
+
+def _revision_pods(kube: Kube, ns: str) -> dict | None:
+    items = _quietly(lambda: kube.core.list_namespaced_pod(
+        ns, label_selector=f"serving.kserve.io/inferenceservice={RUNBOOK_MODEL}").items)
+    if items is None:
+        return None
+    return {p.metadata.labels["serving.knative.dev/revision"]: p.status.phase for p in items
+            if not p.metadata.deletion_timestamp}
+
+
+def _resume_beat_passed(job: DefragJob) -> bool:
+    """The job's lease lapsed a whole resume-beat period (and a beat tick) ago: the beat has
+    re-queued it by now, by the product clock."""
+    return job.lease_expires_at is not None and \
+        clock.now() >= job.lease_expires_at + timedelta(seconds=RESUME_EVERY_S + 1)
 
 
 def _state(job: DefragJob) -> str:

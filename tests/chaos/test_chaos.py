@@ -15,7 +15,7 @@ from clusters.services import schedules_install
 from config.celery import app
 from tests.celery_workers import broker_url, celery_processes  # noqa: F401 - fixtures
 
-from .driver import BEAT_TASKS, ChaosDriver
+from .driver import BEAT_TASKS, GAP_BOUND_S, PRUNER_ENV, ChaosDriver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -71,7 +71,15 @@ def test_chaos_scenarios_keep_every_invariant(sim_cluster_factory, celery_proces
         with capsys.disabled():
             print(text, flush=True)
 
-    driver = ChaosDriver(seed=seed, procs=celery_processes, make_cluster=make_cluster, send_task=send_task, say=say)
+    # The operator's browser: a superuser's session on the panel, in this process.
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    panel = Client()
+    panel.force_login(User.objects.create_superuser("chaos-operator", password="unused"))
+    celery_processes.env.update(PRUNER_ENV)       # the workers prune for real (scale down)
+    driver = ChaosDriver(seed=seed, procs=celery_processes, make_cluster=make_cluster, send_task=send_task, say=say,
+                         panel=panel, workdir=celery_processes.tmp_path)
     driver.workers_start(str(celery_processes.tmp_path / "beat-schedule"))
     try:
         stats = driver.run(scenarios)
@@ -82,5 +90,9 @@ def test_chaos_scenarios_keep_every_invariant(sim_cluster_factory, celery_proces
             with open(os.environ[SUMMARY_FILE_ENV], "w", encoding="utf-8") as fh:
                 fh.write(table + "\n")
     assert stats.scenarios == scenarios
+    # A killed worker's job is stepped again within one lease plus one resume beat (and the
+    # fast-forward's granularity): within a minute.
+    assert GAP_BOUND_S["whole"] <= 60 and GAP_BOUND_S["pool"] <= 60
+    assert max(stats.gaps["whole"] + stats.gaps["pool"], default=0.0) <= GAP_BOUND_S["whole"], stats.gaps
     assert not stats.violations, f"chaos seed {seed}: {len(stats.violations)} invariant violation(s):\n" + \
         "\n".join(stats.violations)
