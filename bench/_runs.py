@@ -1,0 +1,103 @@
+"""What every bench prints: min/median/max over N runs (5 by default) at 1x and 5x its size,
+each measure's ratio to its floor (medians), and its growth from 1x to 5x (medians).
+
+    from _runs import Report, bench_arguments
+    parser = bench_arguments(argparse.ArgumentParser(...))      # --scales 1,5 --runs 5
+    report = Report("simcluster_list", runs=args.runs)
+    report.add(scale, "LIST label selector", samples, floor="orjson.dumps", floor_samples=floor)
+    report.print()
+
+Timings are wall-clock seconds from time.perf_counter(); a measure may also be a count
+(calls, bytes), printed as is.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+def bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--scales", default="1,5",
+                        help="sizes to run, as multiples of the bench's base size (default 1,5)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per measure (default 5)")
+    return parser
+
+
+def scales_of(args: argparse.Namespace) -> list[int]:
+    try:
+        scales = [int(s) for s in args.scales.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--scales must be integers separated by commas, got {args.scales!r}") from None
+    if not scales or any(s < 1 or s > 50 for s in scales):
+        raise SystemExit(f"--scales must be between 1 and 50, got {args.scales!r}")
+    if args.runs < 1:
+        raise SystemExit(f"--runs must be at least 1, got {args.runs}")
+    return scales
+
+
+def timed(fn: Callable[[], object], runs: int) -> list[float]:
+    """Seconds per call of `fn`, `runs` times."""
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+def spread(samples: list[float], unit: str = "s") -> str:
+    if unit == "s":
+        scale, suffix = (1000, " ms") if max(samples) < 1 else (1, " s")
+        digits = 1 if scale == 1000 and max(samples) < 0.1 else (0 if scale == 1000 else 2)
+        return "/".join(f"{s * scale:.{digits}f}" for s in
+                        (min(samples), statistics.median(samples), max(samples))) + suffix
+    return "/".join(f"{s:,.0f}" for s in (min(samples), statistics.median(samples), max(samples))) + f" {unit}"
+
+
+@dataclass
+class Row:
+    scale: int
+    measure: str
+    samples: list[float]
+    unit: str = "s"
+    floor: str | None = None
+    floor_samples: list[float] | None = None
+    note: str = ""
+
+
+@dataclass
+class Report:
+    bench: str
+    runs: int
+    rows: list[Row] = field(default_factory=list)
+
+    def add(self, scale: int, measure: str, samples: list[float], *, unit: str = "s",
+            floor: str | None = None, floor_samples: list[float] | None = None, note: str = "") -> None:
+        self.rows.append(Row(scale, measure, list(samples), unit, floor, floor_samples, note))
+        row = self.rows[-1]
+        print(f"  [{self.bench} {scale}x] {measure}: {spread(row.samples, unit)}"
+              + (f"; floor ({floor}) {spread(floor_samples, unit)}, ratio {self._ratio(row):.2f}"
+                 if floor_samples else "") + (f"; {note}" if note else ""), flush=True)
+
+    @staticmethod
+    def _ratio(row: Row) -> float:
+        return statistics.median(row.samples) / statistics.median(row.floor_samples)
+
+    def print(self) -> None:
+        """The table: per measure and scale, min/median/max, ratio to floor, growth from the smallest scale."""
+        print(f"\n{self.bench}: min/median/max over {self.runs} runs; ratio = median / floor median; "
+              "growth = median / median at the smallest scale")
+        base: dict[str, Row] = {}
+        for row in sorted(self.rows, key=lambda r: r.scale):
+            base.setdefault(row.measure, row)
+        width = max(len(r.measure) for r in self.rows) if self.rows else 10
+        for row in self.rows:
+            ratio = f"{self._ratio(row):6.2f}" if row.floor_samples else "     -"
+            first = base[row.measure]
+            growth = f"{statistics.median(row.samples) / statistics.median(first.samples):5.2f}x" \
+                if first is not row and statistics.median(first.samples) else "     -"
+            print(f"  {row.measure:<{width}}  {row.scale}x  {spread(row.samples, row.unit):>28}  "
+                  f"ratio {ratio}  growth {growth}" + (f"  floor: {row.floor}" if row.floor else ""))
