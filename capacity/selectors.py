@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from clusters import kube
-from clusters.models import Cluster
-from clusters.snapshot import snapshot_take
+from clusters.selectors import snapshot_take
 
 from capacity.defrag.models import LIVE_STATES, DefragJob
 from capacity.gpumap.planning import FragmentationView, fragmentation_view
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster
 
 
 def defrag_jobs_live_by_node(*, cluster: Cluster) -> dict[str, int]:

@@ -1,19 +1,23 @@
-"""Frozen, read-only views of a cluster for planning code: nodes, pods, GPUs, owners.
+"""The one frozen, read-only view of a cluster that planning code reads: nodes, pods, who
+owns each pod, and GPUs (requested per pod, requested and free per node), counted one way.
 
-Planning takes a `ClusterSnapshot` and `now` and never talks to the cluster itself.
-Build one with `snapshot_take(gateway, now=...)` or, in tests, from plain dicts with
-`NodeView.from_object` / `PodView.from_object`.
+Pure: no Django, no gateway. Planning takes a `ClusterSnapshot` (or the slice it needs) and
+`now` and never talks to the cluster itself. `clusters.selectors.snapshot_take` builds one
+from the cluster with the fewest LIST calls; tests build one from plain dicts with
+`NodeView.from_object` / `PodView.from_object` and `ClusterSnapshot.build`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterable, Mapping
 
-from clusters import kube
+from clusters.labels import GPU_RESOURCE
 
-GPU_RESOURCE = "nvidia.com/gpu"
+# Pod phases in which a pod bound to a node holds what it requested: the scheduler stops
+# counting a pod once it has finished (Succeeded, Failed) or is being deleted.
+HOLDING_PHASES = ("Pending", "Running")
 
 
 def _frozen(mapping: dict | None) -> Mapping[str, str]:
@@ -68,10 +72,29 @@ class PodView:
     owners: tuple[OwnerRef, ...]
     terminating: bool
     created_at: str
+    # The scheduler's message when it could not place the pod (PodScheduled False,
+    # reason Unschedulable); None when it did, or has not said.
+    unschedulable_message: str | None = None
 
     @property
     def controller(self) -> OwnerRef | None:
         return next((o for o in self.owners if o.controller), None)
+
+    @property
+    def live(self) -> bool:
+        """Neither finished nor being deleted: it holds, or is waiting for, what it requested."""
+        return self.phase in HOLDING_PHASES and not self.terminating
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Bound to a node and live: its GPUs count against that node."""
+        return bool(self.node_name) and self.live and self.gpus > 0
+
+    @property
+    def pending_for_gpus(self) -> bool:
+        """Pending, unbound, and the scheduler said GPUs were short."""
+        return (not self.node_name and self.phase == "Pending" and self.gpus > 0
+                and GPU_RESOURCE in (self.unschedulable_message or ""))
 
     @classmethod
     def from_object(cls, obj: dict) -> "PodView":
@@ -80,11 +103,14 @@ class PodView:
                    for c in spec.get("containers") or ())
         owners = tuple(OwnerRef(o.get("apiVersion", ""), o.get("kind", ""), o.get("name", ""), o.get("uid", ""),
                                 bool(o.get("controller"))) for o in meta.get("ownerReferences") or ())
+        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        unschedulable = (scheduled.get("message") or "" if scheduled.get("status") == "False"
+                         and scheduled.get("reason") == "Unschedulable" else None)
         return cls(namespace=meta.get("namespace", ""), name=meta["name"], uid=meta.get("uid", ""),
                    node_name=spec.get("nodeName"), phase=status.get("phase", "Pending"),
                    labels=_frozen(meta.get("labels")), annotations=_frozen(meta.get("annotations")), gpus=gpus,
                    owners=owners, terminating=bool(meta.get("deletionTimestamp")),
-                   created_at=meta.get("creationTimestamp", ""))
+                   created_at=meta.get("creationTimestamp", ""), unschedulable_message=unschedulable)
 
 
 @dataclass(frozen=True)
@@ -93,31 +119,38 @@ class ClusterSnapshot:
     nodes: tuple[NodeView, ...]
     pods: tuple[PodView, ...]
     _by_node: Mapping[str, tuple[PodView, ...]] = field(default_factory=dict, repr=False, compare=False)
+    _by_owner: Mapping[str, tuple[PodView, ...]] = field(default_factory=dict, repr=False, compare=False)
+    _nodes: Mapping[str, NodeView] = field(default_factory=dict, repr=False, compare=False)
+
+    def node(self, name: str) -> NodeView | None:
+        return self._nodes.get(name)
 
     def pods_on(self, node_name: str) -> tuple[PodView, ...]:
         return self._by_node.get(node_name, ())
 
-    def gpus_used(self, node_name: str) -> int:
-        return sum(p.gpus for p in self.pods_on(node_name) if p.phase in ("Pending", "Running") and not p.terminating)
+    def pods_owned_by(self, owner_uid: str) -> tuple[PodView, ...]:
+        """The pods whose controller is the object with this uid (a ReplicaSet, say)."""
+        return self._by_owner.get(owner_uid, ())
+
+    def gpus_requested(self, node_name: str) -> int:
+        """GPUs the node's live pods requested: what the scheduler counts as taken."""
+        return sum(p.gpus for p in self.pods_on(node_name) if p.live)
+
+    def gpus_free(self, node_name: str) -> int:
+        node = self._nodes.get(node_name)
+        return max(node.gpus_allocatable - self.gpus_requested(node_name), 0) if node else 0
 
     @classmethod
-    def build(cls, *, taken_at: datetime, nodes: list[NodeView], pods: list[PodView]) -> "ClusterSnapshot":
+    def build(cls, *, taken_at: datetime, nodes: Iterable[NodeView], pods: Iterable[PodView]) -> "ClusterSnapshot":
+        nodes, pods = tuple(nodes), tuple(pods)
         by_node: dict[str, list[PodView]] = {}
+        by_owner: dict[str, list[PodView]] = {}
         for pod in pods:
             if pod.node_name:
                 by_node.setdefault(pod.node_name, []).append(pod)
-        return cls(taken_at=taken_at, nodes=tuple(nodes), pods=tuple(pods),
-                   _by_node=MappingProxyType({k: tuple(v) for k, v in by_node.items()}))
-
-
-# Objects per LIST page for a whole-cluster snapshot. kubectl pages by 500, but each page
-# is a round trip and the API server re-walks the list for every page; 5,000 keeps a
-# 10,000-pod snapshot to three requests while a 100,000-pod one still pages.
-SNAPSHOT_PAGE_SIZE = 5000
-
-
-def snapshot_take(gateway: kube.KubeGateway, *, now: datetime, namespace: str | None = None) -> ClusterSnapshot:
-    nodes = [NodeView.from_object(o) for o in gateway.list(kube.NODES, page_size=SNAPSHOT_PAGE_SIZE)]
-    pods = [PodView.from_object(o) for o in gateway.list(kube.PODS, namespace=namespace,
-                                                          page_size=SNAPSHOT_PAGE_SIZE)]
-    return ClusterSnapshot.build(taken_at=now, nodes=nodes, pods=pods)
+            if pod.controller is not None:
+                by_owner.setdefault(pod.controller.uid, []).append(pod)
+        return cls(taken_at=taken_at, nodes=nodes, pods=pods,
+                   _by_node=MappingProxyType({k: tuple(v) for k, v in by_node.items()}),
+                   _by_owner=MappingProxyType({k: tuple(v) for k, v in by_owner.items()}),
+                   _nodes=MappingProxyType({n.name: n for n in nodes}))

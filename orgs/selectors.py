@@ -9,12 +9,25 @@ from datetime import datetime
 from django.db.models import Q
 
 from clusters import discovery, kube
-from clusters.snapshot import GPU_RESOURCE
+from clusters.labels import GPU_RESOURCE
 from orgs.models import AuditRecord, Org, WorkloadExemption
 
 # The audit actions that record min-scale changes the org switch made, workload by workload.
 _FLOOR_ACTIONS = ("scale_to_zero_applied", "scale_to_zero_drift_repaired", "scale_to_zero_apply_incomplete")
 _NOT_WORKLOADS = {"setting", "not applied"}
+
+
+def orgs_of_cluster(*, cluster) -> list[Org]:
+    """Every org registered on the cluster."""
+    return list(Org.objects.filter(cluster=cluster))
+
+
+def org_counts(*, cluster) -> dict[str, int]:
+    """How many orgs the cluster has: in all, dormant, never scaled to zero, drifting."""
+    orgs = Org.objects.filter(cluster=cluster)
+    return {"total": orgs.count(), "dormant": orgs.filter(dormant=True).count(),
+            "protected": orgs.filter(scale_to_zero_allowed=False).count(),
+            "drifting": orgs.exclude(drift=[]).count()}
 
 
 def org_slugs_by_namespace(*, cluster) -> dict[str, str]:

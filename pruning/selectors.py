@@ -71,6 +71,13 @@ def kserve_stop_supported(gateway: kube.KubeGateway) -> bool:
         return False
 
 
+def prune_runs_recent(*, cluster, limit: int) -> list:
+    """The cluster's newest prune runs, newest first."""
+    from .models import PruneRun
+
+    return list(PruneRun.objects.filter(cluster=cluster).order_by("-started_at")[:limit])
+
+
 def org_blocked_namespaces(*, cluster, namespaces: set[str]) -> frozenset[str]:
     """Namespaces whose org has `scale_to_zero_allowed` off: the pruner never touches them."""
     if not namespaces:

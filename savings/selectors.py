@@ -9,7 +9,7 @@ from capacity.selectors import defrag_drains
 from clusters import kube
 from clusters.errors import KubeError
 from clusters.models import Cluster
-from clusters.snapshot import snapshot_take
+from clusters.selectors import snapshot_take
 from orgs import selectors as org_selectors
 from pruning.selectors import prune_actions_freeing
 

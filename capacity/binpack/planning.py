@@ -40,7 +40,7 @@ what Kthena computes: a group whose pods sit on emptier nodes sums lower and is 
 first, as a whole. The plan reports each group's sum and its rank within its workload
 (a cost set by hand counts in its group's sum as it stands, as Kthena counts it).
 
-Ownership of the annotation. We mark the pods we cost with `MARKER` holding the value
+Ownership of the annotation. We mark the pods we cost with `BINPACK_MARKER` holding the value
 we wrote. A pod whose cost is set without the marker, or differs from it, was set by
 someone else (an operator, by hand): it is left alone unless `override_manual`.
 Pods of an opted-out workload (`capacity.io/binpack: "false"` on the pod or its
@@ -53,14 +53,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from clusters.labels import (
+    BINPACK_MARKER,
+    BINPACK_OPT_OUT,
+    DELETION_COST,
+    KTHENA_GROUP_LABEL,
+    KTHENA_NAME_LABEL,
+    SERVING_GROUP_LABEL,
+)
 from clusters.snapshot import ClusterSnapshot, PodView
-
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-MARKER = "capacity.io/binpack-deletion-cost"
-OPT_OUT = "capacity.io/binpack"
-DEFAULT_GROUP_LABEL = "capacity.io/serving-group"
-KTHENA_NAME = "modelserving.volcano.sh/name"
-KTHENA_GROUP = "modelserving.volcano.sh/group-name"
 FORMULA = "cost = (node shared with other workloads ? 256 : 0) + pods on node (max 255), times 1024, + crc32(node) % 1024"
 _CAP = 255
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -152,7 +153,7 @@ class BinpackPlan:
 
 @dataclass(frozen=True)
 class BinpackOptions:
-    group_label: str = DEFAULT_GROUP_LABEL
+    group_label: str = SERVING_GROUP_LABEL
     override_manual: bool = False
     max_writes: int = 10_000
     # Controller owners (uids) whose workload said `capacity.io/binpack: "false"`.
@@ -160,15 +161,15 @@ class BinpackOptions:
 
 
 def _opted_out(pod: PodView, options: BinpackOptions) -> bool:
-    if str(pod.annotations.get(OPT_OUT, pod.labels.get(OPT_OUT, ""))).lower() == "false":
+    if str(pod.annotations.get(BINPACK_OPT_OUT, pod.labels.get(BINPACK_OPT_OUT, ""))).lower() == "false":
         return True
     return any(o.uid in options.opted_out_owners for o in pod.owners)
 
 
 def _workload(pod: PodView) -> str | None:
     """The set of pods one controller compares costs within."""
-    if pod.labels.get(KTHENA_NAME):
-        return f"{pod.namespace}/ModelServing/{pod.labels[KTHENA_NAME]}"
+    if pod.labels.get(KTHENA_NAME_LABEL):
+        return f"{pod.namespace}/ModelServing/{pod.labels[KTHENA_NAME_LABEL]}"
     owner = pod.controller
     if owner is None or owner.kind in _SKIP_OWNER_KINDS:
         return None
@@ -176,8 +177,8 @@ def _workload(pod: PodView) -> str | None:
 
 
 def _group(pod: PodView, options: BinpackOptions) -> str | None:
-    if pod.labels.get(KTHENA_GROUP):
-        return pod.labels[KTHENA_GROUP]
+    if pod.labels.get(KTHENA_GROUP_LABEL):
+        return pod.labels[KTHENA_GROUP_LABEL]
     return pod.labels.get(options.group_label) or None
 
 
@@ -191,8 +192,7 @@ def binpack_plan(snapshot: ClusterSnapshot, *, options: BinpackOptions | None = 
 
     for node_name in sorted(gpu_nodes):
         pods = [p for p in snapshot.pods_on(node_name)
-                if not p.terminating and p.phase in ("Pending", "Running")
-                and not (p.controller and p.controller.kind in _SKIP_OWNER_KINDS)]
+                if p.live and not (p.controller and p.controller.kind in _SKIP_OWNER_KINDS)]
         workloads = [_workload(p) for p in pods]
         per_workload: dict[str | None, int] = defaultdict(int)
         for w in workloads:
@@ -201,7 +201,7 @@ def binpack_plan(snapshot: ClusterSnapshot, *, options: BinpackOptions | None = 
             if workload is None:
                 continue      # no controller reads its cost
             current = pod.annotations.get(DELETION_COST)
-            marker = pod.annotations.get(MARKER)
+            marker = pod.annotations.get(BINPACK_MARKER)
             ours = marker is not None and marker == current
             manual = current is not None and not ours
             if _opted_out(pod, options):

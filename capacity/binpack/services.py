@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -12,9 +13,12 @@ from capacity.binpack import planning
 from capacity.binpack.models import BinpackRun
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, describe_failure
-from clusters.models import Cluster
-from clusters.snapshot import snapshot_take
+from clusters.labels import BINPACK_MARKER, BINPACK_OPT_OUT, DELETION_COST
+from clusters.selectors import snapshot_take
 from config import clock
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ def opted_out_owners(gateway: kube.KubeGateway) -> frozenset[str]:
             continue   # the kind is not installed (no Kthena, say)
         for obj in objects:
             meta = obj.get("metadata") or {}
-            if str((meta.get("annotations") or {}).get(planning.OPT_OUT, "")).lower() == "false":
+            if str((meta.get("annotations") or {}).get(BINPACK_OPT_OUT, "")).lower() == "false":
                 out.add(meta.get("uid", ""))
             if resource is kube.REPLICASETS:
                 replicasets.append(meta)
@@ -69,14 +73,14 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
         errors.append(f"{change.namespace}/{change.name}: {exc}")
         return "error"
     meta = pod.get("metadata") or {}
-    current = (meta.get("annotations") or {}).get(planning.DELETION_COST)
+    current = (meta.get("annotations") or {}).get(DELETION_COST)
     # IMPORTANT: re-read before writing: a recreated pod, a pod now leaving, or a cost
     # someone set since the snapshot are not ours to overwrite.
     if meta.get("uid") != change.uid or meta.get("deletionTimestamp") or current != change.old:
         return "stale"
     value = None if change.new is None else str(change.new)
     patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                          "annotations": {planning.DELETION_COST: value, planning.MARKER: value}}}
+                          "annotations": {DELETION_COST: value, BINPACK_MARKER: value}}}
     try:
         gateway.patch(kube.PODS, change.name, patch, namespace=change.namespace)
     except (Conflict, NotFound):

@@ -6,14 +6,14 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from clusters import kube
 from clusters.errors import KubeError, NotFound
-from clusters.models import Cluster
+from clusters.selectors import cluster_find, clusters_all
 from config.actors import actor_describe
 
 from capacity.defrag.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
@@ -99,7 +99,7 @@ class DefragJobAdmin(admin.ModelAdmin):
         return own + super().get_urls()
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"clusters": Cluster.objects.all(), **(extra_context or {})}
+        extra = {"clusters": clusters_all(), **(extra_context or {})}
         return super().changelist_view(request, extra_context=extra)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -119,7 +119,9 @@ class DefragJobAdmin(admin.ModelAdmin):
         if not request.user.has_perm("capacity.add_defragjob"):
             raise PermissionDenied
         source = request.POST if request.method == "POST" else request.GET
-        cluster = get_object_or_404(Cluster, name=source.get("cluster", ""))
+        cluster = cluster_find(name=source.get("cluster", ""))
+        if cluster is None:
+            raise Http404(f"no cluster named {source.get('cluster', '')!r}")
         node_name = source.get("node", "")
         context = {**self.admin_site.each_context(request), "opts": self.model._meta, "cluster": cluster,
                    "node": node_name, "title": f"Defrag node {node_name}?"}

@@ -12,14 +12,15 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from clusters.labels import (
+    DO_NOT_DISRUPT,
+    GPU_PRODUCT_LABEL,
+    MIRROR_ANNOTATION,
+    REVISION_LABEL,
+    SAFE_TO_EVICT,
+    TEMPLATE_HASH_LABEL,
+)
 from clusters.snapshot import NodeView, PodView
-
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-REVISION_LABEL = "serving.knative.dev/revision"
-TEMPLATE_HASH_LABEL = "pod-template-hash"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 
 class Role:

@@ -28,7 +28,8 @@ from django.utils import timezone
 from clusters import kube
 from clusters.errors import AlreadyExists, Conflict, Invalid, KubeError, NotFound, TooManyRequests
 from clusters.models import Cluster
-from clusters.snapshot import NodeView, PodView, snapshot_take
+from clusters.selectors import snapshot_take
+from clusters.snapshot import NodeView, PodView
 from config import clock
 from config.actors import actor_label_current
 

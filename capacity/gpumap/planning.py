@@ -10,13 +10,17 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clusters.labels import (
+    GPU_PRODUCT_LABEL,
+    ISVC_LABEL,
+    KNATIVE_SERVICE_LABEL,
+    NODE_POOL_LABELS,
+    ORG_LABEL,
+    REVISION_LABEL,
+)
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
-from capacity.defrag.planning import GPU_PRODUCT_LABEL, REVISION_LABEL, Role, pod_classify
-
-# Labels cloud providers and Karpenter put on a node to name its pool, in order of preference.
-NODE_POOL_LABELS = ("karpenter.sh/nodepool", "cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup",
-                    "agentpool", "node.kubernetes.io/instance-type")
+from capacity.defrag.planning import Role, pod_classify
 
 
 # ---- where to defrag: the fragmentation view --------------------------------------------
@@ -28,11 +32,11 @@ def colour_for(key: str) -> str:
 
 
 def org_of(pod: PodView) -> str:
-    return pod.labels.get("capacity.io/org") or pod.namespace
+    return pod.labels.get(ORG_LABEL) or pod.namespace
 
 
 def model_of(pod: PodView) -> str:
-    return (pod.labels.get("serving.knative.dev/service") or pod.labels.get("serving.kserve.io/inferenceservice")
+    return (pod.labels.get(KNATIVE_SERVICE_LABEL) or pod.labels.get(ISVC_LABEL)
             or pod.labels.get(REVISION_LABEL) or pod.name)
 
 
@@ -86,10 +90,6 @@ def node_pool(node: NodeView) -> str:
                 node.labels.get(GPU_PRODUCT_LABEL, "default"))
 
 
-def _live(pod: PodView) -> bool:
-    return pod.phase in ("Pending", "Running") and not pod.terminating
-
-
 def _fits(requests: Sequence[int], free: list[int]) -> bool:
     """First-fit decreasing into the given free GPU counts, most-allocated first (as a
     bin-packing scheduler would place them), without touching empty nodes."""
@@ -120,16 +120,16 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
         node_pool_name = node_pool(node)
         if pool and node_pool_name != pool:
             continue
-        pods = sorted((p for p in snapshot.pods_on(node.name) if _live(p) and p.gpus > 0),
+        pods = sorted((p for p in snapshot.pods_on(node.name) if p.live and p.gpus > 0),
                       key=lambda p: (org_of(p), model_of(p), p.name))
         cells: list[GpuCell] = []
         for pod in pods:
             org, model = org_of(pod), model_of(pod)
             cells.extend([GpuCell(pod=f"{pod.namespace}/{pod.name}", org=org, model=model,
                                   colour=colour_for(f"{org}/{model}"))] * pod.gpus)
-        used = len(cells)
+        used = snapshot.gpus_requested(node.name)
         cells.extend([GpuCell()] * max(node.gpus_allocatable - used, 0))
-        blockers = sum(1 for p in snapshot.pods_on(node.name) if _live(p) and pod_classify(p)[0] == Role.BLOCKER)
+        blockers = sum(1 for p in snapshot.pods_on(node.name) if p.live and pod_classify(p)[0] == Role.BLOCKER)
         rows.append(NodeRow(name=node.name, pool=node_pool_name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
                             total=node.gpus_allocatable, used=used, cordoned=node.unschedulable,
                             held_by_job=held_nodes.get(node.name), cells=tuple(cells), gpu_pods=len(pods),
@@ -138,7 +138,7 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
     for row in rows:
         if row.used == 0 or row.cordoned or row.held_by_job or row.blockers:
             continue
-        requests = [p.gpus for p in snapshot.pods_on(row.name) if _live(p) and p.gpus > 0]
+        requests = [p.gpus for p in snapshot.pods_on(row.name) if p.live and p.gpus > 0]
         others = [r.free for r in rows if r.name != row.name and not r.cordoned and not r.held_by_job
                   and r.gpu_product == row.gpu_product and r.used > 0 and r.free > 0]
         whole = _fits(requests, others)

@@ -11,10 +11,10 @@ from django.http import Http404
 from django.shortcuts import render
 
 from clusters.errors import KubeError
-from clusters.models import Cluster
+from clusters.selectors import cluster_find, clusters_all
 from config import clock
-from orgs.models import Org
-from pruning.models import PruneRun
+from orgs.selectors import org_counts
+from pruning.selectors import prune_runs_recent
 
 from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
@@ -41,7 +41,7 @@ def cluster_contents_required(view):
 
 @cluster_contents_required
 def gpu_map(request, cluster: str):
-    cluster_row = Cluster.objects.filter(name=cluster).first()
+    cluster_row = cluster_find(name=cluster)
     if cluster_row is None:
         raise Http404(f"no cluster named {cluster!r}")
     pool = request.GET.get("pool") or None
@@ -76,25 +76,25 @@ def gpu_map(request, cluster: str):
 
 @cluster_contents_required
 def dashboard(request, cluster: str):
-    cluster_row = Cluster.objects.filter(name=cluster).first()
+    cluster_row = cluster_find(name=cluster)
     if cluster_row is None:
         raise Http404(f"no cluster named {cluster!r}")
-    context = {"cluster": cluster_row, "clusters": Cluster.objects.order_by("name"),
+    context = {"cluster": cluster_row, "clusters": clusters_all(),
                "refresh_seconds": REFRESH_SECONDS, "title": f"Dashboard — {cluster_row.name}"}
     try:
         context["gpus"] = gpu_summary(fragmentation_for(cluster=cluster_row, now=clock.now()))
     except KubeError as exc:
         context["error"] = str(exc)
-    orgs = Org.objects.filter(cluster=cluster_row)
+    orgs = org_counts(cluster=cluster_row)
     jobs = DefragJob.objects.filter(cluster=cluster_row)
     context.update({
-        "orgs_total": orgs.count(),
-        "orgs_dormant": orgs.filter(dormant=True).count(),
-        "orgs_protected": orgs.filter(scale_to_zero_allowed=False).count(),
-        "orgs_drifting": orgs.exclude(drift=[]).count(),
+        "orgs_total": orgs["total"],
+        "orgs_dormant": orgs["dormant"],
+        "orgs_protected": orgs["protected"],
+        "orgs_drifting": orgs["drifting"],
         "jobs_running": list(jobs.filter(state__in=RUNNING_STATES)),
         "jobs_recent": list(jobs.exclude(state__in=RUNNING_STATES)[:RECENT]),
-        "prune_runs": list(PruneRun.objects.filter(cluster=cluster_row).order_by("-started_at")[:RECENT]),
+        "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
     })
     status = 502 if "error" in context else 200
     return render(request, "capacity/dashboard.html", context, status=status)

@@ -7,22 +7,26 @@
   delete the older revision (not graceful: its pods stop at once, traffic included).
 - `resources_patch`: the merge patch that puts a resource spec on an InferenceService.
 
-Inputs are the plain dicts the gateway returns; no ORM, no HTTP.
+Inputs are the cluster snapshot's pods and the serving objects as the gateway returns
+them; no ORM, no HTTP.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-ISVC_LABEL = "serving.kserve.io/inferenceservice"
-KSVC_LABEL = "serving.knative.dev/service"
-REVISION_LABEL = "serving.knative.dev/revision"
-REVISION_UID_LABEL = "serving.knative.dev/revisionUID"
-COMPONENT_LABEL = "capacity.io/component"
-ORG_LABEL = "capacity.io/org"
-MODEL_LABEL = "capacity.io/model"
-GPU = "nvidia.com/gpu"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-REDEPLOY_ANNOTATION = "capacity.io/redeployed-at"
+from clusters.labels import (
+    COMPONENT_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    ISVC_LABEL,
+    KNATIVE_SERVICE_LABEL,
+    MODEL_LABEL,
+    ORG_LABEL,
+    PYNODE_COMPONENT,
+    REVISION_LABEL,
+)
+from clusters.snapshot import PodView
 
 
 @dataclass(frozen=True)
@@ -73,38 +77,14 @@ def _ready(obj: dict) -> bool:
                for c in (obj.get("status") or {}).get("conditions") or ())
 
 
-def pod_gpus(pod: dict) -> int:
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        res = container.get("resources") or {}
-        value = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0
-        try:
-            total += int(value)
-        except (TypeError, ValueError):
-            pass
-    return total
-
-
-def unschedulable_for_gpus(pod: dict) -> bool:
-    """Pending, unbound, and the scheduler said GPUs were short (PodScheduled=False)."""
-    if (pod.get("spec") or {}).get("nodeName") or (pod.get("status") or {}).get("phase", "Pending") != "Pending":
-        return False
-    if pod_gpus(pod) == 0:
-        return False
-    for cond in (pod.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return cond.get("reason") == "Unschedulable" and GPU in (cond.get("message") or "")
-    return False
-
-
-def _revision_entry(rev: dict, pods: list[dict]) -> RevisionEntry:
-    live = [p for p in pods if not _meta(p).get("deletionTimestamp")]
+def _revision_entry(rev: dict, pods: list[PodView]) -> RevisionEntry:
+    live = [p for p in pods if not p.terminating]
     return RevisionEntry(
         name=_meta(rev)["name"], created=_meta(rev).get("creationTimestamp", ""), ready=_ready(rev),
-        pods_running=sum(1 for p in live if (p.get("status") or {}).get("phase") == "Running"),
-        pods_pending=sum(1 for p in live if (p.get("status") or {}).get("phase", "Pending") == "Pending"),
-        gpus_held=sum(pod_gpus(p) for p in live if (p.get("spec") or {}).get("nodeName")),
-        pending_for_gpus=sum(1 for p in live if unschedulable_for_gpus(p)))
+        pods_running=sum(1 for p in live if p.phase == "Running"),
+        pods_pending=sum(1 for p in live if p.phase == "Pending"),
+        gpus_held=sum(p.gpus for p in live if p.holds_gpus),
+        pending_for_gpus=sum(1 for p in live if p.pending_for_gpus))
 
 
 def blocked_revisions(service: str, revisions: list[RevisionEntry]) -> tuple[Unblock, ...]:
@@ -127,18 +107,20 @@ def _generation(name: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def registry_build(*, isvcs: list[dict], ksvcs: list[dict], revisions: list[dict], pods: list[dict],
+def registry_build(*, isvcs: list[dict], ksvcs: list[dict], revisions: list[dict], pods: Iterable[PodView],
                    namespaces: list[dict]) -> list[ModelEntry]:
+    """`pods` are the cluster snapshot's (`ClusterSnapshot.pods`): GPUs held and pods
+    Pending for want of GPUs are counted as everywhere else."""
     org_of_ns = {_meta(n)["name"]: (_meta(n).get("labels") or {}).get(ORG_LABEL) for n in namespaces}
-    pods_by_rev: dict[tuple[str, str], list[dict]] = {}
+    pods_by_rev: dict[tuple[str, str], list[PodView]] = {}
     for pod in pods:
-        rev = (_meta(pod).get("labels") or {}).get(REVISION_LABEL)
+        rev = pod.labels.get(REVISION_LABEL)
         if rev:
-            pods_by_rev.setdefault((_meta(pod).get("namespace", ""), rev), []).append(pod)
+            pods_by_rev.setdefault((pod.namespace, rev), []).append(pod)
     revs_by_ksvc: dict[tuple[str, str], list[RevisionEntry]] = {}
     for rev in revisions:
         meta = _meta(rev)
-        service = (meta.get("labels") or {}).get(KSVC_LABEL)
+        service = (meta.get("labels") or {}).get(KNATIVE_SERVICE_LABEL)
         if service:
             revs_by_ksvc.setdefault((meta.get("namespace", ""), service), []).append(
                 _revision_entry(rev, pods_by_rev.get((meta.get("namespace", ""), meta["name"]), [])))
@@ -159,7 +141,7 @@ def registry_build(*, isvcs: list[dict], ksvcs: list[dict], revisions: list[dict
     for ksvc in ksvcs:
         meta = _meta(ksvc)
         labels = meta.get("labels") or {}
-        if labels.get(COMPONENT_LABEL) != "pynode" or labels.get(ISVC_LABEL):
+        if labels.get(COMPONENT_LABEL) != PYNODE_COMPONENT or labels.get(ISVC_LABEL):
             continue
         ns, name = meta.get("namespace", ""), meta["name"]
         revs = tuple(sorted(revs_by_ksvc.get((ns, name), []), key=lambda r: _generation(r.name)))
@@ -183,7 +165,7 @@ class ResourceValues:
         requests = {"cpu": self.cpu_request, "memory": self.memory_request}
         limits = {"cpu": self.cpu_limit, "memory": self.memory_limit}
         # None removes a GPU request the model had (JSON merge patch semantics).
-        requests[GPU] = limits[GPU] = str(self.gpu_count) if self.gpu_count else None
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(self.gpu_count) if self.gpu_count else None
         return {"requests": requests, "limits": limits}
 
 
@@ -202,8 +184,8 @@ def resources_patch(isvc: dict, values: ResourceValues) -> dict:
     """Merge patch for the predictor: resources on the model (or first container), the
     GPU product as a node selector. KServe turns it into a new Knative revision."""
     predictor = (isvc.get("spec") or {}).get("predictor") or {}
-    node_selector = {PRODUCT_LABEL: values.gpu_product} if values.gpu_count and values.gpu_product else \
-        {PRODUCT_LABEL: None}
+    node_selector = {GPU_PRODUCT_LABEL: values.gpu_product} if values.gpu_count and values.gpu_product else \
+        {GPU_PRODUCT_LABEL: None}
     patch: dict = {"spec": {"predictor": {"nodeSelector": node_selector}}}
     if predictor.get("model") is not None or not predictor.get("containers"):
         patch["spec"]["predictor"]["model"] = {"resources": values.resources()}

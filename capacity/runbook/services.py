@@ -7,17 +7,22 @@ to change right before changing it, and leaves a `RunbookAudit` with the old and
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
 
-from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from capacity.runbook import planning
+from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound
-from clusters.models import Cluster
+from clusters.labels import KNATIVE_SERVICE_LABEL, REDEPLOY_ANNOTATION, REVISION_UID_LABEL
+from clusters.selectors import snapshot_take
 from config import clock
-from orgs.models import Org
+from orgs.selectors import orgs_of_cluster
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +46,18 @@ def _list(gateway: kube.KubeGateway, resource: kube.Resource) -> list[dict]:
 # --- the registry ----------------------------------------------------------------------------
 def registry_entries(*, cluster: Cluster, gateway: kube.KubeGateway | None = None) -> list[planning.ModelEntry]:
     gateway = gateway or kube.gateway_for(cluster)
+    # The registry reads pods, never nodes: the snapshot's pods alone, one paged LIST.
+    pods = snapshot_take(gateway, now=clock.now(), nodes=False).pods
     return planning.registry_build(
         isvcs=_list(gateway, kube.INFERENCESERVICES), ksvcs=_list(gateway, kube.KNATIVE_SERVICES),
-        revisions=_list(gateway, kube.REVISIONS), pods=_list(gateway, kube.PODS),
-        namespaces=_list(gateway, kube.NAMESPACES))
+        revisions=_list(gateway, kube.REVISIONS), pods=pods, namespaces=_list(gateway, kube.NAMESPACES))
 
 
 def registry_sync(*, cluster: Cluster, gateway: kube.KubeGateway | None = None) -> list[ServedModel]:
     """Upsert one `ServedModel` per InferenceService / pynode; mark vanished ones gone."""
     now = clock.now()
     entries = registry_entries(cluster=cluster, gateway=gateway)
-    orgs = {o.slug: o for o in Org.objects.filter(cluster=cluster)}
+    orgs = {o.slug: o for o in orgs_of_cluster(cluster=cluster)}
     orgs_by_ns = {o.namespace: o for o in orgs.values()}
     seen = []
     with transaction.atomic():
@@ -113,7 +119,7 @@ def model_redeploy(*, model: ServedModel, actor) -> str:
     """A new revision with no other change: stamp the pod template with the time."""
     gateway = kube.gateway_for(model.cluster)
     stamp = clock.now().isoformat()
-    annotations = {planning.REDEPLOY_ANNOTATION: stamp}
+    annotations = {REDEPLOY_ANNOTATION: stamp}
     if model.kind == ServedModel.Kind.INFERENCE_SERVICE:
         # KServe copies the InferenceService's annotations onto the Knative template.
         gateway.patch(kube.INFERENCESERVICES, model.name, {"metadata": {"annotations": annotations}},
@@ -122,7 +128,7 @@ def model_redeploy(*, model: ServedModel, actor) -> str:
         gateway.patch(kube.KNATIVE_SERVICES, model.name,
                       {"spec": {"template": {"metadata": {"annotations": annotations}}}}, namespace=model.namespace)
     _audit(action="model_redeploy", actor=actor, cluster=model.cluster, target=str(model), old={},
-           new={planning.REDEPLOY_ANNOTATION: stamp})
+           new={REDEPLOY_ANNOTATION: stamp})
     return stamp
 
 
@@ -148,7 +154,7 @@ def revision_delete_old(*, model: ServedModel, revision: str, actor) -> planning
     grace = settings.RUNBOOK_UNBLOCK_GRACE_SECONDS
     stopped = []
     for pod in gateway.list(kube.PODS, namespace=model.namespace,
-                            label_selector=f"{planning.REVISION_UID_LABEL}={rev_uid}"):
+                            label_selector=f"{REVISION_UID_LABEL}={rev_uid}"):
         meta = pod["metadata"]
         try:
             gateway.delete(kube.PODS, meta["name"], namespace=model.namespace, uid=meta["uid"],
@@ -187,7 +193,7 @@ def model_delete_stuck(*, model: ServedModel, actor) -> list[str]:
     # What KServe and Knative left behind, should the garbage collector not get to it.
     for service in (f"{model.name}-predictor", f"{model.name}-predictor-default"):
         for resource, selector in ((kube.KNATIVE_SERVICES, None), (kube.CONFIGURATIONS, None),
-                                   (kube.REVISIONS, f"{planning.KSVC_LABEL}={service}")):
+                                   (kube.REVISIONS, f"{KNATIVE_SERVICE_LABEL}={service}")):
             names = [service] if selector is None else \
                 [r["metadata"]["name"] for r in gateway.list(resource, namespace=model.namespace,
                                                              label_selector=selector)]

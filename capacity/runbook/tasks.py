@@ -9,7 +9,7 @@ import logging
 from celery import shared_task
 
 from capacity.runbook.services import registry_sync
-from clusters.models import Cluster
+from clusters.selectors import cluster_find, clusters_all
 from config.retries import RetryTransient
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="capacity.runbook.tasks.registry_sync_all_clusters")
 def registry_sync_all_clusters() -> int:
-    ids = list(Cluster.objects.values_list("pk", flat=True))
+    ids = list(clusters_all().values_list("pk", flat=True))
     for pk in ids:
         registry_sync_cluster.delay(pk)
     return len(ids)
@@ -26,7 +26,7 @@ def registry_sync_all_clusters() -> int:
 @shared_task(name="capacity.runbook.tasks.registry_sync_cluster", base=RetryTransient, retry_backoff=30,
              retry_backoff_max=600, max_retries=3)
 def registry_sync_cluster(cluster_id: int) -> int | None:
-    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    cluster = cluster_find(pk=cluster_id)
     if cluster is None:
         log.warning("registry sync: cluster %s no longer exists", cluster_id)
         return None

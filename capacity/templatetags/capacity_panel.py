@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django import template
 
-from clusters.models import Cluster
+from clusters.selectors import clusters_all
 
 register = template.Library()
 
@@ -15,4 +15,4 @@ def clusters_panel(context):
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("capacity.view_cluster_contents"):
         return {"clusters": [], "hidden": True}
-    return {"clusters": list(Cluster.objects.order_by("name"))}
+    return {"clusters": list(clusters_all())}

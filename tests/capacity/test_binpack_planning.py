@@ -5,6 +5,7 @@ from datetime import datetime, timezone
 import pytest
 
 from capacity.binpack import planning as bp
+from clusters import labels
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
@@ -74,15 +75,15 @@ def test_pods_already_carrying_the_planned_cost_are_not_rewritten():
     nodes = [make_node("n1")]
     first = plan(nodes, [make_pod("a", "n1")])
     cost = str(first.costs[("team", "a")])
-    again = plan(nodes, [make_pod("a", "n1", annotations={bp.DELETION_COST: cost, bp.MARKER: cost})])
+    again = plan(nodes, [make_pod("a", "n1", annotations={labels.DELETION_COST: cost, labels.BINPACK_MARKER: cost})])
     assert again.changes == () and again.unchanged == 1
 
 
 def test_a_cost_set_by_hand_is_left_alone_unless_told_otherwise():
     nodes = [make_node("n1")]
-    by_hand = make_pod("a", "n1", annotations={bp.DELETION_COST: "500"})
+    by_hand = make_pod("a", "n1", annotations={labels.DELETION_COST: "500"})
     # Ours once, then changed by an operator: the marker no longer matches.
-    edited = make_pod("b", "n1", annotations={bp.DELETION_COST: "7", bp.MARKER: "1024"})
+    edited = make_pod("b", "n1", annotations={labels.DELETION_COST: "7", labels.BINPACK_MARKER: "1024"})
     result = plan(nodes, [by_hand, edited])
     assert result.changes == ()
     assert {s.name for s in result.skipped} == {"a", "b"}
@@ -93,7 +94,7 @@ def test_a_cost_set_by_hand_is_left_alone_unless_told_otherwise():
 
 def test_invalid_cost_we_wrote_is_replaced():
     nodes = [make_node("n1")]
-    pod = make_pod("a", "n1", annotations={bp.DELETION_COST: "0042", bp.MARKER: "0042"})
+    pod = make_pod("a", "n1", annotations={labels.DELETION_COST: "0042", labels.BINPACK_MARKER: "0042"})
     (change,) = plan(nodes, [pod]).changes
     assert change.old == "0042" and bp.parse_cost(str(change.new)) == change.new
     assert "invalid" in change.reason
@@ -102,11 +103,11 @@ def test_invalid_cost_we_wrote_is_replaced():
 @pytest.mark.parametrize("where", ["annotation", "label", "owner"])
 def test_an_opted_out_workload_gets_no_cost_and_loses_ours(where):
     nodes = [make_node("n1")]
-    opt = {"annotations": {bp.OPT_OUT: "false"}} if where == "annotation" else \
-        {"labels": {bp.OPT_OUT: "false"}} if where == "label" else {}
+    opt = {"annotations": {labels.BINPACK_OPT_OUT: "false"}} if where == "annotation" else \
+        {"labels": {labels.BINPACK_OPT_OUT: "false"}} if where == "label" else {}
     owners = frozenset({"uid-rs-a"}) if where == "owner" else frozenset()
     fresh = make_pod("fresh", "n1", **opt)
-    ours = make_pod("ours", "n1", annotations={bp.DELETION_COST: "5", bp.MARKER: "5",
+    ours = make_pod("ours", "n1", annotations={labels.DELETION_COST: "5", labels.BINPACK_MARKER: "5",
                                                **opt.get("annotations", {})}, labels=opt.get("labels"))
     result = plan(nodes, [fresh, ours], opted_out_owners=owners)
     assert [(c.name, c.new) for c in result.changes] == [("ours", None)]
@@ -117,7 +118,7 @@ def test_kthena_groups_are_ranked_by_the_sum_of_their_pods_costs():
     nodes = [make_node("empty-ish"), make_node("shared")]
     kthena = lambda name, group, node: make_pod(  # noqa: E731
         name, node, owner="sample", kind="ModelServing",
-        labels={bp.KTHENA_NAME: "sample", bp.KTHENA_GROUP: group})
+        labels={labels.KTHENA_NAME_LABEL: "sample", labels.KTHENA_GROUP_LABEL: group})
     pods = [kthena("sample-0-decode-0-0", "sample-0", "shared"), kthena("sample-0-prefill-0-0", "sample-0", "shared"),
             kthena("sample-1-decode-0-0", "sample-1", "empty-ish"),
             kthena("sample-1-prefill-0-0", "sample-1", "empty-ish"),

@@ -17,6 +17,7 @@ import pytest
 
 from binpack_world import GROUP, PLACER, PLURAL, POOL, VERSION, World, cluster_docs, node_name
 from capacity.binpack import planning as bp
+from clusters import labels
 from capacity.binpack.services import pod_deletion_costs_apply
 
 pytestmark = pytest.mark.django_db
@@ -97,14 +98,14 @@ def test_the_seeds_hand_set_cost_is_kept_and_still_counts_in_its_groups_sum(seed
     alone, and Kthena still sums it with the costs the service wrote for the others."""
     handle, world = seed_world
     world.core.patch_namespaced_pod("sample-0-decode-1-0", TAG,
-                                    {"metadata": {"annotations": {bp.DELETION_COST: "2000000"}}})
+                                    {"metadata": {"annotations": {labels.DELETION_COST: "2000000"}}})
     run, plan = pod_deletion_costs_apply(cluster=handle.cluster)
     assert [s.name for s in plan.skipped] == ["sample-0-decode-1-0"]
     assert run.written == len(PLACEMENT) - 1
     ranks = {g.group: g.rank for g in plan.groups if g.workload == f"{TAG}/ModelServing/sample"}
     assert ranks == {"sample-1": 0, "sample-0": 1}          # the hand-set cost counts in sample-0's sum
     annotations = world.core.read_namespaced_pod("sample-0-decode-1-0", TAG).metadata.annotations
-    assert annotations[bp.DELETION_COST] == "2000000" and bp.MARKER not in annotations
+    assert annotations[labels.DELETION_COST] == "2000000" and labels.BINPACK_MARKER not in annotations
     # The operator made sample-0 the costlier group: sample-1 goes, as they asked.
     world.crd.patch_namespaced_custom_object(GROUP, VERSION, TAG, PLURAL, "sample", {"spec": {"replicas": 1}})
     handle.advance(120)

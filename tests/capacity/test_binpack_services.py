@@ -12,6 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 
 from capacity.binpack import planning as bp
+from clusters import labels
 from capacity.binpack.services import pod_deletion_costs_apply
 from capacity.binpack.models import BinpackRun
 from simcluster.generate import namespace as namespace_doc
@@ -53,7 +54,7 @@ def scenario() -> list[dict]:
     a, b = rs_doc("a", replicas=3), rs_doc("b", replicas=3)
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
                   "metadata": {"name": "c", "namespace": NS, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "deploy/c")),
-                               "annotations": {bp.OPT_OUT: "false"}},
+                               "annotations": {labels.BINPACK_OPT_OUT: "false"}},
                   "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "c-rs"}},
                            "template": {"metadata": {"labels": {"app": "c-rs"}},
                                         "spec": {"containers": [{"name": "main", "image": "model:1"}]}}}}
@@ -64,7 +65,7 @@ def scenario() -> list[dict]:
     return nodes + [namespace_doc(NS), a, b, deployment, c,
                     pod_doc("a-0", a, "n1"), pod_doc("a-1", a, "n1"), pod_doc("b-0", b, "n1"),
                     pod_doc("a-2", a, "n2"),
-                    pod_doc("b-1", b, "n3", annotations={bp.DELETION_COST: "999"}),
+                    pod_doc("b-1", b, "n3", annotations={labels.DELETION_COST: "999"}),
                     pod_doc("c-0", c, "n4"), pod_doc("web", b, "cpu-1")]
 
 
@@ -78,7 +79,7 @@ def world(sim_cluster_factory):
 
 def cost_of(core, name):
     annotations = core.read_namespaced_pod(name, NS).metadata.annotations or {}
-    return annotations.get(bp.DELETION_COST)
+    return annotations.get(labels.DELETION_COST)
 
 
 def patches(handle) -> int:
@@ -134,7 +135,7 @@ def test_a_pod_changed_since_the_snapshot_is_not_overwritten(world):
 
     change = bp.CostChange(namespace=NS, name="a-2", uid=core.read_namespaced_pod("a-2", NS).metadata.uid,
                            node="n2", workload="x", group=None, old=None, new=5, reason="test")
-    core.patch_namespaced_pod("a-2", NS, {"metadata": {"annotations": {bp.DELETION_COST: "42"}}})
+    core.patch_namespaced_pod("a-2", NS, {"metadata": {"annotations": {labels.DELETION_COST: "42"}}})
     errors: list[str] = []
     assert services._apply_one(handle.gateway, change, errors) == "stale"
     assert cost_of(core, "a-2") == "42" and errors == []

@@ -6,10 +6,7 @@ import re
 import pytest
 from django.utils import timezone
 
-from capacity.gpumap.planning import gpu_summary
 from capacity.defrag.models import DefragJob, JobState
-from capacity.gpumap.planning import fragmentation_view
-from clusters.snapshot import snapshot_take
 from defrag_builders import make_model_pod, make_node
 from orgs.models import Org
 from pruning.models import PruneRun
@@ -42,19 +39,6 @@ def cells(html: str, table_id: str) -> list[list[str]]:
     table = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S).group(1)
     return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)
             if "<td>" in row]
-
-
-def test_summary_totals_gpus_per_product_and_counts_fragments(sim_cluster_factory):
-    handle = sim_cluster_factory(objects(), name="sim")
-    view = fragmentation_view(snapshot_take(handle.gateway, now=timezone.now()))
-    summary = gpu_summary(view)
-    by_product = {p.product: p for p in summary.products}
-    h100 = by_product["NVIDIA-H100-80GB-HBM3"]
-    assert (h100.nodes, h100.total, h100.used, h100.free) == (2, 16, 6, 10)
-    assert (h100.empty_nodes, h100.fragmented_nodes, h100.stranded) == (1, 1, 2)
-    a10g = by_product["NVIDIA-A10G"]
-    assert (a10g.total, a10g.used, a10g.free, a10g.fragmented_nodes) == (1, 1, 0, 0)
-    assert (summary.total, summary.used, summary.free) == (17, 7, 10)
 
 
 def test_dashboard_shows_gpus_orgs_jobs_and_prune_runs(sim_cluster_factory, client, staff):

@@ -1,4 +1,4 @@
-"""Pure defrag planning: the discovery report, blockers, the seed's condition, the GPU map ranking."""
+"""Pure defrag planning: the discovery report, blockers, the safety condition, the next step."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -18,8 +18,7 @@ from capacity.defrag.planning import (
     replicaset_ready_pods,
     revision_satisfied,
 )
-from capacity.gpumap.planning import fragmentation_view
-from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+from clusters.snapshot import NodeView, PodView
 
 REV = "bt-deployment-qvr7e9w-00001"
 
@@ -123,52 +122,6 @@ def test_orphan_patch_is_guarded_by_uid_and_owners_and_removes_both():
         {"op": "remove", "path": "/metadata/ownerReferences"},
         {"op": "remove", "path": "/metadata/labels/pod-template-hash"},
     ]
-
-
-def snapshot(nodes, pods) -> ClusterSnapshot:
-    return ClusterSnapshot.build(taken_at=datetime(2026, 1, 1, tzinfo=UTC),
-                                 nodes=[NodeView.from_object(n) for n in nodes],
-                                 pods=[PodView.from_object(p) for p in pods])
-
-
-def test_fragmentation_ranks_the_node_whose_pods_fit_elsewhere_first():
-    nodes = [make_node("a"), make_node("b"), make_node("c"), make_node("empty")]
-    pods = [
-        make_model_pod("a1", revision="big-00001", node="a", gpus=7),   # a: 1 free; 7 fit nowhere but empty
-        make_model_pod("b1", revision="mid-00001", node="b", gpus=5),   # b: 3 free; 5 fit into c's 6
-        make_model_pod("c1", revision="small-00001", node="c", gpus=2),  # c: 6 free; 2 fit into b's 3
-    ]
-    view = fragmentation_view(snapshot(nodes, pods))
-    assert [(c.node, c.frees_whole_node) for c in view.candidates] == [("c", True), ("b", True), ("a", False)]
-    rows = {r.name: r for r in view.rows}
-    assert (rows["a"].used, rows["a"].free, rows["empty"].free) == (7, 1, 8)
-    assert len(rows["c"].cells) == 8 and rows["c"].cells[1].pod == "org-a/c1" and rows["c"].cells[2].pod is None
-    assert view.pools["h100"] == {"nodes": 4, "total": 32, "used": 14, "free": 18, "empty_nodes": 1}
-
-
-def test_fragmentation_skips_cordoned_held_and_blocked_nodes_and_other_gpu_products():
-    nodes = [make_node("a"), make_node("b", unschedulable=True), make_node("c"), make_node("d"),
-             make_node("e", product="NVIDIA-A10G", pool="a10")]
-    pods = [make_model_pod("a1", revision="r-00001", node="a", gpus=1),
-            make_model_pod("b1", revision="r-00001", node="b", gpus=1),
-            make_model_pod("c1", revision="r-00001", node="c", gpus=1),
-            make_pod("d1", node="d", owner=("StatefulSet", "nb")),
-            make_model_pod("e1", revision="r-00001", node="e", gpus=1)]
-    view = fragmentation_view(snapshot(nodes, pods), held_nodes={"c": 7})
-    assert [c.node for c in view.candidates] == ["a", "e"]
-    assert not next(c for c in view.candidates if c.node == "e").frees_whole_node  # no other A10G node
-    rows = {r.name: r for r in view.rows}
-    assert rows["b"].cordoned and rows["c"].held_by_job == 7 and rows["d"].blockers == 1
-    assert [r.name for r in fragmentation_view(snapshot(nodes, pods), pool="a10").rows] == ["e"]
-
-
-def test_same_org_and_model_get_the_same_colour_on_every_node():
-    nodes = [make_node("a"), make_node("b")]
-    pods = [make_model_pod("a1", revision="r-00001", node="a"), make_model_pod("b1", revision="r-00001", node="b"),
-            make_model_pod("b2", revision="s-00001", node="b", namespace="org-z")]
-    rows = {r.name: r for r in fragmentation_view(snapshot(nodes, pods)).rows}
-    assert rows["a"].cells[0].colour == rows["b"].cells[0].colour
-    assert rows["b"].cells[1].colour != rows["b"].cells[0].colour
 
 
 def test_the_jobs_own_orphans_are_not_blockers_but_other_bare_pods_are():

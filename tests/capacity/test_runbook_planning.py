@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 
 from capacity.runbook import planning as rp
+from clusters import labels
+from clusters.snapshot import PodView
 
 GPU_SHORT = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
              "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}
@@ -18,15 +20,20 @@ def isvc(name, ns="org-acme", *, ready=False, fmt="vllm", labels=None):
 
 def revision(name, service, created, ns="org-acme"):
     return {"metadata": {"name": name, "namespace": ns, "creationTimestamp": created,
-                         "labels": {rp.KSVC_LABEL: service}}}
+                         "labels": {labels.KNATIVE_SERVICE_LABEL: service}}}
 
 
 def pod(name, rev, *, node=None, gpus=1, phase="Running", conditions=(), ns="org-acme"):
     spec = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]}
     if node:
         spec["nodeName"] = node
-    return {"metadata": {"name": name, "namespace": ns, "labels": {rp.REVISION_LABEL: rev}},
+    return {"metadata": {"name": name, "namespace": ns, "labels": {labels.REVISION_LABEL: rev}},
             "spec": spec, "status": {"phase": phase, "conditions": list(conditions)}}
+
+
+def registry(state: dict):
+    """The registry from the state's objects; its pods as the cluster snapshot holds them."""
+    return rp.registry_build(**{**state, "pods": [PodView.from_object(p) for p in state["pods"]]})
 
 
 def seed_002_state():
@@ -38,11 +45,11 @@ def seed_002_state():
                    revision("zq86d3o-predictor-00002", "zq86d3o-predictor", "2026-01-01T07:46:00Z")],
         pods=[pod("old-pod", "zq86d3o-predictor-00001", node="gpu-1"),
               pod("new-pod", "zq86d3o-predictor-00002", phase="Pending", conditions=[GPU_SHORT])],
-        namespaces=[{"metadata": {"name": "org-acme", "labels": {rp.ORG_LABEL: "acme"}}}])
+        namespaces=[{"metadata": {"name": "org-acme", "labels": {labels.ORG_LABEL: "acme"}}}])
 
 
 def test_the_seed_002_pending_deployment_is_detected_with_the_old_revision_to_delete():
-    (entry,) = rp.registry_build(**seed_002_state())
+    (entry,) = registry(seed_002_state())
     assert (entry.kind, entry.org, entry.framework, entry.knative_service) == \
         ("InferenceService", "acme", "vllm", "zq86d3o-predictor")
     assert entry.gpus_held == 1
@@ -64,17 +71,17 @@ def test_the_seed_002_pending_deployment_is_detected_with_the_old_revision_to_de
 def test_nothing_to_unblock_when_the_seed_conditions_do_not_hold(why, change):
     state = seed_002_state()
     change(state)
-    (entry,) = rp.registry_build(**state)
+    (entry,) = registry(state)
     assert entry.unblocks == (), why
 
 
 def test_pynodes_are_registered_but_an_isvc_predictor_ksvc_is_not_twice():
     state = seed_002_state()
     state["ksvcs"] = [{"metadata": {"name": "pynode", "namespace": "org-acme",
-                                    "labels": {rp.COMPONENT_LABEL: "pynode"}}},
+                                    "labels": {labels.COMPONENT_LABEL: "pynode"}}},
                       {"metadata": {"name": "zq86d3o-predictor", "namespace": "org-acme",
-                                    "labels": {rp.ISVC_LABEL: "zq86d3o"}}}]
-    kinds = [(e.kind, e.name) for e in rp.registry_build(**state)]
+                                    "labels": {labels.ISVC_LABEL: "zq86d3o"}}}]
+    kinds = [(e.kind, e.name) for e in registry(state)]
     assert kinds == [("pynode", "pynode"), ("InferenceService", "zq86d3o")]
 
 
@@ -100,8 +107,8 @@ def test_the_patch_sets_resources_and_the_gpu_product_and_drops_a_gpu_no_longer_
     target = isvc("m")
     patch = rp.resources_patch(target, rp.ResourceValues(2, "NVIDIA-H100", "4", "8", "16Gi", "32Gi"))
     predictor = patch["spec"]["predictor"]
-    assert predictor["nodeSelector"] == {rp.PRODUCT_LABEL: "NVIDIA-H100"}
+    assert predictor["nodeSelector"] == {labels.GPU_PRODUCT_LABEL: "NVIDIA-H100"}
     assert predictor["model"]["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
     cpu_only = rp.resources_patch(target, rp.resource_values(framework="sklearn", defaults=DEFAULTS))
     assert cpu_only["spec"]["predictor"]["model"]["resources"]["limits"]["nvidia.com/gpu"] is None
-    assert cpu_only["spec"]["predictor"]["nodeSelector"] == {rp.PRODUCT_LABEL: None}
+    assert cpu_only["spec"]["predictor"]["nodeSelector"] == {labels.GPU_PRODUCT_LABEL: None}

@@ -701,7 +701,7 @@ def _binpack_changes(cluster) -> list | None:
     from capacity.binpack.services import binpack_options, opted_out_owners
     from clusters.errors import KubeError
     from clusters.kube import gateway_for
-    from clusters.snapshot import snapshot_take
+    from clusters.selectors import snapshot_take
 
     gateway = gateway_for(cluster)
     try:

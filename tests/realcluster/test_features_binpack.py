@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from capacity.binpack import planning as bp
+from clusters import labels
 from capacity.binpack.services import pod_deletion_costs_apply
 
 from .pool import GpuPool, ready
@@ -56,13 +57,13 @@ def test_the_replicaset_controller_frees_a_gpu_node_by_the_costs_binpack_wrote(t
     cluster, backend = tier_cluster
     n1, n2, n3, n4 = (gpus.node_add(f"n{i}") for i in range(1, 5))
     gpus.deployment("packed", replicas=3, scheduler=PLACER)
-    gpus.deployment("default", replicas=3, scheduler=PLACER, annotations={bp.OPT_OUT: "false"})
+    gpus.deployment("default", replicas=3, scheduler=PLACER, annotations={labels.BINPACK_OPT_OUT: "false"})
     packed = lay_out(gpus, "packed", n1, n2)
     default = lay_out(gpus, "default", n3, n4)
 
     run, plan = pod_deletion_costs_apply(cluster=cluster)
     assert not run.errors
-    costs = {p.metadata.name: (p.metadata.annotations or {}).get(bp.DELETION_COST) for p in gpus.pods()}
+    costs = {p.metadata.name: (p.metadata.annotations or {}).get(labels.DELETION_COST) for p in gpus.pods()}
     lone = next(name for name, node in packed.items() if node == n2)
     assert all(costs[name] is not None for name in packed)
     assert all(int(costs[lone]) < int(costs[name]) for name in packed if name != lone)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
@@ -24,12 +25,11 @@ class Command(CliActorMixin, BaseCommand):
     def handle(self, *args, **opts):
         from capacity.binpack.services import pod_deletion_costs_apply
         from capacity.binpack.models import BinpackRun
-        from clusters.models import Cluster
         from clusters.selectors import cluster_get
 
         try:
             cluster = cluster_get(name=opts["cluster"])
-        except Cluster.DoesNotExist as exc:
+        except ObjectDoesNotExist as exc:
             raise CommandError(str(exc)) from None
         try:
             run, plan = pod_deletion_costs_apply(cluster=cluster, actor=None, trigger=BinpackRun.Trigger.COMMAND,

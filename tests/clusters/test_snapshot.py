@@ -1,0 +1,72 @@
+"""The one pure view of a cluster: GPUs counted one way, the owner index, who waits for
+GPUs. No database, no cluster: snapshots built from plain objects."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from clusters.labels import GPU_RESOURCE
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def node(name: str, gpus: int = 8) -> dict:
+    return {"metadata": {"name": name}, "status": {"allocatable": {GPU_RESOURCE: str(gpus)}}}
+
+
+def pod(name: str, *, node_name: str | None = "n1", gpus: int = 1, phase: str = "Running", owner_uid: str = "",
+        deleting: bool = False, scheduled: dict | None = None, limits_only: bool = False) -> dict:
+    amounts = {GPU_RESOURCE: str(gpus)}
+    resources = {"limits": amounts} if limits_only else {"requests": amounts, "limits": amounts}
+    meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
+    if owner_uid:
+        meta["ownerReferences"] = [{"kind": "ReplicaSet", "name": "rs", "uid": owner_uid, "controller": True}]
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node_name, "containers": [{"resources": resources}]},
+            "status": {"phase": phase, "conditions": [scheduled] if scheduled else []}}
+
+
+def snap(nodes: list[dict], pods: list[dict]) -> ClusterSnapshot:
+    return ClusterSnapshot.build(taken_at=NOW, nodes=[NodeView.from_object(n) for n in nodes],
+                                 pods=[PodView.from_object(p) for p in pods])
+
+
+def test_a_nodes_gpus_are_what_its_live_pods_requested_and_the_rest_is_free():
+    s = snap([node("n1"), node("n2", gpus=4)], [
+        pod("running", gpus=3), pod("pending-bound", gpus=2, phase="Pending"),
+        pod("finished", gpus=4, phase="Succeeded"), pod("failed", gpus=4, phase="Failed"),
+        pod("leaving", gpus=4, deleting=True), pod("limits-only", gpus=1, limits_only=True),
+        pod("elsewhere", node_name="n2", gpus=4)])
+    assert (s.gpus_requested("n1"), s.gpus_free("n1")) == (6, 2)
+    assert (s.gpus_requested("n2"), s.gpus_free("n2")) == (4, 0)
+    assert s.gpus_free("no-such-node") == 0
+
+
+def test_more_requested_than_allocatable_leaves_no_free_gpus_not_a_negative_count():
+    s = snap([node("n1", gpus=2)], [pod("a", gpus=2), pod("b", gpus=2)])
+    assert (s.gpus_requested("n1"), s.gpus_free("n1")) == (4, 0)
+
+
+def test_pods_are_indexed_by_their_controller():
+    s = snap([node("n1")], [pod("a", owner_uid="rs-1"), pod("b", owner_uid="rs-1"), pod("bare")])
+    assert [p.name for p in s.pods_owned_by("rs-1")] == ["a", "b"]
+    assert s.pods_owned_by("rs-2") == ()
+
+
+SHORT = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": f"0/4 nodes are available: 4 Insufficient {GPU_RESOURCE}."}
+
+
+@pytest.mark.parametrize("kwargs,waits", [
+    (dict(node_name=None, phase="Pending", scheduled=SHORT), True),
+    (dict(node_name=None, phase="Pending", scheduled={**SHORT, "message": "4 Insufficient cpu."}), False),
+    (dict(node_name=None, phase="Pending", scheduled={**SHORT, "reason": "SchedulerError"}), False),
+    (dict(node_name=None, phase="Pending", scheduled=SHORT, gpus=0), False),
+    (dict(node_name="n1", phase="Pending", scheduled=SHORT), False),
+    (dict(node_name=None, phase="Pending"), False),
+])
+def test_a_pod_waits_for_gpus_only_when_the_scheduler_said_gpus_were_short(kwargs, waits):
+    assert PodView.from_object(pod("p", **kwargs)).pending_for_gpus is waits
