@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-real install system-deps lint screenshots
+.PHONY: demo test test-real install system-deps lint screenshots bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,3 +44,11 @@ test: install system-deps lint
 test-real: install
 	$(BIN)/python -m realcluster build --with knative --with kserve
 	$(BIN)/python -m pytest tests/realcluster
+
+# Every benchmark, one after the other (see README, "Tests and benchmarks"; simcluster_list
+# and binpack_plan run at 1x and 5x their size, 5 runs each). Not tests: they print
+# figures. system-deps brings kubectl, PostgreSQL (orgs_sweep starts a private server
+# when none answers) and Prometheus/promtool (the prune bench).
+BENCHES = simcluster_list orgs_activity orgs_sweep defrag_calls prune_pass binpack_plan dashboard_render
+bench: install system-deps
+	@set -e; for b in $(BENCHES); do echo "== bench/$$b.py"; $(BIN)/python bench/$$b.py; done

@@ -6,7 +6,9 @@ settings' required environment set and no default cluster from the caller's KUBE
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -15,12 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def setup(prefix: str, *, extra_paths: tuple[str, ...] | list[str] = (), env: dict[str, str] | None = None) -> Path:
-    """Set up Django on a fresh SQLite file under a temporary folder; returns that folder."""
+    """Set up Django on a fresh SQLite file under a temporary folder, removed when the
+    bench exits; returns that folder."""
     for path in [*reversed(extra_paths), ""]:
         entry = str(ROOT / path) if path else str(ROOT)
         if entry not in sys.path:
             sys.path.insert(0, entry)
     folder = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)   # a bench leaves nothing in /tmp
     os.environ["DATABASE_URL"] = f"sqlite:///{folder / 'db.sqlite3'}"
     os.environ["VAR_DIR"] = str(folder)   # nothing of a bench lands in the project's var/
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 import _django
 
-_django.setup("dashboard-bench")
+_django_folder = _django.setup("dashboard-bench")
 
 import orjson  # noqa: E402
 
@@ -49,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
 
     setup_test_environment()
-    kubeconfig = Path(tempfile.mkdtemp()) / "kubeconfig"
+    kubeconfig = _django_folder / "kubeconfig"   # removed with the bench's folder at exit
     server = ClusterServer(generate(nodes=args.nodes, pods=args.pods), kubeconfig_out=str(kubeconfig))
     server.start()
     try:

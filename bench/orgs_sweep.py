@@ -8,15 +8,19 @@
 2. Kubernetes writes against the objects whose state really changes, on a small simulated
    cluster: a sweep, then a reconcile with nothing to do, then a wake-up.    target = 1
 
-Needs a PostgreSQL server: BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432);
+PostgreSQL: BENCH_POSTGRES_URL, else the server on 127.0.0.1:5432, else a private one
+started for the run (tests/pgserver.py, needs Debian's postgresql) and stopped after;
 a throw-away database is created and dropped.
 
     .venv/bin/python bench/orgs_sweep.py
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
+import socket
 import sys
 import tempfile
 import time
@@ -27,9 +31,33 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-SERVER = os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432").rstrip("/")
+
+
+def _postgres() -> str:
+    """BENCH_POSTGRES_URL, else the server on 127.0.0.1:5432 when one answers, else a
+    private server started as the tests start theirs (tests/pgserver.py), stopped at exit."""
+    if os.environ.get("BENCH_POSTGRES_URL"):
+        return os.environ["BENCH_POSTGRES_URL"].rstrip("/")
+    try:
+        psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
+        return "postgres://postgres@127.0.0.1:5432"
+    except psycopg.OperationalError:
+        pass
+    from tests.pgserver import start_private_postgres
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = start_private_postgres(port=port)
+    atexit.register(server.stop)
+    print(f"no PostgreSQL on 127.0.0.1:5432: started a private one on port {port}", flush=True)
+    return server.url("postgres").rsplit("/", 1)[0]
+
+
+SERVER = _postgres()
 DB_NAME = f"bench_orgs_sweep_{os.getpid()}"
 _tmp = Path(tempfile.mkdtemp(prefix="orgs-sweep-bench-"))
+atexit.register(shutil.rmtree, _tmp, ignore_errors=True)   # a bench leaves nothing in /tmp
 os.environ["DATABASE_URL"] = f"{SERVER}/{DB_NAME}"
 os.environ["REDIS_URL"] = ""
 os.environ["CELERY_BROKER_URL"] = "memory://"
