@@ -70,3 +70,21 @@ def test_a_dead_workers_job_is_due_again_within_one_lease_and_requeued_by_the_ne
     assert tasks.defrag_jobs_resume() == 1 and queued == [job.pk]
     [resume] = [p for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume"]
     assert LEASE_SECONDS + resume.every_seconds <= 45, "a whole-worker kill is recovered well inside a minute"
+
+
+def test_with_redis_the_broker_hands_an_unacknowledged_step_back_after_the_longest_step_not_an_hour():
+    """kombu's default visibility timeout (1 h) left a killed worker's job unstepped that long;
+    below the longest step and countdown, Redis would hand a live step to a second worker."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0", "DJANGO_DEBUG": "1"}
+    out = subprocess.run([sys.executable, "-c", "import json, config.settings as s; print(json.dumps("
+                          "[s.CELERY_BROKER_TRANSPORT_OPTIONS, s.CELERY_TASK_ACKS_LATE, "
+                          "s.CELERY_TASK_REJECT_ON_WORKER_LOST]))"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True)
+    options, acks_late, reject_on_lost = json.loads(out.stdout.strip().splitlines()[-1])
+    assert acks_late and reject_on_lost
+    assert tasks.STEP_BUDGET_SECONDS + tasks.MAX_COUNTDOWN_SECONDS < options["visibility_timeout"] < 3600
