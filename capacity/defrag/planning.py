@@ -8,6 +8,7 @@ them) plus what `kubectl drain`, Karpenter and cluster-autoscaler honour
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,11 +17,12 @@ from clusters.labels import (
     DO_NOT_DISRUPT,
     GPU_PRODUCT_LABEL,
     MIRROR_ANNOTATION,
+    NODE_POOL_LABELS,
     REVISION_LABEL,
     SAFE_TO_EVICT,
     TEMPLATE_HASH_LABEL,
 )
-from clusters.snapshot import NodeView, PodView
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
 
 class Role:
@@ -411,3 +413,239 @@ def defrag_step_decide(*, state: str, now: datetime, next_check_at: datetime | N
     if step != Step.REST and next_check_at is not None and now < next_check_at:
         return Step.NOT_DUE
     return step
+
+
+# ---- where to defrag: what emptying nodes frees, one after the other ---------------------
+#
+# A job on one node orphans its model pods; their ReplicaSets make replacements, which
+# need room on other nodes of the same GPU product. So whether a node can be freed depends
+# on the room left by the nodes freed before it: two half-full nodes can each be emptied
+# into the other, but not both. The advice simulates the candidates in order over one
+# snapshot, reserving the room each one's pods take, and says how many can be freed
+# together and why the others cannot.
+#
+# Room is the free GPUs of Ready, schedulable, non-empty nodes that no defrag job holds.
+# An empty node is never room: a whole free node is what defrag makes, and filling one to
+# free another only moves the fragment. Pods go largest first onto the fullest node that
+# fits them (best fit), as a bin-packing scheduler would place them.
+
+class Freeing:
+    """What emptying a candidate node does, given the ones freed before it."""
+    TOGETHER = "together"        # freed, with every node before it freed too
+    CONTENDED = "contended"      # could be freed alone, but needs room the nodes before it use
+    NEEDS_EMPTY = "needs-empty"  # its pods fit only if an empty node takes them
+    NO_ROOM = "no-room"          # its pods fit nowhere, not even on empty nodes
+
+
+_FREEING_ORDER = {Freeing.TOGETHER: 0, Freeing.CONTENDED: 1, Freeing.NEEDS_EMPTY: 2, Freeing.NO_ROOM: 3}
+
+
+def node_pool(node: NodeView) -> str:
+    return next((node.labels[k] for k in NODE_POOL_LABELS if node.labels.get(k)),
+                node.labels.get(GPU_PRODUCT_LABEL, "default"))
+
+
+@dataclass(frozen=True)
+class Move:
+    """One pod's GPUs, placed on a node by the simulation (`pod` is ns/name; a replacement
+    made for a pod moved from an earlier node is named after the pod it replaces)."""
+    pod: str
+    gpus: int
+    to: str
+
+
+@dataclass(frozen=True)
+class FreeingStep:
+    node: str
+    pool: str
+    gpu_product: str
+    gpus_moved: int          # GPUs of the pods that would move (the node's own, and replacements it received)
+    pods_moved: int
+    outcome: str             # a `Freeing` value
+    why: str
+    moves: tuple[Move, ...] = ()   # where its pods go (TOGETHER only)
+    position: int | None = None    # 1.. within the nodes freed together (TOGETHER only)
+
+    @property
+    def frees_whole_node(self) -> bool:
+        return self.outcome == Freeing.TOGETHER
+
+    @property
+    def outcome_label(self) -> str:
+        if self.outcome == Freeing.TOGETHER:
+            return f"frees a whole node (#{self.position} together)"
+        return {Freeing.CONTENDED: "instead of an earlier one, not as well",
+                Freeing.NEEDS_EMPTY: "only by using an empty node",
+                Freeing.NO_ROOM: "no room for its pods"}[self.outcome]
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+@dataclass(frozen=True)
+class DefragAdvice:
+    steps: tuple[FreeingStep, ...]   # freed together first (in order), then the rest
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for s in self.steps if s.outcome == outcome)
+
+    def only(self, keep: Collection[str]) -> "DefragAdvice":
+        """The same steps, limited to the named nodes (a pool's): the simulation stays the
+        cluster's, since replacements may land in any pool of the GPU product."""
+        return DefragAdvice(steps=tuple(s for s in self.steps if s.node in keep))
+
+    @property
+    def summary(self) -> str:
+        if not self.steps:
+            return "No node to empty: every GPU node is empty, cordoned, held by a defrag job or blocked."
+        together, contended = self.count(Freeing.TOGETHER), self.count(Freeing.CONTENDED)
+        needs_empty, no_room = self.count(Freeing.NEEDS_EMPTY), self.count(Freeing.NO_ROOM)
+        if together == 0:
+            parts = ["No node can be emptied into the free GPUs of other non-empty nodes"]
+        elif together == 1:
+            parts = ["1 node can be freed"]
+        else:
+            parts = [f"{together} nodes can be freed together"]
+        if contended:
+            first = "the first one uses" if together == 1 else "the first ones use"
+            parts.append(f"the next {contended} each need the room {first}" if contended > 1
+                         else f"1 more needs the room {first}")
+        if needs_empty:
+            parts.append(f"{needs_empty} cannot be freed without using an empty node")
+        if no_room:
+            parts.append(f"{no_room} cannot be freed at all (no room for "
+                         f"{'its' if no_room == 1 else 'their'} pods, even on empty nodes)")
+        return "; ".join(parts) + "."
+
+
+# Room is a sorted list of (free GPUs, rank, node). Among nodes with the same free GPUs the
+# lowest rank is filled first: nodes that are no candidate, then candidates tried last, so
+# the pods of one freed node do not land on the next one to be freed (moving them twice).
+Room = list[tuple[int, int, str]]
+_NOT_A_CANDIDATE = -(10 ** 9)
+
+
+def _place(requests: Sequence[tuple[str, int]], room: Room) -> tuple[list[Move], Room] | None:
+    """Best fit, largest pod first, into `room`: the moves and the room left, or None when
+    a pod fits nowhere."""
+    left = list(room)
+    moves: list[Move] = []
+    for pod, gpus in sorted(requests, key=lambda r: (-r[1], r[0])):
+        at = bisect_left(left, (gpus, _NOT_A_CANDIDATE - 1, ""))
+        if at == len(left):
+            return None
+        free, rank, node = left.pop(at)
+        if free > gpus:
+            insort(left, (free - gpus, rank, node))
+        moves.append(Move(pod=pod, gpus=gpus, to=node))
+    return moves, left
+
+
+def _without(room: Room, node: str) -> Room:
+    return [entry for entry in room if entry[2] != node]
+
+
+def _where(moves: Iterable[Move]) -> str:
+    per_node: dict[str, int] = {}
+    for move in moves:
+        per_node[move.to] = per_node.get(move.to, 0) + move.gpus
+    return ", ".join(f"{node} ({gpus})" for node, gpus in per_node.items())
+
+
+def _gpus(requests: Iterable[tuple[str, int]]) -> int:
+    return sum(gpus for _, gpus in requests)
+
+
+def _gpu_count(requests: Iterable[tuple[str, int]]) -> str:
+    return _plural(_gpus(requests), "GPU", "GPUs")
+
+
+def defrag_advice(snapshot: ClusterSnapshot, *, held_nodes: Collection[str] = ()) -> DefragAdvice:
+    """Which nodes emptying frees, simulated in order over one snapshot.
+
+    A candidate has GPU pods, is schedulable, is held by no defrag job and has no blocker
+    (`pod_classify`, the rule the job itself applies). Candidates whose pods fit alone are
+    tried fewest GPUs first (smaller first frees the most nodes out of the same room): each
+    one freed takes the room its pods (and any replacements it received) are placed in, and
+    stops being room itself (the job cordons it).
+    """
+    gpu_nodes = sorted((n for n in snapshot.nodes if n.gpus_allocatable > 0), key=lambda n: n.name)
+    used = {n.name: snapshot.gpus_requested(n.name) for n in gpu_nodes}
+    by_product: dict[str, list[NodeView]] = {}
+    for node in gpu_nodes:
+        by_product.setdefault(node.labels.get(GPU_PRODUCT_LABEL, ""), []).append(node)
+    steps: list[FreeingStep] = []
+    for product, nodes in sorted(by_product.items()):
+        pool = {n.name: node_pool(n) for n in nodes}
+        open_nodes = [n for n in nodes if not n.unschedulable and n.name not in held_nodes]
+        own: dict[str, list[tuple[str, int]]] = {}
+        for node in open_nodes:
+            pods = [p for p in snapshot.pods_on(node.name) if p.live]
+            if used[node.name] > 0 and not any(pod_classify(p)[0] == Role.BLOCKER for p in pods):
+                own[node.name] = [(f"{p.namespace}/{p.name}", p.gpus) for p in pods if p.gpus > 0]
+        order = sorted(own, key=lambda n: (_gpus(own[n]), len(own[n]), n))
+        rank = {name: -i for i, name in enumerate(order)}
+        room0 = sorted((n.gpus_allocatable - used[n.name], rank.get(n.name, _NOT_A_CANDIDATE), n.name)
+                       for n in open_nodes if n.ready and 0 < used[n.name] < n.gpus_allocatable)
+        empties = [(n.gpus_allocatable, _NOT_A_CANDIDATE, n.name) for n in open_nodes
+                   if n.ready and used[n.name] == 0]
+        alone = {name: _place(requests, _without(room0, name)) for name, requests in own.items()}
+
+        def step(name: str, outcome: str, why: str, requests, **extra) -> FreeingStep:
+            return FreeingStep(node=name, pool=pool[name], gpu_product=product, gpus_moved=_gpus(requests),
+                               pods_moved=len(requests), outcome=outcome, why=why, **extra)
+
+        room = room0
+        freed: list[tuple[str, list[Move]]] = []
+        received: dict[str, list[tuple[str, int, str]]] = {}   # node -> (pod, GPUs, node it came from)
+        for name in (n for n in order if alone[n] is not None):
+            extra = received.get(name, [])
+            requests = own[name] + [(pod, gpus) for pod, gpus, _ in extra]
+            also = (f", {sum(g for _, g, _ in extra)} of them replacements from "
+                    f"{', '.join(sorted({src for _, _, src in extra}))}" if extra else "")
+            placed = _place(requests, _without(room, name))
+            if placed is not None:
+                moves, room = placed
+                freed.append((name, moves))
+                for move in moves:
+                    received.setdefault(move.to, []).append((move.pod, move.gpus, name))
+                before = (f"with the {_plural(len(freed) - 1, 'node', 'nodes')} before it freed too, "
+                          if len(freed) > 1 else "")
+                fit = "fits" if len(requests) == 1 else "fit"
+                steps.append(step(name, Freeing.TOGETHER, f"{before}its {_plural(len(requests), 'pod', 'pods')} "
+                                  f"({_gpu_count(requests)}{also}) {fit} on {_where(moves)}",
+                                  requests, moves=tuple(moves), position=len(freed)))
+                continue
+            alone_moves = alone[name][0]
+            targets = {m.to for m in alone_moves}
+            users = [src for src, moved in freed if src in targets or any(m.to in targets for m in moved)]
+            why = f"on its own its pods ({_gpu_count(own[name])}) would fit on {_where(alone_moves)}, but "
+            if users:
+                why += (f"{', '.join(users)} (freed before it) {'uses' if len(users) == 1 else 'use'} that room: "
+                        "it can be freed instead, not as well")
+                if extra:
+                    why += f"; it would also hold replacements from {', '.join(sorted({s for _, _, s in extra}))}"
+            else:
+                why += (f"with the nodes before it freed it also holds their replacements "
+                        f"({_gpu_count(requests)}{also}) and no room is left for them all")
+            steps.append(step(name, Freeing.CONTENDED, why, own[name]))
+        empty_names = {name for _, _, name in empties}
+        for name in order:
+            requests = own[name]
+            if alone[name] is not None:
+                continue
+            others = _without(room0, name)
+            spare = (f"other non-empty nodes have {sum(f for f, _, _ in others)} free GPU(s), at most "
+                     f"{max((f for f, _, _ in others), default=0)} on one")
+            with_empty = _place(requests, sorted(others + empties))
+            if with_empty is not None:
+                filled = _where(m for m in with_empty[0] if m.to in empty_names)
+                steps.append(step(name, Freeing.NEEDS_EMPTY, "cannot be freed without using an empty node: its pods "
+                                  f"need {_gpu_count(requests)} ({spare}); they would go to {filled}", requests))
+            else:
+                steps.append(step(name, Freeing.NO_ROOM, f"its pods need {_gpu_count(requests)} and fit nowhere, "
+                                  f"not even on an empty node ({spare})", requests))
+    steps.sort(key=lambda s: (_FREEING_ORDER[s.outcome], s.gpu_product, s.position or 0, s.gpus_moved,
+                              s.pods_moved, s.node))
+    return DefragAdvice(steps=tuple(steps))

@@ -1,27 +1,26 @@
 """The GPU map and the cluster dashboard, decided from a snapshot (no ORM, no HTTP, no clock):
 GPUs per node, which node to empty, and the totals per GPU product.
 
-What a defrag job decides once started lives in `capacity.defrag.planning`. At 1,000 nodes
+Which nodes to empty is the defrag planning's `defrag_advice` (the rules a job applies,
+simulated node after node); what a job decides once started lives there too. At 1,000 nodes
 the dashboard shows totals per GPU product and the top candidates, never one row per node
 (that is the GPU map's job, which pages)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from clusters.labels import (
     GPU_PRODUCT_LABEL,
     ISVC_LABEL,
     KNATIVE_SERVICE_LABEL,
-    NODE_POOL_LABELS,
     ORG_LABEL,
     REVISION_LABEL,
 )
-from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+from clusters.snapshot import ClusterSnapshot, PodView
 
-from capacity.defrag.planning import Role, pod_classify
-
+from capacity.defrag.planning import DefragAdvice, Freeing, FreeingStep, Role, defrag_advice, node_pool, pod_classify
 
 # ---- where to defrag: the fragmentation view --------------------------------------------
 
@@ -69,48 +68,23 @@ class NodeRow:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    node: str
-    pool: str
-    frees_whole_node: bool
-    gpus_moved: int
-    pods_moved: int
-    why: str
-
-
-@dataclass(frozen=True)
 class FragmentationView:
     rows: tuple[NodeRow, ...]
-    candidates: tuple[Candidate, ...]
+    advice: DefragAdvice
     pools: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
-
-def node_pool(node: NodeView) -> str:
-    return next((node.labels[k] for k in NODE_POOL_LABELS if node.labels.get(k)),
-                node.labels.get(GPU_PRODUCT_LABEL, "default"))
-
-
-def _fits(requests: Sequence[int], free: list[int]) -> bool:
-    """First-fit decreasing into the given free GPU counts, most-allocated first (as a
-    bin-packing scheduler would place them), without touching empty nodes."""
-    free = sorted(free)
-    for need in sorted(requests, reverse=True):
-        slot = next((i for i, f in enumerate(free) if f >= need), None)
-        if slot is None:
-            return False
-        free[slot] -= need
-        free.sort()
-    return True
+    @property
+    def candidates(self) -> tuple[FreeingStep, ...]:
+        return self.advice.steps
 
 
 def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, int] | None = None,
                        pool: str | None = None) -> FragmentationView:
-    """GPUs per node, the GPU map cells, and the ranked candidates to empty.
+    """GPUs per node, the GPU map cells, and where to defrag.
 
-    A candidate is a node with GPU pods and no blockers; it frees a whole node when all
-    its GPU pods fit into the free GPUs of other schedulable, non-empty nodes of the same
-    GPU product (moving them onto an empty node would only move the fragment). Ranked by
-    freeing a whole node, then fewest GPUs moved, then fewest pods moved.
+    Where to defrag is `defrag_advice` over the whole snapshot (replacements may land in
+    any pool of the GPU product), then limited to the pool shown: which nodes can be freed
+    together, in order, and why the others cannot.
     """
     held_nodes = held_nodes or {}
     rows: list[NodeRow] = []
@@ -134,19 +108,9 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
                             total=node.gpus_allocatable, used=used, cordoned=node.unschedulable,
                             held_by_job=held_nodes.get(node.name), cells=tuple(cells), gpu_pods=len(pods),
                             blockers=blockers))
-    candidates = []
-    for row in rows:
-        if row.used == 0 or row.cordoned or row.held_by_job or row.blockers:
-            continue
-        requests = [p.gpus for p in snapshot.pods_on(row.name) if p.live and p.gpus > 0]
-        others = [r.free for r in rows if r.name != row.name and not r.cordoned and not r.held_by_job
-                  and r.gpu_product == row.gpu_product and r.used > 0 and r.free > 0]
-        whole = _fits(requests, others)
-        why = (f"its {len(requests)} pod(s) fit in the free GPUs of other {row.gpu_product or 'GPU'} nodes"
-               if whole else "its pods would need an empty node: emptying it only moves the fragment")
-        candidates.append(Candidate(node=row.name, pool=row.pool, frees_whole_node=whole, gpus_moved=row.used,
-                                    pods_moved=len(requests), why=why))
-    candidates.sort(key=lambda c: (not c.frees_whole_node, c.gpus_moved, c.pods_moved, c.node))
+    advice = defrag_advice(snapshot, held_nodes=held_nodes)
+    if pool:
+        advice = advice.only({r.name for r in rows})
     pools: dict[str, dict[str, int]] = {}
     for row in rows:
         totals = pools.setdefault(row.pool, {"nodes": 0, "total": 0, "used": 0, "free": 0, "empty_nodes": 0})
@@ -155,7 +119,7 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
         totals["used"] += row.used
         totals["free"] += row.free
         totals["empty_nodes"] += row.used == 0
-    return FragmentationView(rows=tuple(rows), candidates=tuple(candidates), pools=pools)
+    return FragmentationView(rows=tuple(rows), advice=advice, pools=pools)
 
 
 # ---- the dashboard: totals per GPU product ----------------------------------------------
@@ -184,8 +148,13 @@ class ProductTotals:
 @dataclass(frozen=True)
 class GpuSummary:
     products: tuple[ProductTotals, ...]
-    candidates: tuple[Candidate, ...]
-    whole_node_candidates: int
+    candidates: tuple[FreeingStep, ...]   # the first `top` of the advice
+    advice: DefragAdvice
+
+    @property
+    def whole_node_candidates(self) -> int:
+        """Nodes that can be freed together (not each alone)."""
+        return self.advice.count(Freeing.TOGETHER)
 
     @property
     def total(self) -> int:
@@ -218,5 +187,4 @@ def gpu_summary(view: FragmentationView, *, top: int = DASHBOARD_CANDIDATES) -> 
         elif row.free > 0:
             t["fragmented_nodes"] += 1
     products = tuple(ProductTotals(product=name, **t) for name, t in sorted(acc.items()))
-    return GpuSummary(products=products, candidates=view.candidates[:top],
-                      whole_node_candidates=sum(1 for c in view.candidates if c.frees_whole_node))
+    return GpuSummary(products=products, candidates=view.candidates[:top], advice=view.advice)

@@ -65,12 +65,37 @@ def test_dashboard_shows_gpus_orgs_jobs_and_prune_runs(sim_cluster_factory, clie
     # holds is no candidate.
     assert [row[0] for row in cells(html, "candidates")] == ["a1"]
     assert "/admin/capacity/defragjob/start/?cluster=sim&amp;node=a1" in html
+    assert 'href="/savings/clusters/sim/"' in html
+
+
+def test_the_advice_says_how_many_nodes_can_be_freed_together(sim_cluster_factory, client, staff):
+    """Six half-full nodes: each alone could be emptied into the others, but together only
+    three; the empty node is never where their pods are planned to go."""
+    objects = [make_node(n) for n in ("a", "b", "c", "d", "e", "f", "spare")]
+    objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}})
+    objects += [running(make_model_pod(f"{n}-{i}", revision=f"m{n}{i}-00001", node=n, gpus=2))
+                for n in "abcdef" for i in range(2)]
+    sim_cluster_factory(objects, name="sim")
+    html = client.get("/capacity/clusters/sim/").content.decode()
+    advice = re.search(r'<p id="defrag-advice">(.*?)</p>', html).group(1)
+    assert advice == "3 nodes can be freed together; the next 3 each need the room the first ones use."
+    assert [row[:3] for row in cells(html, "candidates")] == [
+        ["a", "h100", "frees a whole node (#1 together)"], ["b", "h100", "frees a whole node (#2 together)"],
+        ["c", "h100", "frees a whole node (#3 together)"], ["d", "h100", "instead of an earlier one, not as well"],
+        ["e", "h100", "instead of an earlier one, not as well"],
+        ["f", "h100", "instead of an earlier one, not as well"]]
+    gpu_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert advice in re.search(r'<p id="map-advice">(.*?)</p>', gpu_map, re.S).group(1)
+    whys = [row[6] for row in cells(gpu_map, "map-candidates")]
+    assert whys[0] == "its 2 pods (4 GPUs) fit on f (4)"
+    assert not any("spare" in why for why in whys)
 
 
 def test_the_admin_home_lists_clusters_with_their_dashboard(sim_cluster_factory, client, staff):
     sim_cluster_factory(objects(), name="sim")
     html = client.get("/admin/").content.decode()
     assert 'href="/capacity/clusters/sim/"' in html and 'href="/capacity/clusters/sim/gpu-map/"' in html
+    assert 'href="/savings/clusters/sim/"' in html
 
 
 def test_unreachable_cluster_is_said_and_the_rest_still_shows(sim_cluster_factory, client, staff):

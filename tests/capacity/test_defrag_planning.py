@@ -7,10 +7,14 @@ import pytest
 
 from defrag_builders import make_model_pod, make_node, make_pod
 from capacity.defrag.planning import (
+    DefragAdvice,
     DefragPlan,
+    Freeing,
+    Move,
     RevisionScale,
     Role,
     blockers_remaining,
+    defrag_advice,
     defrag_plan,
     orphan_patch,
     pod_classify,
@@ -18,7 +22,7 @@ from capacity.defrag.planning import (
     replicaset_ready_pods,
     revision_satisfied,
 )
-from clusters.snapshot import NodeView, PodView
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
 REV = "bt-deployment-qvr7e9w-00001"
 
@@ -240,3 +244,119 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 def test_the_next_step_is_decided_from_the_record(state, next_check, abort, drain, step):
     assert defrag_step_decide(state=state, now=NOW, next_check_at=next_check, abort_pending=abort,
                               drain_requested=drain) == step
+
+
+# ---- where to defrag: what emptying nodes frees, one after the other ---------------------
+
+def advice_for(layout: dict[str, list[int] | str], *, held=()) -> DefragAdvice:
+    """`layout`: node → the GPUs of its model pods (8-GPU H100 nodes). A string instead
+    names a special node: "empty", "cordoned:4" (cordoned, one 4-GPU pod), "a10g:4" (an
+    A10G node), "blocked:4" (a 4-GPU notebook StatefulSet pod)."""
+    nodes, pods = [], []
+    for name, spec in layout.items():
+        kind, _, size = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+        gpus = [int(size)] if size else ([] if kind else spec)
+        nodes.append(make_node(name, unschedulable=kind == "cordoned",
+                               **({"product": "NVIDIA-A10G", "pool": "a10g"} if kind == "a10g" else {})))
+        for i, g in enumerate(gpus):
+            if kind == "blocked":
+                pods.append(make_pod(f"{name}-nb-{i}", node=name, gpus=g, owner=("StatefulSet", f"{name}-nb")))
+            else:
+                pods.append(make_model_pod(f"{name}-{i}", revision=f"m{name}{i}-00001", node=name, gpus=g))
+    return defrag_advice(ClusterSnapshot.build(taken_at=NOW, nodes=[NodeView.from_object(n) for n in nodes],
+                                               pods=[PodView.from_object(p) for p in pods]), held_nodes=held)
+
+
+T, C, E, N = Freeing.TOGETHER, Freeing.CONTENDED, Freeing.NEEDS_EMPTY, Freeing.NO_ROOM
+
+
+@pytest.mark.parametrize("layout, held, outcomes, summary", [
+    pytest.param({**{n: [2, 2] for n in "abcdef"}, "z": "empty"}, (),
+                 {"a": T, "b": T, "c": T, "d": C, "e": C, "f": C},
+                 "3 nodes can be freed together; the next 3 each need the room the first ones use.",
+                 id="six half-full nodes: each alone frees a node, together only three"),
+    pytest.param({"a": [4], "b": [4], "z": "empty"}, (), {"a": T, "b": C},
+                 "1 node can be freed; 1 more needs the room the first one uses.",
+                 id="two nodes whose pods can only move onto each other"),
+    pytest.param({"a": [1], "b": [6], "z": "empty"}, (), {"a": T, "b": C},
+                 "1 node can be freed; 1 more needs the room the first one uses.",
+                 id="a replacement goes to the non-empty node with room, not to the empty one"),
+    pytest.param({"a": [7], "b": [7], "z": "empty"}, (), {"a": E, "b": E},
+                 "No node can be emptied into the free GPUs of other non-empty nodes; "
+                 "2 cannot be freed without using an empty node.",
+                 id="only the empty node has room"),
+    pytest.param({"a": [8]}, (), {"a": N},
+                 "No node can be emptied into the free GPUs of other non-empty nodes; "
+                 "1 cannot be freed at all (no room for its pods, even on empty nodes).",
+                 id="no room anywhere"),
+    pytest.param({"a": [4], "b": "cordoned:4", "c": [4], "z": "empty"}, ("c",), {"a": E},
+                 "No node can be emptied into the free GPUs of other non-empty nodes; "
+                 "1 cannot be freed without using an empty node.",
+                 id="cordoned and job-held nodes are neither room nor candidates"),
+    pytest.param({"a": [4], "b": "a10g:4"}, (), {"a": N, "b": N},
+                 "No node can be emptied into the free GPUs of other non-empty nodes; "
+                 "2 cannot be freed at all (no room for their pods, even on empty nodes).",
+                 id="GPU products do not share room"),
+    pytest.param({"a": "blocked:4", "b": [4]}, (), {"b": T}, "1 node can be freed.",
+                 id="a blocked node is room but no candidate"),
+    pytest.param({"a": [2], "b": [3], "c": [3, 1], "d": [2, 2, 2]}, (), {"a": T, "b": T, "c": C, "d": C},
+                 "2 nodes can be freed together; the next 2 each need the room the first ones use.",
+                 id="smallest first, each reserving the room its pods take"),
+    pytest.param({"z": "empty", "y": "empty"}, (), {},
+                 "No node to empty: every GPU node is empty, cordoned, held by a defrag job or blocked.",
+                 id="nothing to empty"),
+])
+def test_the_advice_simulates_the_candidates_in_order_over_one_snapshot(layout, held, outcomes, summary):
+    advice = advice_for(layout, held=held)
+    assert {s.node: s.outcome for s in advice.steps} == outcomes
+    assert advice.summary == summary
+    empty = {name for name, spec in layout.items() if spec == "empty"}
+    together = [s for s in advice.steps if s.outcome == T]
+    assert [s.position for s in together] == list(range(1, len(together) + 1))
+    for s in together:       # never planned onto an empty node, nor onto a node freed before it
+        assert s.moves and not {m.to for m in s.moves} & (empty | {t.node for t in together[:s.position]})
+    # Room is reserved: what the freed nodes' pods take never exceeds what a node had free.
+    free = {name: 8 - (sum(spec) if isinstance(spec, list) else int(spec.partition(":")[2] or 0))
+            for name, spec in layout.items()}
+    for s in together:
+        for m in s.moves:
+            free[m.to] -= m.gpus
+    assert all(f >= 0 for f in free.values())
+
+
+
+
+@pytest.mark.parametrize("layout, whys", [
+    pytest.param({"a": [4], "b": [4], "z": "empty"}, {
+        "a": "its 1 pod (4 GPUs) fits on b (4)",
+        "b": "on its own its pods (4 GPUs) would fit on a (4), but a (freed before it) uses that room: it can be "
+             "freed instead, not as well; it would also hold replacements from a"}, id="contended"),
+    pytest.param({"a": [7], "b": [7], "z": "empty"}, {
+        "a": "cannot be freed without using an empty node: its pods need 7 GPUs (other non-empty nodes have 1 free "
+             "GPU(s), at most 1 on one); they would go to z (7)"}, id="needs the empty node"),
+    pytest.param({"a": [8], "b": [1]}, {
+        "a": "its pods need 8 GPUs and fit nowhere, not even on an empty node (other non-empty nodes have 7 free "
+             "GPU(s), at most 7 on one)"}, id="no room"),
+    pytest.param({"a": [1], "b": [2], "x": "blocked:1"}, {
+        "a": "its 1 pod (1 GPU) fits on b (1)",
+        "b": "with the 1 node before it freed too, its 2 pods (3 GPUs, 1 of them replacements from a) fit on "
+             "x (3)"}, id="a node freed later takes the replacements it received along"),
+])
+def test_why_names_where_the_pods_go_and_what_takes_the_room(layout, whys):
+    steps = {s.node: s for s in advice_for(layout).steps}
+    assert {node: steps[node].why for node in whys} == whys
+
+
+def test_a_node_freed_later_moves_the_replacements_it_received_and_the_room_they_take():
+    advice = advice_for({"a": [1], "b": [2], "x": "blocked:1"})
+    assert advice.summary == "2 nodes can be freed together."
+    a, b = advice.steps
+    assert a.moves == (Move(pod="org-a/a-0", gpus=1, to="b"),)
+    assert (b.gpus_moved, b.pods_moved, b.position) == (3, 2, 2)
+    assert b.moves == (Move(pod="org-a/b-0", gpus=2, to="x"), Move(pod="org-a/a-0", gpus=1, to="x"))
+
+
+def test_a_pools_advice_keeps_the_clusters_order():
+    advice = advice_for({n: [2, 2] for n in "abcdef"}).only({"b", "e"})
+    assert [(s.node, s.outcome, s.position) for s in advice.steps] == [("b", T, 2), ("e", C, None)]
+    assert advice.summary == "1 node can be freed; 1 more needs the room the first one uses."

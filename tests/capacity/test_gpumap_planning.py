@@ -15,7 +15,7 @@ def snapshot(nodes, pods) -> ClusterSnapshot:
                                  pods=[PodView.from_object(p) for p in pods])
 
 
-def test_fragmentation_ranks_the_node_whose_pods_fit_elsewhere_first():
+def test_where_to_defrag_is_what_freeing_the_nodes_one_after_the_other_frees():
     nodes = [make_node("a"), make_node("b"), make_node("c"), make_node("empty")]
     pods = [
         make_model_pod("a1", revision="big-00001", node="a", gpus=7),   # a: 1 free; 7 fit nowhere but empty
@@ -23,7 +23,13 @@ def test_fragmentation_ranks_the_node_whose_pods_fit_elsewhere_first():
         make_model_pod("c1", revision="small-00001", node="c", gpus=2),  # c: 6 free; 2 fit into b's 3
     ]
     view = fragmentation_view(snapshot(nodes, pods))
-    assert [(c.node, c.frees_whole_node) for c in view.candidates] == [("c", True), ("b", True), ("a", False)]
+    # b and c each fit alone into the other, not both: c (fewer GPUs) first, then b needs its room.
+    assert [(c.node, c.outcome_label) for c in view.candidates] == [
+        ("c", "frees a whole node (#1 together)"), ("b", "instead of an earlier one, not as well"),
+        ("a", "only by using an empty node")]
+    assert view.advice.summary == ("1 node can be freed; 1 more needs the room the first one uses; "
+                                   "1 cannot be freed without using an empty node.")
+    assert gpu_summary(view).whole_node_candidates == 1
     rows = {r.name: r for r in view.rows}
     assert (rows["a"].used, rows["a"].free, rows["empty"].free) == (7, 1, 8)
     assert len(rows["c"].cells) == 8 and rows["c"].cells[1].pod == "org-a/c1" and rows["c"].cells[2].pod is None
@@ -40,10 +46,15 @@ def test_fragmentation_skips_cordoned_held_and_blocked_nodes_and_other_gpu_produ
             make_model_pod("e1", revision="r-00001", node="e", gpus=1)]
     view = fragmentation_view(snapshot(nodes, pods), held_nodes={"c": 7})
     assert [c.node for c in view.candidates] == ["a", "e"]
-    assert not next(c for c in view.candidates if c.node == "e").frees_whole_node  # no other A10G node
+    # a's pod fits on d (whose notebook keeps it from being a candidate); no other A10G node for e
+    assert [(c.node, c.frees_whole_node) for c in view.candidates] == [("a", True), ("e", False)]
+    assert view.candidates[0].moves[0].to == "d"
     rows = {r.name: r for r in view.rows}
     assert rows["b"].cordoned and rows["c"].held_by_job == 7 and rows["d"].blockers == 1
-    assert [r.name for r in fragmentation_view(snapshot(nodes, pods), pool="a10").rows] == ["e"]
+    a10 = fragmentation_view(snapshot(nodes, pods), pool="a10")
+    assert [r.name for r in a10.rows] == ["e"] and [c.node for c in a10.candidates] == ["e"]
+    assert a10.advice.summary == ("No node can be emptied into the free GPUs of other non-empty nodes; "
+                                  "1 cannot be freed at all (no room for its pods, even on empty nodes).")
 
 
 def test_same_org_and_model_get_the_same_colour_on_every_node():
