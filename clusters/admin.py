@@ -1,10 +1,11 @@
 from django.contrib import admin
 
 from clusters.models import Cluster
+from config.admin_display import JsonAsTablesMixin
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("name", "kubeconfig_path", "kube_context", "in_cluster", "prometheus_url",
                     "knative_version", "knative_lever", "kserve_version", "from_environment")
     readonly_fields = ("knative_version", "knative_lever", "knative_lever_reason", "kserve_version",

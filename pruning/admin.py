@@ -5,13 +5,14 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from clusters.errors import KubeError, PrometheusError
+from config.admin_display import JsonAsTablesMixin
 
 from . import selectors, services
 from .charts import CHART_JS, sparkline
 from .models import PruneDecision, PruneRun
 
 
-class DecisionInline(admin.TabularInline):
+class DecisionInline(JsonAsTablesMixin, admin.TabularInline):
     model = PruneDecision
     extra = 0
     can_delete = False
@@ -25,7 +26,7 @@ class DecisionInline(admin.TabularInline):
 
 
 @admin.register(PruneRun)
-class PruneRunAdmin(admin.ModelAdmin):
+class PruneRunAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("id", "cluster", "mode", "status", "evaluated_at", "pods_seen", "busy_pods",
                     "idle_candidates", "planned", "acted", "failed", "kube_api_calls", "duration_seconds")
     list_filter = ("cluster", "mode", "status")
@@ -75,7 +76,7 @@ class PruneRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(PruneDecision)
-class PruneDecisionAdmin(admin.ModelAdmin):
+class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("run", "namespace", "pod", "count", "owner_kind", "owner_name", "decision", "reason", "method",
                     "max_utilization", "result", "event_sent", "restore")
     list_filter = ("decision", "reason", "result", "restore", "owner_kind", "method", "run__cluster", "run__mode")
