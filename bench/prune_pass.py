@@ -1,20 +1,30 @@
-"""Benchmark: one dry-run prune pass over 10,000 GPU pods (2,000 idle) against its floor.
+"""Benchmark: one dry-run prune pass at 10,000 GPU pods with 20 and with 2,000 idle (and at
+5×: 50,000 pods with 100 and 10,000 idle), against its floor.
 
-    .venv/bin/python bench/prune_pass.py [--pods 10000] [--idle 2000] [--repeat 3]
+    .venv/bin/python bench/prune_pass.py [--sizes 10000,50000] [--repeat 5]
 
-Floor, measured in the same run: the pass's one Prometheus query (same PromQL, same
-evaluation time) plus one raw cluster-wide pod LIST over HTTP parsed with orjson.
-The pass: `prune_run_execute` in dry-run mode — query, parse, cluster LISTs, owner walk,
-plan, and the PruneRun/PruneDecision rows written. Target: pass / floor <= 2.
-It also prints the Kubernetes API calls of a pass at two cluster sizes (target: equal).
+Needs `prometheus` and `promtool` on PATH (Debian's prometheus package; `make test`
+installs them). Everything it starts (the simulated cluster, Prometheus, a worker process,
+a SQLite database) lives in one temporary folder, removed at the end.
+
+Per scenario a fresh worker process (so its peak memory is the pass's, not the bench's)
+runs one untimed pass, then `--repeat` passes interleaved with the floor, and reports:
+- the pass: `prune_run_execute` in dry-run mode — both Prometheus queries, the Kubernetes
+  reads the cost model chose, the plan, the PruneRun/PruneDecision rows written;
+- the floor, the cheapest way to do the same reading with the libraries the product
+  uses (urllib3 + orjson): the same two PromQL queries, then, for few idle pods, one GET
+  of each idle pod and of each owner up its chain, for many, one unpaged pod LIST;
+- Kubernetes API calls and Prometheus queries of a pass, bytes received over the network
+  in a pass (every socket read of the process), and the worker's peak RSS.
 Prints figures; not a test.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
-import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,20 +118,6 @@ def history(util: dict, window: timedelta, every: timedelta):
     return out
 
 
-def setup_django(var_dir: str) -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    # A throwaway key for this process: settings refuse to start without one unless
-    # DJANGO_DEBUG is on, and DEBUG would record every SQL query and skew the timings.
-    os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
-    os.environ["VAR_DIR"] = var_dir
-    os.environ["DATABASE_URL"] = f"sqlite:///{var_dir}/bench.sqlite3"
-    os.environ["LOG_LEVEL"] = "WARNING"
-    import django
-    django.setup()
-    from django.core.management import call_command
-    call_command("migrate", verbosity=0)
-
-
 class _Served:
     def __init__(self, url: str, kubeconfig_path: str):
         self.url, self.kubeconfig_path = url, kubeconfig_path
@@ -152,85 +148,177 @@ def served_cluster(docs: list[dict], workdir: Path):
         proc.wait(timeout=30)
 
 
-def median_time(fn, repeat: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+class _Counted:
+    """Bytes received by this process over sockets (HTTP answers of Kubernetes and Prometheus)."""
+    total = 0
+
+    @classmethod
+    def install(cls) -> None:
+        import socket
+
+        recv_into = socket.socket.recv_into
+
+        def counting(self, buffer, *args, **kwargs):
+            n = recv_into(self, buffer, *args, **kwargs)
+            cls.total += n
+            return n
+
+        socket.socket.recv_into = counting
 
 
-def measure(pods: int, idle: int, repeat: int, workdir: Path) -> dict:
-    import orjson
-    import urllib3
+def _vm(field: str) -> int:
+    """KiB, from /proc/self/status (VmRSS now, VmHWM the peak since the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
-    from clusters.kube import KubeGateway
-    from clusters.prometheus import PrometheusGateway
-    from prometheus_fixtures import PrometheusServer
-    from pruning.services import PruneParams, prune_run_execute
-    docs, util = cluster_docs(pods, idle)
-    params = PruneParams(run_mode="dry-run")
-    t0 = time.perf_counter()
-    server = PrometheusServer(workdir / f"prom-{pods}")
-    server.backfill(history(util, timedelta(seconds=params.window_seconds), timedelta(seconds=60)))
-    server.start()
-    setup_s = time.perf_counter() - t0
+
+def worker(args) -> int:
+    """One scenario, in its own process: prints one JSON line of figures."""
+
+    sys.path[:0] = [str(ROOT / "bench")]
+    import _django
+    folder = _django.setup("prune-bench-worker")
     try:
-        with served_cluster(docs, workdir / f"cluster-{pods}") as cluster:
-            kube = KubeGateway.from_kubeconfig(cluster.kubeconfig_path)
-            prom = PrometheusGateway(server.url)
-            promql = params.query().promql()
-            http = urllib3.PoolManager()
+        _Counted.install()
+        import orjson
+        import urllib3
 
-            def raw_list():
-                response = http.request("GET", f"{cluster.url}/api/v1/pods")
-                return orjson.loads(response.data)
+        from clusters.kube import KubeGateway
+        from clusters.prometheus import PrometheusGateway
+        from pruning.query import IdleQuery
+        from pruning.reads import idle_gpus_read
+        from pruning.services import PruneParams, prune_run_execute
 
-            raw_list(), prom.query(promql, at=NOW)  # warm both servers' caches alike
-            # Interleaved, so load from elsewhere on the machine hits floor and pass alike.
-            query_t, list_t, pass_t = [], [], []
-            for _ in range(repeat):
-                query_t.append(median_time(lambda: prom.query(promql, at=NOW), 1)[0])
-                list_s, listed = median_time(raw_list, 1)
-                list_t.append(list_s)
-                pass_s, run = median_time(lambda: prune_run_execute(
-                    kube_gateway=kube, prometheus=prom, params=params, now=NOW, actor="bench"), 1)
-                pass_t.append(pass_s)
-            samples = prom.query(promql, at=NOW)
-            query_s, list_s, pass_s = (statistics.median(x) for x in (query_t, list_t, pass_t))
-            kube.close()
+        now = datetime.fromisoformat(args.now)
+        kube = KubeGateway.from_kubeconfig(args.kubeconfig)
+        prom = PrometheusGateway(args.prometheus)
+        params = PruneParams(run_mode="dry-run", max_scale_downs=10_000)
+        http = urllib3.PoolManager(maxsize=4)
+        api = args.api.rstrip("/")
+
+        def pass_once():
+            return prune_run_execute(kube_gateway=kube, prometheus=prom, params=params, now=now, actor="bench")
+
+        query = params.query()
+
+        def floor_once():
+            candidates = http.request("POST", args.prometheus + "/api/v1/query",
+                                      fields={"query": query.candidates_promql(), "time": str(now.timestamp())},
+                                      encode_multipart=False)
+            pods = [(r["metric"].get("namespace"), r["metric"].get("pod"))
+                    for r in orjson.loads(candidates.data)["data"]["result"] if r["metric"].get("pod")]
+            follow = http.request("POST", args.prometheus + "/api/v1/query",
+                                  fields={"query": query.followup_promql(sorted(pods)), "time": str(now.timestamp())},
+                                  encode_multipart=False)
+            orjson.loads(follow.data)
+            if not args.few:
+                orjson.loads(http.request("GET", f"{api}/api/v1/pods").data)
+                return
+            owners = set()
+            for ns, name in pods:   # each idle pod, then each owner up its chain, once
+                pod = orjson.loads(http.request("GET", f"{api}/api/v1/namespaces/{ns}/pods/{name}").data)
+                ref = pod["metadata"]["ownerReferences"][0]
+                owners.add((ns, "replicasets", ref["name"]))
+            for ns, plural, name in sorted(owners):
+                rs = orjson.loads(http.request("GET", f"{api}/apis/apps/v1/namespaces/{ns}/{plural}/{name}").data)
+                for ref in rs["metadata"].get("ownerReferences") or ():
+                    orjson.loads(http.request("GET", f"{api}/apis/apps/v1/namespaces/{ns}/deployments/{ref['name']}").data)
+
+        rss_before = _vm("VmRSS")   # Django set up, nothing read
+        pass_once()   # untimed: imports, connections, caches warm
+        floor_once()
+        # Peak RSS from here on only (the kernel's high-water mark, reset; ru_maxrss would
+        # also hold the parent's size from before exec).
+        Path("/proc/self/clear_refs").write_text("5")
+        passes, floors, calls, bytes_in, queries = [], [], [], [], 0
+        for _ in range(args.repeat):
+            start_bytes, start = _Counted.total, time.perf_counter()
+            floor_once()
+            floors.append(time.perf_counter() - start)
+            floor_bytes = _Counted.total - start_bytes
+            prom_calls = prom.calls
+            start_bytes, start = _Counted.total, time.perf_counter()
+            run = pass_once()
+            passes.append(time.perf_counter() - start)
+            bytes_in.append(_Counted.total - start_bytes)
+            calls.append(run.kube_api_calls)
+            queries = prom.calls - prom_calls
+        print(json.dumps({
+            "pods_seen": run.pods_seen, "idle": run.idle_candidates, "planned": run.planned,
+            "pass": passes, "floor": floors, "kube_calls": calls, "prom_queries": queries,
+            "bytes": bytes_in, "floor_bytes": floor_bytes,
+            "rss_before_mib": rss_before / 1024, "rss_peak_mib": _vm("VmHWM") / 1024,
+        }))
+        kube.close()
+        return 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def scenario(pods: int, idle: int, repeat: int, workdir: Path) -> dict:
+    from prometheus_fixtures import PrometheusServer
+
+    docs, util = cluster_docs(pods, idle)
+    server = PrometheusServer(workdir / f"prom-{pods}-{idle}")
+    server.backfill(history(util, timedelta(seconds=1800), timedelta(seconds=60)))
+    server.start()
+    try:
+        with served_cluster(docs, workdir / f"cluster-{pods}-{idle}") as cluster:
+            del docs, util
+            done = subprocess.run([sys.executable, __file__, "--worker", "--kubeconfig", cluster.kubeconfig_path,
+                                   "--api", cluster.url, "--prometheus", server.url, "--now", NOW.isoformat(),
+                                   "--repeat", str(repeat)] + (["--few"] if idle * 20 < pods else []),
+                                  capture_output=True, text=True, cwd=ROOT, timeout=3600)
+            if done.returncode:
+                raise RuntimeError(f"worker failed: {done.stderr[-3000:]}")
+            return json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         server.stop()
-    return {"pods": len(listed["items"]), "series": len(samples), "idle_seen": run.idle_candidates,
-            "query_s": query_s, "list_s": list_s, "floor_s": query_s + list_s, "pass_s": pass_s,
-            "ratio": pass_s / (query_s + list_s), "kube_calls": run.kube_api_calls, "setup_s": setup_s,
-            "planned": run.planned}
+
+
+def _mmm(values, fmt="{:.3f}") -> str:
+    return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pods", type=int, default=10_000)
-    ap.add_argument("--idle", type=int, default=2_000)
-    ap.add_argument("--small", type=int, default=1_000, help="second size, for the API call count")
+    ap.add_argument("--sizes", default="10000,50000", help="GPU pods per cluster, comma-separated")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--kubeconfig", "--api", "--prometheus", "--now"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
+    ap.add_argument("--few", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        print("needs prometheus and promtool on PATH (apt-get install prometheus, or make test)", file=sys.stderr)
+        return 2
+    rows = []
     with tempfile.TemporaryDirectory(prefix="prune-bench-") as tmp:
-        setup_django(tmp)
-        results = [measure(args.pods, args.idle, args.repeat, Path(tmp))]
-        if args.small:
-            results.append(measure(args.small, args.small // 5, args.repeat, Path(tmp)))
-    for r in results:
-        print(f"{r['pods']:>6} GPU pods ({r['series']} series in the answer, {r['idle_seen']} looked idle, "
-              f"{r['planned']} owners planned):")
-        print(f"    floor: query {r['query_s']:.3f}s + raw pod LIST {r['list_s']:.3f}s = {r['floor_s']:.3f}s")
-        print(f"    dry-run pass {r['pass_s']:.3f}s  ->  ratio {r['ratio']:.2f} (target <= 2)")
-        print(f"    Kubernetes API calls per pass: {r['kube_calls']}")
-    if len(results) == 2:
-        same = results[0]["kube_calls"] == results[1]["kube_calls"]
-        print(f"API calls independent of pod count: {'yes' if same else 'NO'} "
-              f"({results[1]['kube_calls']} at {results[1]['pods']} pods, "
-              f"{results[0]['kube_calls']} at {results[0]['pods']} pods)")
+        for size in (int(x) for x in args.sizes.split(",")):
+            for idle in (size // 500, size // 5):   # 20 and 2,000 at 10,000 pods
+                r = scenario(size, idle, args.repeat, Path(tmp))
+                rows.append((size, idle, r))
+                ratios = [p / f for p, f in zip(r["pass"], r["floor"])]
+                print(f"{size:>6} pods, {idle:>5} idle ({r['pods_seen']} seen, {r['idle']} looked idle, "
+                      f"{r['planned']} owners planned): pass {_mmm(r['pass'])} s (min/median/max), "
+                      f"floor {_mmm(r['floor'])} s, ratio {_mmm(ratios, '{:.2f}')}; "
+                      f"{r['kube_calls'][-1]} API calls + {r['prom_queries']} queries; "
+                      f"{statistics.median(r['bytes']) / 1000:.1f} kB read (floor {r['floor_bytes'] / 1000:.1f} kB); "
+                      f"peak RSS {r['rss_peak_mib']:.0f} MiB during the timed passes ({r['rss_before_mib']:.0f} MiB before any pass)",
+                      flush=True)
+    by = {(s, i * 500 // s if i * 20 < s else 5): r for s, i, r in rows}
+    sizes = sorted({s for s, _, _ in rows})
+    if len(sizes) == 2:
+        for kind, label in ((1, "few idle"), (5, "many idle")):
+            a, b = by.get((sizes[0], kind)), by.get((sizes[1], kind))
+            if a and b:
+                print(f"growth {sizes[0]} -> {sizes[1]} pods, {label}: pass median "
+                      f"{statistics.median(b['pass']) / statistics.median(a['pass']):.2f}x, floor median "
+                      f"{statistics.median(b['floor']) / statistics.median(a['floor']):.2f}x")
     return 0
 
 

@@ -26,13 +26,16 @@ from .query import IdleAnswer, IdleQuery, parse_candidates, parse_followup
 from .selectors import kserve_stop_supported, object_view, pod_view
 
 # The cost model, in units of one GET of one object. Measured on the simulated cluster at
-# 10,000 pods (bench/prune_pass.py prints the same figures as "read costs"): a pod GET took
-# 0.7–1.4 ms, an unpaged LIST of all 10,000 pods 0.29–0.47 s (29–47 µs a pod) and a LIST of
-# one namespace's 200 pods 10–12 ms. So a LIST costs about one GET plus one GET per 30 pods:
-# listing a namespace of 200 pods pays once 8 or more of them look idle, and listing the
-# whole 10,000-pod cluster once about 330 pods (3.3 %) do.
+# 10,000 pods: a pod GET took 0.7–1.4 ms, an unpaged LIST of all 10,000 pods 0.29–0.47 s
+# (29–47 µs a pod) and a LIST of one namespace's 200 pods 10–12 ms: one GET costs what
+# listing 15 to 48 pods does. The model takes the low end, 15: a LIST also costs the API
+# server and the network per object (a namespace LIST of 200 pods read 180 kB where ten
+# GETs read 15 kB), which a simulated server on loopback underprices. So a namespace of
+# 200 pods is listed once 15 or more of them look idle, and the whole 10,000-pod cluster
+# once about 670 pods (6.7 %) do. bench/prune_pass.py: both sides stay within 2× of their
+# floor at 10,000 and 50,000 pods.
 LIST_COST_GETS = 1.0
-PODS_PER_GET = 30
+PODS_PER_GET = 15
 # Pods per page of a cluster-wide LIST: one page, as the raw-LIST floor reads it.
 LIST_PAGE_SIZE = None
 

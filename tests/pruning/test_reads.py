@@ -33,13 +33,15 @@ class ScopedCounts(KubeGateway):
 @pytest.mark.parametrize("k,per_ns,seen,expected", [
     # 2 idle pods among 1,000 spread over busy namespaces: two GETs.
     ({"a": 2}, {"a": 400}, 1000, ("get", 2)),
-    # 10 of a 20-pod namespace idle: listing it (1 + 20/30 GETs' worth) beats 10 GETs.
+    # 10 of a 20-pod namespace idle: listing it (1 + 20/15 GETs' worth) beats 10 GETs.
     ({"a": 10, "b": 1}, {"a": 20, "b": 500}, 1000, ("namespaces", {"a"})),
     # Most of the cluster idle: one cluster-wide LIST.
     ({"a": 300, "b": 300}, {"a": 400, "b": 400}, 800, ("full", None)),
-    # 3.3 % of 10,000 pods is where the whole cluster is worth listing.
-    ({f"ns{i}": 1 for i in range(320)}, {f"ns{i}": 200 for i in range(50)}, 10_000, ("get", 320)),
-    ({f"ns{i}": 1 for i in range(340)}, {f"ns{i}": 200 for i in range(50)}, 10_000, ("full", None)),
+    # About 6.7 % of 10,000 pods is where the whole cluster is worth listing.
+    ({f"ns{i}": 1 for i in range(660)}, {f"ns{i}": 200 for i in range(50)}, 10_000, ("get", 660)),
+    ({f"ns{i}": 1 for i in range(680)}, {f"ns{i}": 200 for i in range(50)}, 10_000, ("full", None)),
+    # 10 idle in each of two 200-pod namespaces: 20 GETs, not two 200-pod LISTs.
+    ({"a": 10, "b": 10}, {"a": 200, "b": 200}, 10_000, ("get", 20)),
 ])
 def test_the_cheapest_reads_are_chosen(k, per_ns, seen, expected):
     pods = [(ns, f"p{i}") for ns, n in k.items() for i in range(n)]
@@ -56,8 +58,8 @@ def test_the_cheapest_reads_are_chosen(k, per_ns, seen, expected):
 
 @pytest.fixture
 def make_world(tmp_path, prometheus_factory, monkeypatch):
-    # A 42-pod cluster is read here as the measured model reads a ~420-pod one (a GET
-    # costs what listing 3 pods does instead of 30), so that GETs, namespace LISTs and
+    # A 42-pod cluster is read here as the measured model reads a ~210-pod one (a GET
+    # costs what listing 3 pods does instead of 15), so that GETs, namespace LISTs and
     # cluster-wide LISTs each have their turn at a size a test can afford.
     monkeypatch.setattr(reads, "PODS_PER_GET", 3)
     worlds = []
