@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import Prefetch
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -27,14 +29,41 @@ def _confirm(modeladmin, request, *, title, items, button, action=None, selected
         "warning": warning, "cancel_url": reverse("admin:capacity_servedmodel_changelist")})
 
 
+ACTION_NAMES = {"model_redeploy": "redeploy", "revision_delete_old": "delete the old revision",
+                "model_delete_stuck": "delete stuck model", "resource_spec_apply": "resource spec"}
+
+
+def _when(moment) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "-"
+
+
+def action_state(row: RunbookAudit) -> str:
+    """What the panel says of a runbook action: only what is known."""
+    if row.state == RunbookAudit.State.ACTING:
+        if row.acting_expires_at and row.acting_expires_at < clock.now():
+            return (f"acting since {_when(row.at)}: its process stopped before recording the outcome; the next "
+                    "registry sync settles it from the cluster")
+        return f"acting since {_when(row.at)}: the cluster write may be under way"
+    if row.state == RunbookAudit.State.FAILED:
+        return f"failed at {_when(row.settled_at)}: {row.error}"
+    return f"done at {_when(row.settled_at)}" + (f" ({row.error})" if row.error else "")
+
+
 @admin.register(ServedModel)
 class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "kind", "model", "org_slug", "framework", "ready", "revision_summary", "gpus_held",
-                    "blocked_links", "gone", "synced_at")
+    # Five columns that fit a 1366 px laptop beside the filters: what it is, whose, its
+    # state, its revisions, and what an operator can do or has under way on it.
+    list_display = ("served_model", "org_slug_column", "status", "revision_summary", "actions_column")
+    list_display_links = None     # the first column carries its own link
     list_filter = ("cluster", "kind", "ready", "gone", "framework")
     search_fields = ("name", "namespace", "model", "org_slug")
     readonly_fields = [f.name for f in ServedModel._meta.fields]
     actions = ["sync_registry", "redeploy", "delete_stuck"]
+    change_list_template = "capacity/servedmodel_change_list.html"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("cluster").prefetch_related(
+            Prefetch("runbook_actions", queryset=RunbookAudit.objects.order_by("-at", "-id"), to_attr="actions_seen"))
 
     def has_add_permission(self, request):
         return False
@@ -54,18 +83,44 @@ class ServedModelAdmin(admin.ModelAdmin):
     def has_delete_stuck_model_permission(self, request):
         return request.user.has_perm("capacity.delete_stuck_model")
 
+    @admin.display(description="served model (kind, model, framework, cluster)", ordering="name")
+    def served_model(self, obj):
+        return format_html('<a href="{}">{}</a><div class="runbook-sub">{} · model {} · {} · {}</div>',
+                           reverse("admin:capacity_servedmodel_change", args=[obj.pk]), obj, obj.get_kind_display(),
+                           obj.model, obj.framework or "-", obj.cluster)
+
+    @admin.display(description="org", ordering="org_slug")
+    def org_slug_column(self, obj):
+        return obj.org_slug or "-"
+
+    @admin.display(description="status (GPUs held, last sync)", ordering="ready")
+    def status(self, obj):
+        state = "gone from the cluster" if obj.gone else ("Ready" if obj.ready else "not Ready")
+        return format_html("{}<div class=\"runbook-sub\">{} GPU(s) held · synced {}</div>", state, obj.gpus_held,
+                           _when(obj.synced_at))
+
     @admin.display(description="revisions (ready / running / pending)")
     def revision_summary(self, obj):
-        return ", ".join(f"{r['name']}: {'ready' if r['ready'] else 'not ready'}, {r['pods_running']} running, "
-                         f"{r['pods_pending']} pending" for r in obj.revisions) or "-"
-
-    @admin.display(description="pending for GPUs: unblock")
-    def blocked_links(self, obj):
-        if not obj.blocked:
+        if not obj.revisions:
             return "-"
-        return format_html_join(", ", '<a href="{}">delete the old revision {} ({} GPU)</a>', (
-            (reverse("admin:capacity_servedmodel_unblock", args=[obj.pk, b["old_revision"]]), b["old_revision"],
-             b["gpus_held"]) for b in obj.blocked))
+        return format_html_join("", '<div class="runbook-rev">{}: {}, {} running, {} pending</div>', (
+            (r["name"], "ready" if r["ready"] else "not ready", r["pods_running"], r["pods_pending"])
+            for r in obj.revisions))
+
+    @admin.display(description="unblock a Pending revision; runbook actions under way or failed")
+    def actions_column(self, obj):
+        parts = [format_html('<div><a href="{}">delete the old revision {} ({} GPU)</a></div>',
+                             reverse("admin:capacity_servedmodel_unblock", args=[obj.pk, b["old_revision"]]),
+                             b["old_revision"], b["gpus_held"]) for b in obj.blocked]
+        latest: dict[str, RunbookAudit] = {}
+        for row in getattr(obj, "actions_seen", ()):
+            latest.setdefault(row.action, row)
+        for row in latest.values():
+            if row.state != RunbookAudit.State.DONE:
+                parts.append(format_html('<div class="runbook-{}"><a href="{}">{}</a> {}</div>', row.state,
+                                         reverse("admin:capacity_runbookaudit_change", args=[row.pk]),
+                                         ACTION_NAMES.get(row.action, row.action), action_state(row)))
+        return format_html_join("", "{}", ((p,) for p in parts)) if parts else "-"
 
     def get_urls(self):
         return [path("<int:pk>/unblock/<str:revision>/", self.admin_site.admin_view(self.unblock_view),
@@ -92,10 +147,13 @@ class ServedModelAdmin(admin.ModelAdmin):
         for model in models:
             try:
                 services.model_redeploy(model=model, actor=request.user)
-            except KubeError as exc:
-                self.message_user(request, f"{model}: {exc}", messages.ERROR)
+            except services.RunbookUnsettled as exc:
+                self.message_user(request, str(exc), messages.WARNING)
                 continue
-            self.message_user(request, f"{model}: redeploy started")
+            except KubeError as exc:
+                self.message_user(request, f"{model}: redeploy not done: {exc}", messages.ERROR)
+                continue
+            self.message_user(request, f"{model}: redeploy started (a new revision rolls out)")
 
     @admin.action(description="Delete a model stuck deploying (and what it left behind)",
                   permissions=["delete_stuck_model"])
@@ -115,6 +173,9 @@ class ServedModelAdmin(admin.ModelAdmin):
         for model in stuck:
             try:
                 deleted = services.model_delete_stuck(model=model, actor=request.user)
+            except services.RunbookUnsettled as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+                continue
             except (KubeError, services.RunbookRefused) as exc:
                 self.message_user(request, f"{model}: {exc}", messages.ERROR)
                 continue
@@ -133,11 +194,17 @@ class ServedModelAdmin(admin.ModelAdmin):
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             try:
                 done = services.revision_delete_old(model=model, revision=revision, actor=request.user)
+            except services.RunbookUnsettled as exc:
+                self.message_user(request, str(exc), messages.WARNING)
             except (KubeError, services.RunbookRefused) as exc:
                 self.message_user(request, f"{model}: {exc}", messages.ERROR)
             else:
                 self.message_user(request, f"deleted {revision}: {done.pending_revision} can now get its GPUs")
-                services.registry_sync(cluster=model.cluster)
+                try:
+                    services.registry_sync(cluster=model.cluster)
+                except KubeError as exc:
+                    self.message_user(request, f"the registry could not be synced after it ({exc}); the list shows "
+                                               f"the last sync", messages.WARNING)
             return HttpResponseRedirect(changelist)
         return _confirm(self, request, title=f"Delete the old revision {revision} of {model}?",
                         items=[blocked["reason"]], button=f"Delete {revision}", warning=NOT_GRACEFUL)
@@ -168,6 +235,11 @@ class ResourceSpecAdmin(admin.ModelAdmin):
         obj.created_at = clock.now()
         obj.created_by = request.user
         super().save_model(request, obj, form, change)
+        # IMPORTANT: after the admin's transaction commits. Each patch is announced in its own
+        # committed row before it is sent; inside this transaction it would not be.
+        transaction.on_commit(lambda: self._apply(request, obj))
+
+    def _apply(self, request, obj):
         try:
             applied = services.resource_spec_apply(spec=obj, actor=request.user)
         except services.RunbookRefused as exc:
@@ -181,9 +253,15 @@ class ResourceSpecAdmin(admin.ModelAdmin):
 
 @admin.register(RunbookAudit)
 class RunbookAuditAdmin(admin.ModelAdmin):
-    list_display = ("at", "actor", "action", "target", "cluster")
-    list_filter = ("action", "cluster")
-    readonly_fields = [f.name for f in RunbookAudit._meta.fields]
+    list_display = ("at", "actor", "action", "target", "cluster", "outcome")
+    list_display_links = ("at",)
+    list_filter = ("state", "action", "cluster")
+    search_fields = ("target",)
+    readonly_fields = [f.name for f in RunbookAudit._meta.fields] + ["outcome"]
+
+    @admin.display(description="state and outcome", ordering="state")
+    def outcome(self, obj):
+        return format_html('<span class="runbook-{}">{}</span>', obj.state, action_state(obj))
 
     def has_add_permission(self, request):
         return False

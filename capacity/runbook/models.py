@@ -87,7 +87,18 @@ class ResourceSpec(models.Model):
 
 
 class RunbookAudit(models.Model):
-    at = models.DateTimeField(db_index=True, help_text="When it was done (the injected clock).")
+    """One runbook action on a cluster, announced before it is sent: the row is committed
+    `acting` with the target, its before-state and the planned value (the redeploy stamp,
+    the revision's uid) before the Kubernetes write, then moved to `done` or `failed` by
+    a compare-and-set. A row left `acting` by a worker that died holds a lapsed lease; the
+    registry sync settles it from what the cluster really shows."""
+
+    class State(models.TextChoices):
+        ACTING = "acting", "acting (announced; the cluster write may be under way)"
+        DONE = "done", "done"
+        FAILED = "failed", "failed (not done)"
+
+    at = models.DateTimeField(db_index=True, help_text="When it was asked for and announced (the injected clock).")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="The operator who asked.")
     cluster = models.ForeignKey("clusters.Cluster", null=True, on_delete=models.SET_NULL, related_name="+",
@@ -95,11 +106,28 @@ class RunbookAudit(models.Model):
     action = models.CharField(max_length=40, help_text="resource_spec_apply, model_redeploy, "
                                                        "revision_delete_old, model_delete_stuck.")
     target = models.CharField(max_length=300, help_text="What it was done to (namespace/name).")
+    served_model = models.ForeignKey(ServedModel, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="runbook_actions",
+                                     help_text="The registry's model it was done to (shown beside it in the list).")
     old = models.JSONField(default=dict, blank=True, help_text="The values before.")
-    new = models.JSONField(default=dict, blank=True, help_text="The values after, or what was deleted.")
+    new = models.JSONField(default=dict, blank=True,
+                           help_text="While acting: the planned value (redeploy stamp, uid to delete). Once done: "
+                                     "the values after, or what was deleted.")
+    state = models.CharField(max_length=10, choices=State.choices,
+                             help_text="acting: announced and maybe under way; done: the cluster shows it; failed: "
+                                       "it was not done (see error).")
+    error = models.TextField(blank=True, help_text="Why it failed, or how its outcome was learned when the worker "
+                                                   "that sent it could not tell (settled from the cluster).")
+    acting_owner = models.CharField(max_length=200, blank=True,
+                                    help_text="The process carrying it out while acting (host:pid:nonce); "
+                                              "empty once settled.")
+    acting_expires_at = models.DateTimeField(null=True, blank=True,
+                                             help_text="While acting: when its owner's lease lapses and the registry "
+                                                       "sync may settle it from the cluster.")
+    settled_at = models.DateTimeField(null=True, blank=True, help_text="When it became done or failed.")
 
     class Meta:
         ordering = ["-at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.action} {self.target} by {self.actor or 'system'}"
+        return f"{self.action} {self.target} by {self.actor or 'system'} ({self.state})"

@@ -6,6 +6,8 @@
   older revision of the same Knative Service still holds GPUs. The runbook's fix is to
   delete the older revision (not graceful: its pods stop at once, traffic included).
 - `resources_patch`: the merge patch that puts a resource spec on an InferenceService.
+- `merge_patch_holds`, `redeploy_landed`, `deleted`: whether an action announced before
+  its write shows on the cluster (how an action left `acting` by a dead worker is settled).
 
 Inputs are the cluster snapshot's pods and the serving objects as the gateway returns
 them; no ORM, no HTTP.
@@ -24,6 +26,7 @@ from clusters.labels import (
     MODEL_LABEL,
     ORG_LABEL,
     PYNODE_COMPONENT,
+    REDEPLOY_ANNOTATION,
     REVISION_LABEL,
 )
 from clusters.snapshot import PodView
@@ -195,3 +198,50 @@ def resources_patch(isvc: dict, values: ResourceValues) -> dict:
                                       for kind, amounts in values.resources().items()}
         patch["spec"]["predictor"]["containers"] = containers
     return patch
+
+
+# --- what the cluster shows of an action announced before it was sent ----------------------------
+def merge_patch_holds(obj: dict | None, patch: dict) -> bool:
+    """Whether `obj` already reads as `patch` (RFC 7386) would leave it: every value set,
+    every null absent. A merge patch that holds needs no sending, and one that does not
+    hold was not applied (or was overwritten since)."""
+    if obj is None:
+        return False
+    for key, want in patch.items():
+        if want is None:
+            if key in obj:
+                return False
+        elif isinstance(want, dict):
+            have = obj.get(key)
+            if not isinstance(have, dict) or not merge_patch_holds(have, want):
+                return False
+        elif obj.get(key) != want:
+            return False
+    return True
+
+
+def redeploy_patch(kind: str, stamp: str) -> dict:
+    """The redeploy's merge patch: the pod template stamped with `stamp`. An
+    InferenceService carries it on itself (KServe copies its annotations onto the Knative
+    template); a pynode's Knative Service on its template."""
+    annotations = {"annotations": {REDEPLOY_ANNOTATION: stamp}}
+    if kind == "InferenceService":
+        return {"metadata": annotations}
+    return {"spec": {"template": {"metadata": annotations}}}
+
+
+def redeploy_landed(*, obj: dict | None, kind: str, revisions: Iterable[dict], stamp: str) -> bool:
+    """A redeploy landed when its stamp is on the object, or on a revision it made (a later
+    redeploy may have stamped the object again since)."""
+    if merge_patch_holds(obj, redeploy_patch(kind, stamp)):
+        return True
+    return any((_meta(r).get("annotations") or {}).get(REDEPLOY_ANNOTATION) == stamp for r in revisions)
+
+
+def deleted(obj: dict | None, uid: str) -> bool:
+    """A delete guarded by `uid` took effect: the object is gone, being deleted (a
+    foreground delete waits for its dependents), or its name now holds another object."""
+    if obj is None:
+        return True
+    meta = _meta(obj)
+    return meta.get("uid") != uid or bool(meta.get("deletionTimestamp"))

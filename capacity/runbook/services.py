@@ -2,11 +2,21 @@
 redeploy, delete the old revision to unblock a Pending one, delete a stuck model.
 
 Every cluster-changing service takes the operator as `actor`, re-reads what it is about
-to change right before changing it, and leaves a `RunbookAudit` with the old and new.
+to change right before changing it, and announces the change before sending it: a
+`RunbookAudit` row is committed `acting` with the target, its before-state and the planned
+value (the redeploy stamp, the uid to delete), then the write is sent, then the row moves
+to `done` or `failed` by a compare-and-set. A process killed in between leaves the row
+`acting` under a lease that lapses; `runbook_actions_settle` (run by the registry sync)
+then reads the cluster and records what really happened, never sending the write again.
 """
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -15,7 +25,7 @@ from django.db import transaction
 from capacity.runbook import planning
 from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from clusters import kube
-from clusters.errors import Conflict, KubeError, NotFound
+from clusters.errors import Conflict, KubeError, NotFound, describe_failure
 from clusters.labels import KNATIVE_SERVICE_LABEL, REDEPLOY_ANNOTATION, REVISION_UID_LABEL
 from clusters.selectors import snapshot_take
 from config import clock
@@ -31,9 +41,81 @@ class RunbookRefused(Exception):
     """The cluster no longer is in the state the operator confirmed: nothing was done."""
 
 
-def _audit(*, action: str, actor, cluster: Cluster, target: str, old: dict, new: dict) -> RunbookAudit:
-    return RunbookAudit.objects.create(at=clock.now(), actor=actor, cluster=cluster, action=action,
-                                       target=target, old=old, new=new)
+# Seconds an announced action may stay `acting` before the registry sync settles it from
+# the cluster. It covers one write with the gateway's retries (5 attempts, back-off up to
+# 10 s each) and is at most a minute, so a killed process's row is settled at the next
+# registry sync after it lapses.
+ACTING_LEASE_SECONDS = 60
+
+
+class RunbookUnsettled(Exception):
+    """The write was sent but neither its answer nor a read of the cluster says whether it
+    took effect: the action stays `acting` and the registry sync settles it from the cluster."""
+
+
+def _owner(role: str) -> str:
+    return f"{role}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _intent_announce(*, action: str, actor, cluster: Cluster, target: str, model: ServedModel, old: dict,
+                     new: dict) -> RunbookAudit:
+    """Commit the action as `acting` before its write. IMPORTANT: durable, so the row is in
+    the database before anything is sent, whatever happens to this process next."""
+    now = clock.now()
+    with transaction.atomic(durable=True):
+        return RunbookAudit.objects.create(
+            at=now, actor=actor, cluster=cluster, action=action, target=target, served_model=model, old=old, new=new,
+            state=RunbookAudit.State.ACTING, acting_owner=_owner("act"),
+            acting_expires_at=now + timedelta(seconds=ACTING_LEASE_SECONDS))
+
+
+def _intent_settle(row: RunbookAudit, *, state: str, new: dict | None = None, error: str = "",
+                   owner: str | None = None, first_hand: bool = True) -> RunbookAudit:
+    """Move `row` from `acting` to `state`, only while `owner` still holds it (one
+    conditional UPDATE). Lost to someone else: a process that saw its own write answered
+    (`first_hand` and done) knows better than a read made before that write landed, and
+    records done over the other's verdict; otherwise the other's verdict stands."""
+    owner = owner or row.acting_owner
+    fields = dict(state=state, error=error, acting_owner="", acting_expires_at=None, settled_at=clock.now())
+    if new is not None:
+        fields["new"] = new
+    won = RunbookAudit.objects.filter(pk=row.pk, state=RunbookAudit.State.ACTING,
+                                      acting_owner=owner).update(**fields)
+    if not won and first_hand and state == RunbookAudit.State.DONE:
+        current = RunbookAudit.objects.get(pk=row.pk)
+        if current.state != RunbookAudit.State.DONE:
+            fields["error"] = (f"{error} " if error else "") + (
+                f"(the registry sync had taken it over, {current.state}, while the write was still under way; "
+                "the write's own answer says it was done)")
+            RunbookAudit.objects.filter(pk=row.pk, state=current.state,
+                                        acting_owner=current.acting_owner).update(**fields)
+    row.refresh_from_db()
+    return row
+
+
+def _intent_carry_out(row: RunbookAudit, *, write: Callable[[], dict], landed: Callable[[], bool]) -> RunbookAudit:
+    """Send the announced write and settle the row by its answer. A write that failed is
+    checked against the cluster, since a request whose answer was lost may still have been
+    applied: done if the cluster shows it, else failed with the reason (the gateway has
+    already retried transient failures). Raises the write's error when it was not done,
+    `RunbookUnsettled` when not even a read answers."""
+    try:
+        outcome = write()
+    except KubeError as exc:
+        try:
+            happened = landed()
+        except KubeError as read_exc:
+            raise RunbookUnsettled(
+                f"{row.target}: the cluster did not confirm the {row.action} ({describe_failure(exc)}) and could "
+                f"not be read ({describe_failure(read_exc)}); it is recorded as acting and the registry sync "
+                "settles it from the cluster") from exc
+        if happened:
+            return _intent_settle(row, state=RunbookAudit.State.DONE, new={**row.new, "settled": "from the cluster"},
+                                  error=f"the write's answer was lost ({describe_failure(exc)}); the cluster shows it done")
+        _intent_settle(row, state=RunbookAudit.State.FAILED,
+                       error=f"{describe_failure(exc)}; the cluster shows it was not done: nothing was changed")
+        raise
+    return _intent_settle(row, state=RunbookAudit.State.DONE, new=outcome)
 
 
 def _list(gateway: kube.KubeGateway, resource: kube.Resource) -> list[dict]:
@@ -85,7 +167,8 @@ def _entry(model: ServedModel, gateway: kube.KubeGateway) -> planning.ModelEntry
 # --- resource specs ----------------------------------------------------------------------------
 def resource_spec_apply(*, spec: ResourceSpec, actor) -> list[dict]:
     """Patch every deployed InferenceService of `spec.model` with the framework defaults
-    under the spec's overrides: KServe rolls each to a new revision (a redeploy)."""
+    under the spec's overrides: KServe rolls each to a new revision (a redeploy). Each
+    patch is announced before it is sent (the row holds the patch and the predictor before)."""
     gateway = kube.gateway_for(spec.cluster)
     targets = ServedModel.objects.filter(cluster=spec.cluster, model=spec.model, gone=False,
                                          kind=ServedModel.Kind.INFERENCE_SERVICE)
@@ -99,40 +182,117 @@ def resource_spec_apply(*, spec: ResourceSpec, actor) -> list[dict]:
             values = planning.resource_values(framework=target.framework,
                                               defaults=settings.RUNBOOK_RESOURCE_DEFAULTS,
                                               override=spec.override())
-            patch = planning.resources_patch(isvc, values)
-            old = ((isvc.get("spec") or {}).get("predictor") or {})
-            gateway.patch(kube.INFERENCESERVICES, target.name, patch, namespace=target.namespace)
         except (KubeError, ValueError) as exc:
             applied.append({"target": str(target), "error": str(exc)})
             continue
+        patch = planning.resources_patch(isvc, values)
+        old = ((isvc.get("spec") or {}).get("predictor") or {})
+        new = {"resources": values.resources(), "gpu_product": values.gpu_product, "spec": spec.pk,
+               "uid": isvc["metadata"]["uid"], "patch": patch}
+        row = _intent_announce(action="resource_spec_apply", actor=actor, cluster=spec.cluster, target=str(target),
+                               model=target,
+                               old={"resources": (old.get("model") or {}).get("resources"),
+                                    "nodeSelector": old.get("nodeSelector")}, new=new)
+
+        def write(target=target, patch=patch, new=new) -> dict:
+            gateway.patch(kube.INFERENCESERVICES, target.name, patch, namespace=target.namespace)
+            return new
+
+        try:
+            _intent_carry_out(row, write=write, landed=lambda target=target, new=new: _resources_landed(
+                gateway, namespace=target.namespace, name=target.name, new=new))
+        except (KubeError, RunbookUnsettled) as exc:
+            applied.append({"target": str(target), "error": str(exc)})
+            continue
         applied.append({"target": str(target), "resources": values.resources(), "gpu_product": values.gpu_product})
-        _audit(action="resource_spec_apply", actor=actor, cluster=spec.cluster, target=str(target),
-               old={"resources": (old.get("model") or {}).get("resources"), "nodeSelector": old.get("nodeSelector")},
-               new={"resources": values.resources(), "gpu_product": values.gpu_product, "spec": spec.pk})
     spec.applied = applied
     spec.save(update_fields=["applied"])
     return applied
 
 
+def _get(gateway: kube.KubeGateway, resource: kube.Resource, name: str, namespace: str) -> dict | None:
+    try:
+        return gateway.get(resource, name, namespace=namespace)
+    except NotFound:
+        return None
+
+
+def _resources_landed(gateway: kube.KubeGateway, *, namespace: str, name: str, new: dict) -> bool:
+    isvc = _get(gateway, kube.INFERENCESERVICES, name, namespace)
+    return isvc is not None and isvc["metadata"].get("uid") == new["uid"] and \
+        planning.merge_patch_holds(isvc, new["patch"])
+
+
 # --- redeploy ----------------------------------------------------------------------------------
+def _redeploy_resource(kind: str) -> kube.Resource:
+    return kube.INFERENCESERVICES if kind == ServedModel.Kind.INFERENCE_SERVICE else kube.KNATIVE_SERVICES
+
+
+def _redeploy_landed(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, stamp: str) -> bool:
+    obj = _get(gateway, _redeploy_resource(kind), name, namespace)
+    return planning.redeploy_landed(obj=obj, kind=kind, stamp=stamp,
+                                    revisions=_list_in(gateway, kube.REVISIONS, namespace))
+
+
+def _list_in(gateway: kube.KubeGateway, resource: kube.Resource, namespace: str) -> list[dict]:
+    try:
+        return gateway.list(resource, namespace=namespace)
+    except NotFound:
+        return []
+
+
 def model_redeploy(*, model: ServedModel, actor) -> str:
-    """A new revision with no other change: stamp the pod template with the time."""
+    """A new revision with no other change: stamp the pod template with the time. The
+    stamp is announced first; the merge patch sets that one value, so the same patch sent
+    twice makes one revision."""
     gateway = kube.gateway_for(model.cluster)
+    resource = _redeploy_resource(model.kind)
+    current = gateway.get(resource, model.name, namespace=model.namespace)
     stamp = clock.now().isoformat()
-    annotations = {REDEPLOY_ANNOTATION: stamp}
-    if model.kind == ServedModel.Kind.INFERENCE_SERVICE:
-        # KServe copies the InferenceService's annotations onto the Knative template.
-        gateway.patch(kube.INFERENCESERVICES, model.name, {"metadata": {"annotations": annotations}},
-                      namespace=model.namespace)
-    else:
-        gateway.patch(kube.KNATIVE_SERVICES, model.name,
-                      {"spec": {"template": {"metadata": {"annotations": annotations}}}}, namespace=model.namespace)
-    _audit(action="model_redeploy", actor=actor, cluster=model.cluster, target=str(model), old={},
-           new={REDEPLOY_ANNOTATION: stamp})
+    patch = planning.redeploy_patch(model.kind, stamp)
+    before = (current["metadata"].get("annotations") or {}) if model.kind == ServedModel.Kind.INFERENCE_SERVICE \
+        else ((((current.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {})
+    row = _intent_announce(action="model_redeploy", actor=actor, cluster=model.cluster, target=str(model), model=model,
+                           old={REDEPLOY_ANNOTATION: before.get(REDEPLOY_ANNOTATION)},
+                           new={REDEPLOY_ANNOTATION: stamp, "kind": model.kind})
+
+    def write() -> dict:
+        gateway.patch(resource, model.name, patch, namespace=model.namespace)
+        return row.new
+
+    _intent_carry_out(row, write=write, landed=lambda: _redeploy_landed(
+        gateway, kind=model.kind, namespace=model.namespace, name=model.name, stamp=stamp))
     return stamp
 
 
 # --- unblock a Pending deployment ----------------------------------------------------------------
+def _revision_pods_stop(gateway: kube.KubeGateway, *, namespace: str, rev_uid: str) -> tuple[list[str], list[str]]:
+    """Stop the deleted revision's pods now (see `revision_delete_old`): the pods stopped,
+    and those that could not be asked (they stop within their own grace period)."""
+    grace = settings.RUNBOOK_UNBLOCK_GRACE_SECONDS
+    stopped, missed = [], []
+    try:
+        pods = gateway.list(kube.PODS, namespace=namespace, label_selector=f"{REVISION_UID_LABEL}={rev_uid}")
+    except KubeError as exc:
+        return [], [f"its pods could not be listed ({describe_failure(exc)})"]
+    for pod in pods:
+        meta = pod["metadata"]
+        try:
+            gateway.delete(kube.PODS, meta["name"], namespace=namespace, uid=meta["uid"],
+                           grace_period_seconds=grace)
+        except (NotFound, Conflict):
+            continue   # gone, or a new pod under that name: not the one we meant
+        except KubeError as exc:
+            missed.append(f"{meta['name']} ({describe_failure(exc)})")
+            continue
+        stopped.append(meta["name"])
+    return stopped, missed
+
+
+def _revision_gone(gateway: kube.KubeGateway, *, namespace: str, revision: str, uid: str) -> bool:
+    return planning.deleted(_get(gateway, kube.REVISIONS, revision, namespace), uid)
+
+
 def revision_delete_old(*, model: ServedModel, revision: str, actor) -> planning.Unblock:
     """Delete `revision` so the Pending newer revision gets its GPUs. NOT
     graceful: the old revision's pods stop at once (`RUNBOOK_UNBLOCK_GRACE_SECONDS`).
@@ -145,27 +305,26 @@ def revision_delete_old(*, model: ServedModel, revision: str, actor) -> planning
         raise RunbookRefused(f"{revision} is not blocking a Pending revision of {model} any more: nothing deleted")
     rev = gateway.get(kube.REVISIONS, revision, namespace=model.namespace)
     rev_uid = rev["metadata"]["uid"]
-    gateway.delete(kube.REVISIONS, revision, namespace=model.namespace, uid=rev_uid, propagation="Background")
-    # The garbage collector would delete the pods with their own grace period (Knative
-    # sets it to the revision timeout, 300 s by default): the GPUs would stay held, and
-    # the new revision Pending, that long. Stop them now, as an operator's `kubectl delete
-    # revision` is meant to. IMPORTANT: after the revision is gone, so that no
-    # ReplicaSet of it replaces them. A second delete only ever shortens a grace period.
     grace = settings.RUNBOOK_UNBLOCK_GRACE_SECONDS
-    stopped = []
-    for pod in gateway.list(kube.PODS, namespace=model.namespace,
-                            label_selector=f"{REVISION_UID_LABEL}={rev_uid}"):
-        meta = pod["metadata"]
-        try:
-            gateway.delete(kube.PODS, meta["name"], namespace=model.namespace, uid=meta["uid"],
-                           grace_period_seconds=grace)
-        except (NotFound, Conflict):
-            continue   # gone, or a new pod under that name: not the one we meant
-        stopped.append(meta["name"])
-    _audit(action="revision_delete_old", actor=actor, cluster=model.cluster, target=f"{model.namespace}/{revision}",
-           old={"revision": revision, "gpus_held": unblock.gpus_held, "pending_revision": unblock.pending_revision},
-           new={"deleted": revision, "reason": unblock.reason, "pods_stopped": stopped,
-                "grace_seconds": grace})
+    row = _intent_announce(
+        action="revision_delete_old", actor=actor, cluster=model.cluster, target=f"{model.namespace}/{revision}",
+        model=model,
+        old={"revision": revision, "gpus_held": unblock.gpus_held, "pending_revision": unblock.pending_revision},
+        new={"delete": revision, "uid": rev_uid, "reason": unblock.reason, "grace_seconds": grace})
+
+    def write() -> dict:
+        gateway.delete(kube.REVISIONS, revision, namespace=model.namespace, uid=rev_uid, propagation="Background")
+        # The garbage collector would delete the pods with their own grace period (Knative
+        # sets it to the revision timeout, 300 s by default): the GPUs would stay held, and
+        # the new revision Pending, that long. Stop them now, as an operator's `kubectl delete
+        # revision` is meant to. IMPORTANT: after the revision is gone, so that no
+        # ReplicaSet of it replaces them. A second delete only ever shortens a grace period.
+        stopped, missed = _revision_pods_stop(gateway, namespace=model.namespace, rev_uid=rev_uid)
+        return {**row.new, "deleted": revision, "pods_stopped": stopped,
+                **({"pods_not_stopped": missed} if missed else {})}
+
+    _intent_carry_out(row, write=write, landed=lambda: _revision_gone(
+        gateway, namespace=model.namespace, revision=revision, uid=rev_uid))
     return unblock
 
 
@@ -176,35 +335,126 @@ def model_delete_stuck(*, model: ServedModel, actor) -> list[str]:
     if model.kind != ServedModel.Kind.INFERENCE_SERVICE:
         raise RunbookRefused(f"{model} is a {model.kind}, not an InferenceService")
     gateway = kube.gateway_for(model.cluster)
-    try:
-        isvc = gateway.get(kube.INFERENCESERVICES, model.name, namespace=model.namespace)
-    except NotFound:
-        isvc = None
+    isvc = _get(gateway, kube.INFERENCESERVICES, model.name, model.namespace)
     if isvc is not None:
         if planning._ready(isvc):
             raise RunbookRefused(f"{model} is Ready: it is not stuck deploying, nothing deleted")
         if model.uid and isvc["metadata"]["uid"] != model.uid:
             raise RunbookRefused(f"{model} was recreated since the registry saw it: sync and look again")
-    deleted = []
-    if isvc is not None:
-        gateway.delete(kube.INFERENCESERVICES, model.name, namespace=model.namespace,
-                       uid=isvc["metadata"]["uid"], propagation="Foreground")
-        deleted.append(f"InferenceService/{model.name}")
-    # What KServe and Knative left behind, should the garbage collector not get to it.
+    uid = isvc["metadata"]["uid"] if isvc is not None else ""
+    row = _intent_announce(action="model_delete_stuck", actor=actor, cluster=model.cluster, target=str(model),
+                           model=model,
+                           old={"ready": False, "uid": model.uid},
+                           new={"delete": f"InferenceService/{model.name}" if isvc is not None else None, "uid": uid})
+
+    def write() -> dict:
+        deleted = []
+        if isvc is not None:
+            gateway.delete(kube.INFERENCESERVICES, model.name, namespace=model.namespace, uid=uid,
+                           propagation="Foreground")
+            deleted.append(f"InferenceService/{model.name}")
+        left, missed = _leftovers_delete(gateway, model)
+        return {**row.new, "deleted": deleted + left, **({"not_deleted": missed} if missed else {})}
+
+    def landed() -> bool:
+        return isvc is None or _isvc_gone(gateway, model, uid)
+
+    row = _intent_carry_out(row, write=write, landed=landed)
+    model.gone = True
+    model.save(update_fields=["gone"])
+    return row.new.get("deleted", [])
+
+
+def _isvc_gone(gateway: kube.KubeGateway, model: ServedModel, uid: str) -> bool:
+    return planning.deleted(_get(gateway, kube.INFERENCESERVICES, model.name, model.namespace), uid)
+
+
+def _leftovers_delete(gateway: kube.KubeGateway, model: ServedModel) -> tuple[list[str], list[str]]:
+    """What KServe and Knative left behind, should the garbage collector not get to it:
+    deleted, and what could not be (the garbage collector still follows the owner)."""
+    deleted, missed = [], []
     for service in (f"{model.name}-predictor", f"{model.name}-predictor-default"):
         for resource, selector in ((kube.KNATIVE_SERVICES, None), (kube.CONFIGURATIONS, None),
                                    (kube.REVISIONS, f"{KNATIVE_SERVICE_LABEL}={service}")):
-            names = [service] if selector is None else \
-                [r["metadata"]["name"] for r in gateway.list(resource, namespace=model.namespace,
-                                                             label_selector=selector)]
+            try:
+                names = [service] if selector is None else \
+                    [r["metadata"]["name"] for r in gateway.list(resource, namespace=model.namespace,
+                                                                 label_selector=selector)]
+            except KubeError as exc:
+                missed.append(f"{resource.kind} of {service} ({describe_failure(exc)})")
+                continue
             for name in names:
                 try:
                     gateway.delete(resource, name, namespace=model.namespace, propagation="Background")
                     deleted.append(f"{resource.kind}/{name}")
                 except NotFound:
                     pass
-    model.gone = True
-    model.save(update_fields=["gone"])
-    _audit(action="model_delete_stuck", actor=actor, cluster=model.cluster, target=str(model),
-           old={"ready": False, "uid": model.uid}, new={"deleted": deleted})
-    return deleted
+                except KubeError as exc:
+                    missed.append(f"{resource.kind}/{name} ({describe_failure(exc)})")
+    return deleted, missed
+
+
+# --- actions whose process died: settled from the cluster ----------------------------------------
+SETTLED_BY_SYNC = "the process carrying it out stopped before recording its outcome; settled from the cluster: "
+
+
+def runbook_actions_settle(*, cluster: Cluster, now: datetime | None = None,
+                           gateway: kube.KubeGateway | None = None) -> list[RunbookAudit]:
+    """Settle every action of `cluster` left `acting` past its lease, from what the cluster
+    shows: done when it shows the planned change (the stamp on the object or a revision
+    it made, the uid gone), else failed. Nothing announced is sent again, with one
+    exception: a deleted revision's pods are asked to stop now, as the operator confirmed
+    (a delete that only shortens a grace period; the action is still recorded once).
+
+    A redeploy the cluster does not show is failed, not re-sent: it makes a new revision
+    that, on scarce GPUs, waits Pending for the operator to unblock it, so it is sent only
+    while the operator who asked for it is looking. Raises the gateway's errors (the
+    registry task retries the transient ones); a row then stays acting under a new lease."""
+    now = now or clock.now()
+    gateway = gateway or kube.gateway_for(cluster)
+    settled = []
+    stale = RunbookAudit.objects.filter(cluster=cluster, state=RunbookAudit.State.ACTING,
+                                        acting_expires_at__lt=now).order_by("at", "id")
+    for row in stale:
+        owner = _owner("settle")
+        claimed = RunbookAudit.objects.filter(pk=row.pk, state=RunbookAudit.State.ACTING,
+                                              acting_owner=row.acting_owner, acting_expires_at__lt=now).update(
+            acting_owner=owner, acting_expires_at=now + timedelta(seconds=ACTING_LEASE_SECONDS))
+        if not claimed:
+            continue        # its process came back and settled it, or another sync took it
+        row.refresh_from_db()
+        state, new, error = _settle_from_cluster(gateway, row)
+        settled.append(_intent_settle(row, state=state, new=new, error=SETTLED_BY_SYNC + error, owner=owner,
+                                      first_hand=False))
+        logger.info("runbook %s %s on %s settled %s: %s", row.action, row.target, cluster, state, error)
+    return settled
+
+
+def _settle_from_cluster(gateway: kube.KubeGateway, row: RunbookAudit) -> tuple[str, dict, str]:
+    """(state, new, why) for an action whose process died, read from the cluster."""
+    namespace, _, name = row.target.partition("/")
+    planned = row.new
+    done, failed = RunbookAudit.State.DONE, RunbookAudit.State.FAILED
+    if row.action == "model_redeploy":
+        stamp = planned[REDEPLOY_ANNOTATION]
+        if _redeploy_landed(gateway, kind=planned["kind"], namespace=namespace, name=name, stamp=stamp):
+            return done, planned, f"its stamp {stamp} is on the model"
+        return failed, planned, f"its stamp {stamp} is not on the model: nothing was changed (redeploy again)"
+    if row.action == "revision_delete_old":
+        if not _revision_gone(gateway, namespace=namespace, revision=name, uid=planned["uid"]):
+            return failed, planned, f"{name} is still there: nothing was deleted"
+        stopped, missed = _revision_pods_stop(gateway, namespace=namespace, rev_uid=planned["uid"])
+        return done, {**planned, "deleted": name, "pods_stopped": stopped,
+                      **({"pods_not_stopped": missed} if missed else {})},             f"{name} is gone; its remaining pods were asked to stop now"
+    if row.action == "model_delete_stuck":
+        isvc = _get(gateway, kube.INFERENCESERVICES, name, namespace)
+        if planned.get("uid") and not planning.deleted(isvc, planned["uid"]):
+            return failed, planned, f"InferenceService {name} is still there: nothing was deleted"
+        ServedModel.objects.filter(cluster=row.cluster, namespace=namespace, name=name,
+                                   kind=ServedModel.Kind.INFERENCE_SERVICE).update(gone=True)
+        return done, {**planned, "deleted": [planned["delete"]] if planned.get("delete") else []},             f"InferenceService {name} (uid {planned.get('uid')}) is gone or being deleted; what it left behind "             "is the garbage collector's"
+    if row.action == "resource_spec_apply":
+        if _resources_landed(gateway, namespace=namespace, name=name, new=planned):
+            return done, planned, "the InferenceService holds the spec's resources"
+        return failed, planned, "the InferenceService does not hold the spec's resources: nothing was changed"
+    return failed, planned, f"unknown action {row.action!r}: not checked"

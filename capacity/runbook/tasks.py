@@ -1,4 +1,5 @@
-"""Scheduled registry sync: one task per cluster.
+"""Scheduled registry sync: one task per cluster. It first settles the runbook actions a
+dead process left `acting` past their lease, from what the cluster shows, then syncs.
 
 A transient failure (no answer, 5xx, 429) is retried with back-off; a refusal (403, 404,
 422) fails the task with its reason (config.retries)."""
@@ -8,7 +9,7 @@ import logging
 
 from celery import shared_task
 
-from capacity.runbook.services import registry_sync
+from capacity.runbook.services import registry_sync, runbook_actions_settle
 from clusters.selectors import cluster_find, clusters_all
 from config.retries import RetryTransient
 
@@ -30,4 +31,6 @@ def registry_sync_cluster(cluster_id: int) -> int | None:
     if cluster is None:
         log.warning("registry sync: cluster %s no longer exists", cluster_id)
         return None
+    # IMPORTANT: settle before the sync, so a model a settled delete removed is seen gone.
+    runbook_actions_settle(cluster=cluster)
     return len(registry_sync(cluster=cluster))

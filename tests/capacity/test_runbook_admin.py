@@ -128,7 +128,8 @@ def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):
     assert not RunbookAudit.objects.exists()
 
 
-def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world, client):
+def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world, client,
+                                                                          django_capture_on_commit_callbacks):
     handle, crd, core = world
     the_model(handle)
     add = "/admin/capacity/resourcespec/add/"
@@ -137,7 +138,8 @@ def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world
     operator(client)
     assert client.post(add, values).status_code == 403                # needs add_resourcespec
     user = operator(client, "add_resourcespec")
-    response = client.post(add, values)
+    with django_capture_on_commit_callbacks(execute=True):   # the patches follow the spec's commit
+        response = client.post(add, values)
     assert response.status_code == 302, response.content[:2000]
     isvc = crd.get_namespaced_custom_object("serving.kserve.io", "v1beta1", NS, "inferenceservices", "zq86d3o")
     resources = isvc["spec"]["predictor"]["model"]["resources"]
@@ -148,6 +150,7 @@ def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world
     assert spec.created_by == user and spec.applied[0]["target"] == f"{NS}/zq86d3o"
     audit = RunbookAudit.objects.get()
     assert (audit.action, audit.actor, audit.new["resources"]["limits"]["cpu"]) == ("resource_spec_apply", user, "4")
+    assert audit.state == "done" and audit.old["resources"] != audit.new["resources"]
 
 
 def test_a_model_stuck_deploying_is_deleted_with_what_it_left_on_confirmation(world, client):

@@ -112,3 +112,46 @@ def test_the_patch_sets_resources_and_the_gpu_product_and_drops_a_gpu_no_longer_
     cpu_only = rp.resources_patch(target, rp.resource_values(framework="sklearn", defaults=DEFAULTS))
     assert cpu_only["spec"]["predictor"]["model"]["resources"]["limits"]["nvidia.com/gpu"] is None
     assert cpu_only["spec"]["predictor"]["nodeSelector"] == {labels.GPU_PRODUCT_LABEL: None}
+
+
+# --- settling an action from what the cluster shows ---------------------------------------------
+STAMP = "2026-01-02T03:04:05.678901+00:00"
+
+
+@pytest.mark.parametrize("obj,patch,holds", [
+    ({"metadata": {"annotations": {"a": "1", "b": "2"}}}, {"metadata": {"annotations": {"a": "1"}}}, True),
+    ({"metadata": {"annotations": {"a": "0"}}}, {"metadata": {"annotations": {"a": "1"}}}, False),
+    ({"metadata": {}}, {"metadata": {"annotations": {"a": "1"}}}, False),
+    ({"spec": {"sel": {"gpu": "A10G"}}}, {"spec": {"sel": {"gpu": None}}}, False),    # null: must be absent
+    ({"spec": {"sel": {}}}, {"spec": {"sel": {"gpu": None}}}, True),
+    ({"spec": {"containers": [{"name": "m"}]}}, {"spec": {"containers": [{"name": "m"}]}}, True),
+    (None, {"metadata": {}}, False),
+])
+def test_a_merge_patch_holds_when_the_object_reads_as_the_patch_would_leave_it(obj, patch, holds):
+    assert rp.merge_patch_holds(obj, patch) is holds
+
+
+def _stamped(stamp):
+    return {"metadata": {"annotations": {"capacity.io/redeployed-at": stamp}}}
+
+
+@pytest.mark.parametrize("kind,obj,revisions,landed", [
+    ("InferenceService", _stamped(STAMP), [], True),
+    ("InferenceService", _stamped("later"), [_stamped(STAMP)], True),         # stamped again since; its revision
+    ("InferenceService", _stamped("earlier"), [_stamped("earlier")], False),
+    ("InferenceService", None, [], False),
+    ("pynode", {"spec": {"template": _stamped(STAMP)}}, [], True),
+    ("pynode", _stamped(STAMP), [], False),                                   # a pynode's stamp is on its template
+])
+def test_a_redeploy_landed_when_its_stamp_is_on_the_model_or_a_revision(kind, obj, revisions, landed):
+    assert rp.redeploy_landed(obj=obj, kind=kind, revisions=revisions, stamp=STAMP) is landed
+
+
+@pytest.mark.parametrize("obj,gone", [
+    (None, True),
+    ({"metadata": {"uid": "u1"}}, False),
+    ({"metadata": {"uid": "u2"}}, True),                                      # the name holds another object
+    ({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}}, True),   # foreground delete
+])
+def test_a_uid_guarded_delete_took_effect(obj, gone):
+    assert rp.deleted(obj, "u1") is gone
