@@ -9,6 +9,7 @@ from clusters.selectors import snapshot_take
 
 from capacity.defrag.models import LIVE_STATES, DefragJob
 from capacity.gpumap.planning import FragmentationView, fragmentation_view
+from capacity.runbook.models import RunbookAudit
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
@@ -87,3 +88,9 @@ def defrag_drains(*, cluster: Cluster, until: datetime) -> list[dict]:
         drains.append({"node": job.node_name, "job_id": job.pk, "drained_at": job.finished_at,
                        "returned_at": returned, "gpus_moved": moved})
     return drains
+
+
+def clusters_with_lapsed_runbook_actions(*, now: datetime) -> list[int]:
+    """Ids of clusters holding a runbook action left `acting` past its lease (its process died)."""
+    return list(RunbookAudit.objects.filter(state=RunbookAudit.State.ACTING, acting_expires_at__lt=now)
+                .order_by().values_list("cluster_id", flat=True).distinct())

@@ -95,4 +95,13 @@ SCHEDULES: tuple[Periodic, ...] = (
         every_seconds=300,
         description="Sync the model registry (InferenceServices, pynodes, revisions, blocked deployments).",
     ),
+    Periodic(
+        name="capacity: settle interrupted runbook actions",
+        task="capacity.runbook.tasks.runbook_actions_settle_all",
+        # 30 s: with the action's 60 s lease, an action whose process died is settled from the
+        # cluster within 90 s, not at the next registry sync. One indexed query when none is due.
+        every_seconds=30,
+        description="Settle runbook actions left acting by a process that died (lease lapsed) from what the "
+                    "cluster shows: done when the change is there, failed otherwise; nothing is sent twice.",
+    ),
 )

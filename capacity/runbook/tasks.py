@@ -10,7 +10,9 @@ import logging
 from celery import shared_task
 
 from capacity.runbook.services import registry_sync, runbook_actions_settle
+from capacity.selectors import clusters_with_lapsed_runbook_actions
 from clusters.selectors import cluster_find, clusters_all
+from config import clock
 from config.retries import RetryTransient
 
 log = logging.getLogger(__name__)
@@ -34,3 +36,22 @@ def registry_sync_cluster(cluster_id: int) -> int | None:
     # IMPORTANT: settle before the sync, so a model a settled delete removed is seen gone.
     runbook_actions_settle(cluster=cluster)
     return len(registry_sync(cluster=cluster))
+
+
+@shared_task(name="capacity.runbook.tasks.runbook_actions_settle_all")
+def runbook_actions_settle_all() -> int:
+    """Queue a settle for each cluster holding a runbook action whose process died (its
+    `acting` lease lapsed); one indexed query when there is none."""
+    ids = clusters_with_lapsed_runbook_actions(now=clock.now())
+    for pk in ids:
+        runbook_actions_settle_cluster.delay(pk)
+    return len(ids)
+
+
+@shared_task(name="capacity.runbook.tasks.runbook_actions_settle_cluster", base=RetryTransient, retry_backoff=10,
+             retry_backoff_max=120, max_retries=3)
+def runbook_actions_settle_cluster(cluster_id: int) -> int | None:
+    cluster = cluster_find(pk=cluster_id)
+    if cluster is None:
+        return None
+    return len(runbook_actions_settle(cluster=cluster))

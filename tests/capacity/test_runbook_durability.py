@@ -331,3 +331,23 @@ def test_a_writer_whose_answer_came_after_the_sync_settled_it_records_done(world
                                       target=f"{NS}/y", model=None, old={}, new={})
     RunbookAudit.objects.filter(pk=other.pk).update(state="done", acting_owner="")
     assert services._intent_settle(other, state="failed", owner="settle:me", first_hand=False).state == "done"
+
+
+def test_the_settle_beat_settles_a_dead_action_without_waiting_for_the_registry_sync(world, settings, tmp_path,
+                                                                                      celery_eager):
+    from capacity.runbook.tasks import runbook_actions_settle_all
+    from config.schedule import SCHEDULES
+
+    stuck = world.stuck()
+    crash("delete-stuck", stuck, "after-write")
+    assert runbook_actions_settle_all.run() == 0                  # the lease still runs: nothing queued
+    assert the_row("model_delete_stuck").state == "acting"
+
+    offset = tmp_path / "clock-offset"
+    offset.write_text(str(services.ACTING_LEASE_SECONDS + 1))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+    assert runbook_actions_settle_all.run() == 1                  # one cluster queued, settled in the caller
+    assert the_row("model_delete_stuck").state == "done"
+    assert runbook_actions_settle_all.run() == 0                  # nothing left
+    [beat] = [p for p in SCHEDULES if p.task == "capacity.runbook.tasks.runbook_actions_settle_all"]
+    assert beat.every_seconds + services.ACTING_LEASE_SECONDS <= 120
