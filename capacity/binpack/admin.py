@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
 
-from capacity.binpack.planning import FORMULA
+from capacity.binpack.planning import COST_ORDER, FORMULA
 from capacity.binpack.models import BinpackCluster, BinpackRun
 from clusters.errors import KubeError
 from config.actors import actor_describe
+from config.admin_display import json_table_display
 
 
 @admin.register(BinpackRun)
@@ -15,11 +17,30 @@ class BinpackRunAdmin(admin.ModelAdmin):
                     "unchanged", "skipped", "stale", "over_budget", "plan_seconds")
     list_filter = ("cluster", "trigger", "dry_run")
     date_hierarchy = "started_at"
-    readonly_fields = [f.name for f in BinpackRun._meta.fields]
+    # The changes are shown as a table with each pod's reason, not as raw JSON.
+    fields = [*(f.name for f in BinpackRun._meta.fields if f.name not in ("changes", "errors")),
+              "changes_explained", "errors_shown"]
+    readonly_fields = fields
+    errors_shown = json_table_display("errors", "errors")
 
     @admin.display(description="by", ordering="actor")
     def by(self, run: BinpackRun) -> str:
         return actor_describe(run.actor, run.actor_label)
+
+    @admin.display(description="changes and why")
+    def changes_explained(self, run: BinpackRun):
+        """One row per pod: its node, the cost it had and gets, and why it gets that cost."""
+        if not run.changes:
+            return "—"
+        rows = format_html_join("", "<tr><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+            (c.get("namespace", ""), c.get("pod", ""), c.get("node", ""), c.get("old") or "—",
+             "(removed)" if c.get("new") is None else c.get("new"), c.get("reason", ""))
+            for c in run.changes))
+        more = (format_html("<p>The first {} of {} changes are recorded.</p>", len(run.changes), run.planned)
+                if run.planned > len(run.changes) else "")
+        return format_html('<p class="help">{}</p><table id="binpack-changes"><thead><tr><th>Pod</th><th>Node</th>'
+                           "<th>Old cost</th><th>New cost</th><th>Why</th></tr></thead><tbody>{}</tbody></table>{}",
+                           COST_ORDER, rows, more)
 
     def has_add_permission(self, request):
         return False

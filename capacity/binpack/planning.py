@@ -49,9 +49,12 @@ workload) get no cost, and lose ours if they carry it.
 from __future__ import annotations
 
 import zlib
+from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 
 from clusters.labels import (
     BINPACK_MARKER,
@@ -63,6 +66,10 @@ from clusters.labels import (
 )
 from clusters.snapshot import ClusterSnapshot, PodView
 FORMULA = "cost = (node shared with other workloads ? 256 : 0) + pods on node (max 255), times 1024, + crc32(node) % 1024"
+# What a cost orders, and what it does not: the ReplicaSet controller deletes Pending,
+# unready and younger pods before it compares costs (shared/KUBERNETES.md).
+COST_ORDER = ("Lower cost is deleted first among a workload's pods once phase and readiness are equal "
+              "(a Pending or unready pod goes before any cost); Kthena removes the group with the lowest sum first.")
 _CAP = 255
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
 _SKIP_OWNER_KINDS = ("DaemonSet", "Node")
@@ -89,29 +96,13 @@ def pod_cost(*, others: int, own: int, node_name: str) -> int:
     return ((256 if others else 0) + min(others + own, _CAP)) * 1024 + node_tie(node_name)
 
 
-@dataclass(frozen=True)
-class CostChange:
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    workload: str
-    group: str | None
-    old: str | None          # the annotation as it stands ("" when absent)
-    new: int | None          # None: remove our annotation (opted out)
-    reason: str
-
-    def as_dict(self) -> dict:
-        return {"namespace": self.namespace, "pod": self.name, "uid": self.uid, "node": self.node,
-                "workload": self.workload, "group": self.group, "old": self.old, "new": self.new,
-                "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class Skipped:
-    namespace: str
-    name: str
-    reason: str
+def _when(rank: int, of: int) -> str:
+    """1 of 3 → "first", 3 of 3 → "last", 2 of 3 → "2nd"."""
+    if rank == 1:
+        return "first"
+    if rank == of:
+        return "last"
+    return f"{rank}{'th' if 10 <= rank % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(rank % 10, 'th')}"
 
 
 @dataclass(frozen=True)
@@ -124,6 +115,76 @@ class GroupRank:
 
 
 @dataclass(frozen=True)
+class CostBasis:
+    """Why a pod gets its cost: the terms of the formula on its node, and where that node
+    falls in its workload's deletion order (what the controller reading the cost does)."""
+
+    node: str
+    gpus_used: int           # GPUs the node's live pods requested
+    gpus_total: int          # the node's allocatable GPUs
+    own: int                 # pods of the pod's workload on the node
+    others: int              # pods of other workloads on the node
+    cost: int
+    rank: int                # 1: its workload's pods on this node are deleted first
+    of: int                  # nodes holding the workload's costed pods
+    group: GroupRank | None = None   # a grouped pod is removed with its group, by the group's sum
+    groups: int = 0                  # groups of its workload
+
+    @property
+    def order(self) -> str:
+        if self.group is not None:
+            g = self.group
+            when = ("its workload's only group" if self.groups == 1 else
+                    f"removed {_when(g.rank + 1, self.groups)} of its workload's {self.groups} groups")
+            return f"its group {g.group} sums {g.cost} over {g.pods} pod{'' if g.pods == 1 else 's'}: {when}"
+        if self.of == 1:
+            return "its workload's only node"
+        return f"deleted {_when(self.rank, self.of)} of its workload's {self.of} nodes"
+
+    def explain(self) -> str:
+        pods = self.own + self.others
+        counted = f"{_CAP}, capped" if pods > _CAP else str(pods)
+        who = (f"{self.own} of its workload, {self.others} of others: shared, +256 as its workload alone cannot "
+               "free it" if self.others else "all of its workload, no other workload on it")
+        return (f"node {self.node}: {self.gpus_used} of {self.gpus_total} GPUs in use, "
+                f"{pods} pod{'' if pods == 1 else 's'} ({who}) "
+                f"→ {self.order}; cost = ({256 if self.others else 0} + {counted}) × 1024 + "
+                f"{node_tie(self.node)} (node tie-break) = {self.cost}")
+
+    def as_dict(self) -> dict:
+        return {"node": self.node, "gpus_used": self.gpus_used, "gpus_total": self.gpus_total, "own": self.own,
+                "others": self.others, "cost": self.cost, "rank": self.rank, "of": self.of,
+                "group": self.group.group if self.group else None,
+                "group_rank": self.group.rank + 1 if self.group else None, "groups": self.groups or None}
+
+
+@dataclass(frozen=True)
+class CostChange:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    workload: str
+    group: str | None
+    old: str | None          # the annotation as it stands ("" when absent)
+    new: int | None          # None: remove our annotation (opted out)
+    reason: str              # why this value (the basis explained), and what it replaces
+    basis: CostBasis | None = None   # None when our cost is removed
+
+    def as_dict(self) -> dict:
+        return {"namespace": self.namespace, "pod": self.name, "uid": self.uid, "node": self.node,
+                "workload": self.workload, "group": self.group, "old": self.old, "new": self.new,
+                "reason": self.reason, "basis": self.basis.as_dict() if self.basis else None}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    namespace: str
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class BinpackPlan:
     taken_at: datetime
     changes: tuple[CostChange, ...]
@@ -132,14 +193,31 @@ class BinpackPlan:
     groups: tuple[GroupRank, ...]
     over_budget: int = 0     # changes left for the next run because of `max_writes`
     formula: str = FORMULA
+    # (namespace, pod) -> why it gets its cost, for every pod costed, changed or not
+    bases: Mapping[tuple[str, str], CostBasis] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def costs(self) -> dict[tuple[str, str], int]:
         return {(c.namespace, c.name): c.new for c in self.changes if c.new is not None}
 
+    def explain(self, namespace: str, name: str) -> str:
+        """Why the pod gets its cost, whether or not this plan changes it."""
+        basis = self.bases.get((namespace, name))
+        if basis is not None:
+            return basis.explain()
+        skipped = next((s for s in self.skipped if (s.namespace, s.name) == (namespace, name)), None)
+        if skipped is not None:
+            return f"no cost of ours: {skipped.reason}"
+        removed = next((c for c in self.changes if (c.namespace, c.name) == (namespace, name)), None)
+        if removed is not None:
+            return removed.reason
+        return "no cost of ours: not among the live pods with a controller on GPU nodes"
+
     def describe(self) -> list[str]:
-        lines = [f"{c.namespace}/{c.name} on {c.node}: {c.old or '-'} -> "
-                 f"{'(removed)' if c.new is None else c.new} ({c.reason})" for c in self.changes]
+        """One line per change with its reason (a new cost's reason names its node), then the totals."""
+        lines = [f"{c.namespace}/{c.name}: {c.old or '-'} -> {c.new} ({c.reason})" if c.new is not None else
+                 f"{c.namespace}/{c.name} on {c.node}: {c.old or '-'} -> (removed) ({c.reason})"
+                 for c in self.changes]
         lines.append(f"{len(self.changes)} to write, {self.unchanged} unchanged, {len(self.skipped)} skipped"
                      + (f", {self.over_budget} left for the next run (budget)" if self.over_budget else ""))
         return lines
@@ -182,66 +260,110 @@ def _group(pod: PodView, options: BinpackOptions) -> str | None:
     return pod.labels.get(options.group_label) or None
 
 
+def _hand_set(pod: PodView) -> str | None:
+    """The pod's cost when someone other than us set it (no marker, or not the marker's value)."""
+    current = pod.annotations.get(DELETION_COST)
+    marker = pod.annotations.get(BINPACK_MARKER)
+    return current if current is not None and marker != current else None
+
+
 def binpack_plan(snapshot: ClusterSnapshot, *, options: BinpackOptions | None = None) -> BinpackPlan:
     options = options or BinpackOptions()
-    gpu_nodes = {n.name for n in snapshot.nodes if n.gpus_allocatable > 0}
-    changes: list[CostChange] = []
-    skipped: list[Skipped] = []
-    unchanged = 0
-    group_sums: dict[tuple[str, str], list[int]] = defaultdict(list)
+    gpu_nodes = sorted(n.name for n in snapshot.nodes if n.gpus_allocatable > 0)
 
-    for node_name in sorted(gpu_nodes):
+    # First each pod's workload, group and cost, the cost each workload's pods will carry
+    # on each node (ours, or a hand-set one that stays) and each group's sum: the
+    # controller deletes from the cheapest node (or group) first, and each pod's basis
+    # says where its own falls.
+    per_node = []
+    workload_costs: dict[str, dict[str, int]] = defaultdict(dict)
+    group_sums: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for node_name in gpu_nodes:
         pods = [p for p in snapshot.pods_on(node_name)
-                if p.live and not (p.controller and p.controller.kind in _SKIP_OWNER_KINDS)]
+                if p.live and ((c := p.controller) is None or c.kind not in _SKIP_OWNER_KINDS)]
         workloads = [_workload(p) for p in pods]
         per_workload: dict[str | None, int] = defaultdict(int)
         for w in workloads:
             per_workload[w] += 1
+        ours = {w: pod_cost(others=len(pods) - n, own=n, node_name=node_name)
+                for w, n in per_workload.items() if w is not None}
+        records = []
         for pod, workload in zip(pods, workloads):
             if workload is None:
                 continue      # no controller reads its cost
+            out = _opted_out(pod, options)
+            group = _group(pod, options)
+            records.append((pod, workload, group, out))
+            if out:
+                continue
+            hand = _hand_set(pod)
+            value = ours[workload] if hand is None or options.override_manual else parse_cost(hand) or 0
+            known = workload_costs[workload].get(node_name)
+            workload_costs[workload][node_name] = value if known is None else min(known, value)
+            if group:     # Kthena sums a hand-set cost with ours (an invalid value counts as 0)
+                group_sums[(workload, group)].append(value)
+        per_node.append((node_name, len(pods), per_workload, ours, records))
+    ordered = {w: sorted(costs.values()) for w, costs in workload_costs.items()}
+    ranks = _rank_groups(group_sums)
+    group_rank = {(g.workload, g.group): g for g in ranks}
+    groups_of: dict[str, int] = defaultdict(int)
+    for g in ranks:
+        groups_of[g.workload] += 1
+
+    # Then whether each pod's cost changes, and why it is what it is (one basis per
+    # workload, node and group, shared by its pods there). Reasons are written out only
+    # for the changes a run may make (`max_writes`).
+    pending: list[tuple[PodView, str, str | None, str | None, int | None, CostBasis | None, str]] = []
+    skipped: list[Skipped] = []
+    unchanged = 0
+    bases: dict[tuple[str, str], CostBasis] = {}
+    for node_name, count, per_workload, ours, records in per_node:
+        node = snapshot.node(node_name)
+        used = snapshot.gpus_requested(node_name)
+        shared: dict[tuple[str, str | None], CostBasis] = {}
+        for pod, workload, group, out in records:
             current = pod.annotations.get(DELETION_COST)
             marker = pod.annotations.get(BINPACK_MARKER)
-            ours = marker is not None and marker == current
-            manual = current is not None and not ours
-            if _opted_out(pod, options):
-                if ours or (marker is not None and current is None):
-                    changes.append(_change(pod, workload, None, None, "workload opted out: removing our cost",
-                                           options))
+            is_ours = marker is not None and marker == current
+            manual = current is not None and not is_ours
+            if out:
+                if is_ours or (marker is not None and current is None):
+                    pending.append((pod, workload, group, None, None, None, "workload opted out: removing our cost"))
                 else:
                     skipped.append(Skipped(pod.namespace, pod.name, "workload opted out"))
                 continue
             if manual and not options.override_manual:
                 skipped.append(Skipped(pod.namespace, pod.name, f"cost {current!r} set by hand"))
-                group = _group(pod, options)
-                if group:     # Kthena sums it with ours (an invalid value counts as 0)
-                    group_sums[(workload, group)].append(parse_cost(current) or 0)
                 continue
-            own = per_workload[workload]
-            cost = pod_cost(others=len(pods) - own, own=own, node_name=node_name)
-            group = _group(pod, options)
-            if group:
-                group_sums[(workload, group)].append(cost)
-            if current == str(cost) and marker == str(cost):
+            basis = shared.get((workload, group))
+            if basis is None:
+                own = per_workload[workload]
+                basis = shared[(workload, group)] = CostBasis(
+                    node=node_name, gpus_used=used, gpus_total=node.gpus_allocatable if node else 0, own=own,
+                    others=count - own, cost=ours[workload],
+                    rank=bisect_left(ordered[workload], workload_costs[workload][node_name]) + 1,
+                    of=len(ordered[workload]), group=group_rank.get((workload, group)),
+                    groups=groups_of[workload])
+            bases[(pod.namespace, pod.name)] = basis
+            cost = basis.cost
+            if current == str(cost) and marker == current:
                 unchanged += 1
                 continue
-            reason = f"{len(pods) - own} other pod(s) and {own} of its workload on {node_name}"
+            note = ""
             if manual:
-                reason += f"; overriding hand-set cost {current!r}"
+                note = f"; overriding hand-set cost {current!r}"
             elif current is not None and parse_cost(current) is None:
-                reason += f"; replacing invalid cost {current!r}"
-            changes.append(_change(pod, workload, str(current) if current is not None else None, cost, reason,
-                                   options))
+                note = f"; replacing invalid cost {current!r}"
+            pending.append((pod, workload, group, current, cost, basis, note))
 
-    over_budget = max(0, len(changes) - options.max_writes)
-    ranks = _rank_groups(group_sums)
-    return BinpackPlan(taken_at=snapshot.taken_at, changes=tuple(changes[:options.max_writes]),
-                       unchanged=unchanged, skipped=tuple(skipped), groups=ranks, over_budget=over_budget)
-
-
-def _change(pod: PodView, workload: str, old, new, reason: str, options: BinpackOptions) -> CostChange:
-    return CostChange(namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node_name or "",
-                      workload=workload, group=_group(pod, options), old=old, new=new, reason=reason)
+    changes = tuple(
+        CostChange(namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node_name or "", workload=workload,
+                   group=group, old=old, new=new, basis=basis,
+                   reason=basis.explain() + note if basis is not None else note)
+        for pod, workload, group, old, new, basis, note in pending[:options.max_writes])
+    return BinpackPlan(taken_at=snapshot.taken_at, changes=changes, unchanged=unchanged, skipped=tuple(skipped),
+                       groups=ranks, over_budget=max(0, len(pending) - options.max_writes),
+                       bases=MappingProxyType(bases))
 
 
 def _rank_groups(group_sums: dict[tuple[str, str], list[int]]) -> tuple[GroupRank, ...]:

@@ -145,3 +145,81 @@ def test_the_write_budget_caps_a_run_and_says_how_many_wait():
     result = plan(nodes, [make_pod(f"p{i}", "n1") for i in range(10)], max_writes=4)
     assert len(result.changes) == 4 and result.over_budget == 6
     assert "6 left for the next run" in result.describe()[-1]
+
+
+# ---- why a pod gets its cost ----------------------------------------------------------------
+
+def kthena(name, group, node):
+    return make_pod(name, node, owner="sample", kind="ModelServing",
+                    labels={labels.KTHENA_NAME_LABEL: "sample", labels.KTHENA_GROUP_LABEL: group})
+
+
+SPREAD = ([make_node("n-alone"), make_node("n-pair"), make_node("n-busy")],
+          [make_pod("a2", "n-alone"), make_pod("a3", "n-pair"), make_pod("a4", "n-pair"),
+           make_pod("a1", "n-busy"), make_pod("x1", "n-busy", owner="rs-x")])
+
+
+@pytest.mark.parametrize("nodes, pods, pod, why", [
+    pytest.param(*SPREAD, "a2", "node n-alone: 1 of 8 GPUs in use, 1 pod (all of its workload, no other workload on "
+                 "it) → deleted first of its workload's 3 nodes; cost = (0 + 1) × 1024 + 907 (node tie-break) = 1931",
+                 id="the least-used node of its workload is deleted first"),
+    pytest.param(*SPREAD, "a3", "node n-pair: 2 of 8 GPUs in use, 2 pods (all of its workload, no other workload on "
+                 "it) → deleted 2nd of its workload's 3 nodes; cost = (0 + 2) × 1024 + 329 (node tie-break) = 2377",
+                 id="a node in the middle"),
+    pytest.param(*SPREAD, "a1", "node n-busy: 2 of 8 GPUs in use, 2 pods (1 of its workload, 1 of others: shared, "
+                 "+256 as its workload alone cannot free it) → deleted last of its workload's 3 nodes; "
+                 "cost = (256 + 2) × 1024 + 674 (node tie-break) = 264866",
+                 id="a node shared with another workload goes last"),
+    pytest.param(*SPREAD, "x1", "node n-busy: 2 of 8 GPUs in use, 2 pods (1 of its workload, 1 of others: shared, "
+                 "+256 as its workload alone cannot free it) → its workload's only node; "
+                 "cost = (256 + 2) × 1024 + 674 (node tie-break) = 264866", id="a workload on one node"),
+    pytest.param([make_node("n-alone"), make_node("n-h")],
+                 [make_pod("a2", "n-alone"), make_pod("h", "n-h", annotations={labels.DELETION_COST: "1"})], "a2",
+                 "node n-alone: 1 of 8 GPUs in use, 1 pod (all of its workload, no other workload on it) → deleted "
+                 "last of its workload's 2 nodes; cost = (0 + 1) × 1024 + 907 (node tie-break) = 1931",
+                 id="a cost set by hand elsewhere counts in the order"),
+    pytest.param([make_node("empty-ish"), make_node("shared")],
+                 [kthena("sample-0-decode-0-0", "sample-0", "shared"), kthena("sample-0-prefill-0-0", "sample-0", "shared"),
+                  kthena("sample-1-decode-0-0", "sample-1", "empty-ish"),
+                  kthena("sample-1-prefill-0-0", "sample-1", "empty-ish"), make_pod("other", "shared", owner="rs-o")],
+                 "sample-1-decode-0-0",
+                 "node empty-ish: 2 of 8 GPUs in use, 2 pods (all of its workload, no other workload on it) → its "
+                 "group sample-1 sums 4348 over 2 pods: removed first of its workload's 2 groups; "
+                 "cost = (0 + 2) × 1024 + 126 (node tie-break) = 2174", id="a Kthena group goes by its sum"),
+    pytest.param([make_node("n1", gpus=512)], [make_pod(f"p{i}", "n1", owner=f"rs-{i % 2}") for i in range(300)],
+                 "p0", "node n1: 300 of 512 GPUs in use, 300 pods (150 of its workload, 150 of others: shared, +256 "
+                 "as its workload alone cannot free it) → its workload's only node; cost = (256 + 255, capped) × "
+                 "1024 + 236 (node tie-break) = 523500", id="the pod count is capped"),
+])
+def test_each_change_says_why_the_pod_gets_its_cost(nodes, pods, pod, why):
+    result = plan(nodes, pods)
+    change = next(c for c in result.changes if c.name == pod)
+    assert change.reason == why
+    assert result.explain("team", pod) == why
+    assert change.basis.cost == change.new == int(why.rsplit("= ", 1)[1])
+    assert f"team/{pod}: - -> {change.new} ({why})" in result.describe()
+
+
+def test_why_is_also_said_for_pods_the_plan_leaves_as_they_are():
+    nodes = [make_node("n-alone"), make_node("n1")]
+    others = [make_pod("hand", "n1", owner="rs-h", annotations={labels.DELETION_COST: "500"}),
+              make_pod("ds", "n1", owner="dcgm", kind="DaemonSet")]
+    cost = str(plan(nodes, [make_pod("a", "n-alone"), *others]).costs[("team", "a")])
+    result = plan(nodes, [make_pod("a", "n-alone", annotations={labels.DELETION_COST: cost,
+                                                                 labels.BINPACK_MARKER: cost}), *others])
+    assert result.changes == () and result.unchanged == 1
+    assert result.explain("team", "a") == ("node n-alone: 1 of 8 GPUs in use, 1 pod (all of its workload, no other "
+                                           "workload on it) → its workload's only node; cost = (0 + 1) × 1024 + 907 "
+                                           "(node tie-break) = 1931")
+    assert result.explain("team", "hand") == "no cost of ours: cost '500' set by hand"
+    assert result.explain("team", "ds") == "no cost of ours: not among the live pods with a controller on GPU nodes"
+    assert result.explain("team", "nope") == "no cost of ours: not among the live pods with a controller on GPU nodes"
+
+
+def test_overriding_a_hand_set_cost_says_why_and_what_it_replaces():
+    result = plan([make_node("n1")], [make_pod("a", "n1", annotations={labels.DELETION_COST: "500"})],
+                  override_manual=True)
+    (change,) = result.changes
+    assert change.reason == ("node n1: 1 of 8 GPUs in use, 1 pod (all of its workload, no other workload on it) → its "
+                             "workload's only node; cost = (0 + 1) × 1024 + 236 (node tie-break) = 1260; "
+                             "overriding hand-set cost '500'")

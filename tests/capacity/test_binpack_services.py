@@ -4,12 +4,14 @@ workloads are left alone, dry runs write nothing, every run is recorded."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import kubernetes
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
+from django.utils.html import escape
 
 from capacity.binpack import planning as bp
 from clusters import labels
@@ -141,11 +143,20 @@ def test_a_pod_changed_since_the_snapshot_is_not_overwritten(world):
     assert cost_of(core, "a-2") == "42" and errors == []
 
 
+A2_WHY = ("node n2: 1 of 8 GPUs in use, 1 pod (all of its workload, no other workload on it) → deleted first of "
+          "its workload's 2 nodes; cost = (0 + 1) × 1024 + 342 (node tie-break) = 1366")
+
+
 def test_command_dry_run_prints_what_it_would_write_and_writes_nothing(world, capsys):
     handle, core = world
     call_command("binpack", "--cluster", handle.cluster.name, "--dry-run")
-    out = capsys.readouterr().out
-    assert "would write team/a-2 on n2: - ->" in out
+    out = capsys.readouterr().out.splitlines()
+    assert f"would write team/a-2: - -> 1366 ({A2_WHY})" in out
+    # b's other pod carries a hand-set 999, so b-0's node goes last whatever its own cost.
+    assert ("would write team/b-0: - -> 265452 (node n1: 3 of 8 GPUs in use, 3 pods (1 of its workload, 2 of others: "
+            "shared, +256 as its workload alone cannot free it) → deleted last of its workload's 2 nodes; "
+            "cost = (256 + 3) × 1024 + 236 (node tie-break) = 265452)") in out
+    assert out[-2:] == ["4 to write, 0 unchanged, 2 skipped", bp.COST_ORDER]
     assert cost_of(core, "a-2") is None and patches(handle) == 0
     call_command("binpack", "--cluster", handle.cluster.name, "--json")
     report = json.loads(capsys.readouterr().out)
@@ -153,6 +164,39 @@ def test_command_dry_run_prints_what_it_would_write_and_writes_nothing(world, ca
     assert cost_of(core, "a-2") == str(next(c["new"] for c in report["changes"] if c["pod"] == "a-2"))
     runs = list(BinpackRun.objects.order_by("id").values_list("trigger", "dry_run", "written"))
     assert runs == [("command", True, 0), ("command", False, 4)]
+
+
+def test_command_explains_a_pods_cost_whether_or_not_it_changes(world, capsys):
+    handle, core = world
+    pod_deletion_costs_apply(cluster=handle.cluster)
+    call_command("binpack", "--cluster", handle.cluster.name, "--dry-run", "--explain", "team/a-2",
+                 "--explain", "team/b-1", "--explain", "team/c-0")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["0 to write, 4 unchanged, 2 skipped", f"why team/a-2: {A2_WHY}",
+                   "why team/b-1: no cost of ours: cost '999' set by hand",
+                   "why team/c-0: no cost of ours: workload opted out", bp.COST_ORDER]
+    call_command("binpack", "--cluster", handle.cluster.name, "--dry-run", "--json", "--explain", "team/a-2")
+    assert json.loads(capsys.readouterr().out)["explained"] == {"team/a-2": A2_WHY}
+
+
+def test_command_refuses_an_explain_that_names_no_pod_before_reading_the_cluster(world):
+    from django.core.management.base import CommandError
+
+    handle, core = world
+    with pytest.raises(CommandError, match=r"--explain wants NAMESPACE/POD, got 'a-2'"):
+        call_command("binpack", "--cluster", handle.cluster.name, "--explain", "a-2")
+    assert BinpackRun.objects.count() == 0 and handle.gateway.calls[("list", "pods")] == 0
+
+
+def test_the_run_page_shows_each_change_with_why(world, client):
+    handle, core = world
+    run, _ = pod_deletion_costs_apply(cluster=handle.cluster, dry_run=True)
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
+    html = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>",
+                      re.search(r'<table id="binpack-changes">(.*?)</table>', html, re.S).group(1))
+    assert ("team/a-2", "n2", "—", "1366", escape(A2_WHY)) in rows and len(rows) == 4
+    assert escape(bp.COST_ORDER) in html
 
 
 def test_command_names_an_unknown_cluster(world):

@@ -21,12 +21,21 @@ class Command(CliActorMixin, BaseCommand):
         parser.add_argument("--override-manual", action="store_true",
                             help="also overwrite costs an operator set by hand")
         parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+        parser.add_argument("--explain", action="append", default=[], metavar="NAMESPACE/POD",
+                            help="also say why this pod gets its cost, changed or not (repeatable)")
 
     def handle(self, *args, **opts):
+        from capacity.binpack.planning import COST_ORDER
         from capacity.binpack.services import pod_deletion_costs_apply
         from capacity.binpack.models import BinpackRun
         from clusters.selectors import cluster_get
 
+        explain = []
+        for value in opts["explain"]:
+            namespace, _, name = value.partition("/")
+            if not namespace or not name or "/" in name:
+                raise CommandError(f"--explain wants NAMESPACE/POD, got {value!r}")
+            explain.append((namespace, name))
         try:
             cluster = cluster_get(name=opts["cluster"])
         except ObjectDoesNotExist as exc:
@@ -40,13 +49,19 @@ class Command(CliActorMixin, BaseCommand):
         if opts["json"]:
             out = plan.as_dict()
             out.update({"run": run.pk, "dry_run": run.dry_run, "written": run.written, "stale": run.stale,
-                        "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4)})
-            self.stdout.write(json.dumps(out, indent=2))
+                        "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4),
+                        "explained": {f"{ns}/{name}": plan.explain(ns, name) for ns, name in explain}})
+            self.stdout.write(json.dumps(out, indent=2, ensure_ascii=False))
             return
         prefix = "would write " if run.dry_run else ""
-        for line in plan.describe()[:-1]:
+        lines = plan.describe()
+        for line in lines[:-1]:
             self.stdout.write(prefix + line)
-        self.stdout.write(plan.describe()[-1])
+        self.stdout.write(lines[-1])
+        for namespace, name in explain:
+            self.stdout.write(f"why {namespace}/{name}: {plan.explain(namespace, name)}")
+        if len(lines) > 1 or explain:
+            self.stdout.write(COST_ORDER)
         if not run.dry_run:
             self.stdout.write(f"written {run.written}, stale {run.stale}, errors {len(run.errors)} (run {run.pk})")
         for error in run.errors:
