@@ -519,31 +519,53 @@ class DefragAdvice:
         return "; ".join(parts) + "."
 
 
-# Room is a sorted list of (free GPUs, rank, node). Among nodes with the same free GPUs the
-# lowest rank is filled first: nodes that are no candidate, then candidates tried last, so
-# the pods of one freed node do not land on the next one to be freed (moving them twice).
-Room = list[tuple[int, int, str]]
-_NOT_A_CANDIDATE = -(10 ** 9)
+class _Room:
+    """Free GPUs per node, kept sorted as (free GPUs, rank, node). Among nodes with the same
+    free GPUs the lowest rank is filled first: nodes that are no candidate, then candidates
+    tried last, so the pods of one freed node do not land on the next one to be freed
+    (moving them twice). Changed in place: a fleet of 5,000 nodes is not copied per node."""
 
+    NOT_A_CANDIDATE = -(10 ** 9)
 
-def _place(requests: Sequence[tuple[str, int]], room: Room) -> tuple[list[Move], Room] | None:
-    """Best fit, largest pod first, into `room`: the moves and the room left, or None when
-    a pod fits nowhere."""
-    left = list(room)
-    moves: list[Move] = []
-    for pod, gpus in sorted(requests, key=lambda r: (-r[1], r[0])):
-        at = bisect_left(left, (gpus, _NOT_A_CANDIDATE - 1, ""))
-        if at == len(left):
-            return None
-        free, rank, node = left.pop(at)
-        if free > gpus:
-            insort(left, (free - gpus, rank, node))
-        moves.append(Move(pod=pod, gpus=gpus, to=node))
-    return moves, left
+    def __init__(self, entries: Iterable[tuple[int, int, str]]):
+        self.entry = {e[2]: e for e in entries}    # every node in the room, full ones too
+        self.items = sorted(e for e in self.entry.values() if e[0] > 0)
 
+    def take(self, node: str) -> tuple[int, int, str] | None:
+        """Take the node out (it is being freed, or it is the one whose pods look for room)."""
+        entry = self.entry.pop(node, None)
+        if entry is not None and entry[0] > 0:
+            del self.items[bisect_left(self.items, entry)]
+        return entry
 
-def _without(room: Room, node: str) -> Room:
-    return [entry for entry in room if entry[2] != node]
+    def put(self, entry: tuple[int, int, str] | None) -> None:
+        if entry is not None:
+            self.entry[entry[2]] = entry
+            if entry[0] > 0:
+                insort(self.items, entry)
+
+    def place(self, requests: Sequence[tuple[str, int]]) -> list[Move] | None:
+        """Best fit, largest pod first: the moves (their room taken), or None (the room as it was)."""
+        moves: list[Move] = []
+        for pod, gpus in sorted(requests, key=lambda r: (-r[1], r[0])):
+            at = bisect_left(self.items, (gpus, self.NOT_A_CANDIDATE - 1, ""))
+            if at == len(self.items):
+                self.give_back(moves)
+                return None
+            free, rank, node = self.items.pop(at)
+            self.put((free - gpus, rank, node))
+            moves.append(Move(pod=pod, gpus=gpus, to=node))
+        return moves
+
+    def give_back(self, moves: Sequence[Move]) -> None:
+        for move in reversed(moves):
+            free, rank, node = self.take(move.to)
+            self.put((free + move.gpus, rank, node))
+
+    @property
+    def spare(self) -> str:
+        return (f"other non-empty nodes have {sum(e[0] for e in self.items)} free GPU(s), at most "
+                f"{self.items[-1][0] if self.items else 0} on one")
 
 
 def _where(moves: Iterable[Move]) -> str:
@@ -586,41 +608,69 @@ def defrag_advice(snapshot: ClusterSnapshot, *, held_nodes: Collection[str] = ()
                 own[node.name] = [(f"{p.namespace}/{p.name}", p.gpus) for p in pods if p.gpus > 0]
         order = sorted(own, key=lambda n: (_gpus(own[n]), len(own[n]), n))
         rank = {name: -i for i, name in enumerate(order)}
-        room0 = sorted((n.gpus_allocatable - used[n.name], rank.get(n.name, _NOT_A_CANDIDATE), n.name)
-                       for n in open_nodes if n.ready and 0 < used[n.name] < n.gpus_allocatable)
-        empties = [(n.gpus_allocatable, _NOT_A_CANDIDATE, n.name) for n in open_nodes
+        partly_used = [(n.gpus_allocatable - used[n.name], rank.get(n.name, _Room.NOT_A_CANDIDATE), n.name)
+                       for n in open_nodes if n.ready and 0 < used[n.name] < n.gpus_allocatable]
+        empties = [(n.gpus_allocatable, _Room.NOT_A_CANDIDATE, n.name) for n in open_nodes
                    if n.ready and used[n.name] == 0]
-        alone = {name: _place(requests, _without(room0, name)) for name, requests in own.items()}
+        empty_names = {name for _, _, name in empties}
 
         def step(name: str, outcome: str, why: str, requests, **extra) -> FreeingStep:
             return FreeingStep(node=name, pool=pool[name], gpu_product=product, gpus_moved=_gpus(requests),
                                pods_moved=len(requests), outcome=outcome, why=why, **extra)
 
-        room = room0
-        freed: list[tuple[str, list[Move]]] = []
+        # Each candidate on its own: where its pods would go with every other node as it is
+        # now, and, when they fit nowhere but on an empty node, that it needs one.
+        alone: dict[str, list[Move] | None] = {}
+        room, with_empty = _Room(partly_used), _Room(partly_used + empties)
+        for name in order:
+            mine = room.take(name)
+            alone[name] = room.place(own[name])
+            if alone[name] is not None:
+                room.give_back(alone[name])
+            else:
+                spare = room.spare
+                also_mine = with_empty.take(name)
+                filled = with_empty.place(own[name])
+                if filled is not None:
+                    with_empty.give_back(filled)
+                    steps.append(step(name, Freeing.NEEDS_EMPTY, "cannot be freed without using an empty node: "
+                                      f"its pods need {_gpu_count(own[name])} ({spare}); they would go to "
+                                      f"{_where(m for m in filled if m.to in empty_names)}", own[name]))
+                else:
+                    steps.append(step(name, Freeing.NO_ROOM, f"its pods need {_gpu_count(own[name])} and fit "
+                                      f"nowhere, not even on an empty node ({spare})", own[name]))
+                with_empty.put(also_mine)
+            room.put(mine)
+
+        # Then together, in order: a node freed takes the room its pods (and any
+        # replacements it received) go to, and stops being room itself (the job cordons it).
+        position: dict[str, int] = {}                            # node freed -> its place in the order
         received: dict[str, list[tuple[str, int, str]]] = {}   # node -> (pod, GPUs, node it came from)
         for name in (n for n in order if alone[n] is not None):
             extra = received.get(name, [])
             requests = own[name] + [(pod, gpus) for pod, gpus, _ in extra]
             also = (f", {sum(g for _, g, _ in extra)} of them replacements from "
                     f"{', '.join(sorted({src for _, _, src in extra}))}" if extra else "")
-            placed = _place(requests, _without(room, name))
-            if placed is not None:
-                moves, room = placed
-                freed.append((name, moves))
+            mine = room.take(name)
+            moves = room.place(requests)
+            if moves is not None:
+                position[name] = len(position) + 1
                 for move in moves:
                     received.setdefault(move.to, []).append((move.pod, move.gpus, name))
-                before = (f"with the {_plural(len(freed) - 1, 'node', 'nodes')} before it freed too, "
-                          if len(freed) > 1 else "")
+                before = (f"with the {_plural(len(position) - 1, 'node', 'nodes')} before it freed too, "
+                          if len(position) > 1 else "")
                 fit = "fits" if len(requests) == 1 else "fit"
                 steps.append(step(name, Freeing.TOGETHER, f"{before}its {_plural(len(requests), 'pod', 'pods')} "
                                   f"({_gpu_count(requests)}{also}) {fit} on {_where(moves)}",
-                                  requests, moves=tuple(moves), position=len(freed)))
+                                  requests, moves=tuple(moves), position=position[name]))
                 continue
-            alone_moves = alone[name][0]
-            targets = {m.to for m in alone_moves}
-            users = [src for src, moved in freed if src in targets or any(m.to in targets for m in moved)]
-            why = f"on its own its pods ({_gpu_count(own[name])}) would fit on {_where(alone_moves)}, but "
+            room.put(mine)
+            targets = {m.to for m in alone[name]}
+            # The nodes freed before it that are its room, or whose pods took its room.
+            users = sorted({t for t in targets if t in position} | {src for t in targets
+                                                                     for _, _, src in received.get(t, ())},
+                           key=position.__getitem__)
+            why = f"on its own its pods ({_gpu_count(own[name])}) would fit on {_where(alone[name])}, but "
             if users:
                 why += (f"{', '.join(users)} (freed before it) {'uses' if len(users) == 1 else 'use'} that room: "
                         "it can be freed instead, not as well")
@@ -630,22 +680,6 @@ def defrag_advice(snapshot: ClusterSnapshot, *, held_nodes: Collection[str] = ()
                 why += (f"with the nodes before it freed it also holds their replacements "
                         f"({_gpu_count(requests)}{also}) and no room is left for them all")
             steps.append(step(name, Freeing.CONTENDED, why, own[name]))
-        empty_names = {name for _, _, name in empties}
-        for name in order:
-            requests = own[name]
-            if alone[name] is not None:
-                continue
-            others = _without(room0, name)
-            spare = (f"other non-empty nodes have {sum(f for f, _, _ in others)} free GPU(s), at most "
-                     f"{max((f for f, _, _ in others), default=0)} on one")
-            with_empty = _place(requests, sorted(others + empties))
-            if with_empty is not None:
-                filled = _where(m for m in with_empty[0] if m.to in empty_names)
-                steps.append(step(name, Freeing.NEEDS_EMPTY, "cannot be freed without using an empty node: its pods "
-                                  f"need {_gpu_count(requests)} ({spare}); they would go to {filled}", requests))
-            else:
-                steps.append(step(name, Freeing.NO_ROOM, f"its pods need {_gpu_count(requests)} and fit nowhere, "
-                                  f"not even on an empty node ({spare})", requests))
     steps.sort(key=lambda s: (_FREEING_ORDER[s.outcome], s.gpu_product, s.position or 0, s.gpus_moved,
                               s.pods_moved, s.node))
     return DefragAdvice(steps=tuple(steps))
