@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"etcd data, certificates, component logs (default {DEFAULT_STATE_DIR})")
     down = sub.add_parser("down", help="stop the tier that `up` started in --state-dir")
     down.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    compact = sub.add_parser("compact", help="compact etcd's history now, as the apiserver does every 5 minutes "
+                                             "(watches from older versions then get 410 Expired)")
+    compact.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
     args = parser.parse_args(argv)
     if args.command == "build":
         from .build import main as build_main
@@ -38,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--port must be between 0 and 65535")
         from .cluster import up_main
         return up_main(args)
+    if args.command == "compact":
+        from .cluster import compact_main
+        return compact_main(args)
     from .cluster import down_main
     return down_main(args)
 

@@ -31,7 +31,7 @@ def build(seed: int = 7) -> list[dict]:
     docs: list[dict] = [{"apiVersion": "simcluster.io/v1alpha1", "kind": "Simulation",
                          "metadata": {"name": "demo"},
                          "spec": {"placement": "spread", "startup_seconds": 5.0,
-                                  "knative_version": "1.21", "kserve_version": "0.15"}}]
+                                  "knative_version": "1.15", "kserve_version": "0.15"}}]
     docs += [node(f"gpu-h100-{i:02d}", pool="h100", product=H100, gpus=8, cpu="192",
                   memory="2063937Mi", instance_type="p5.48xlarge", zone=f"us-east-1{'ab'[i % 2]}")
              for i in range(8)]

@@ -279,10 +279,13 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
     with pytest.raises(DefragError, match="may not drain"):
         defrag_job_drain(job=job, actor=nobody, now=world.now(), enqueue=False)
 
-    # A PDB that allows no disruption at all: the first evictions get 429.
+    # A PDB that allows no disruption at all: the first evictions get 429. It counts the
+    # orphan too (it keeps the revision's labels): 4 healthy of 4 wanted. Not
+    # `maxUnavailable: 0`: the disruption controller expects the owners' scale (3; the
+    # orphan has no owner), so 4 healthy against 3 expected would allow one eviction.
     world.kube.policy.create_namespaced_pod_disruption_budget(NS, {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "model"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"serving.knative.dev/revision": REVISION}}}})
+        "spec": {"minAvailable": 4, "selector": {"matchLabels": {"serving.knative.dev/revision": REVISION}}}})
     world.advance(1)
     job = defrag_job_drain(job=job, actor=None, delete_node=True, now=world.now(), enqueue=False)
     job = step(world, job)
@@ -290,7 +293,7 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
     assert job.log[-1].endswith("retrying in 2s")            # the job's 2 s poll, not kubectl's 5 s
     assert world.kube.pod_exists(NS, pod.metadata.name)
     assert job.error.startswith("Eviction refused by a PodDisruptionBudget: ")
-    world.kube.policy.patch_namespaced_pod_disruption_budget("model", NS, {"spec": {"maxUnavailable": 1}})
+    world.kube.policy.patch_namespaced_pod_disruption_budget("model", NS, {"spec": {"minAvailable": 3}})
     job = run_until(world, job, {JobState.DRAINED}, dt=5)
     assert job.error == ""                                   # the refusal is over, and so is its message
     assert not world.kube.pod_exists(NS, pod.metadata.name)

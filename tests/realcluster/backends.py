@@ -30,6 +30,9 @@ class Backend:
     kubeconfig_path: str
     advance: Callable[[float], Any] | None = None      # simcluster's clock; None on the real tier
     clock: Callable[[], datetime] | None = None        # simcluster's time; None: the wall clock
+    # Forget the stored history up to now, as etcd's compaction does: simcluster's store,
+    # or the real tier's etcd (`python -m realcluster compact`).
+    compact: Callable[[], Any] | None = None
     api_client: client.ApiClient = field(init=False)
 
     def __post_init__(self) -> None:

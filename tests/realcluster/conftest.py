@@ -82,7 +82,11 @@ def real_tier(tmp_path_factory):
             process.wait()
             time.sleep(0.2)   # let the reader take the last lines
             pytest.fail("realcluster up did not become ready:\n" + "".join(output))
-    backend = Backend("real", str(kubeconfig))
+    def compact() -> None:
+        subprocess.run([sys.executable, "-m", "realcluster", "compact", "--state-dir", str(state / "run")],
+                       cwd=REPO, check=True, capture_output=True)
+
+    backend = Backend("real", str(kubeconfig), compact=compact)
     backend.bring_up_log = "".join(output)
     yield backend
     process.terminate()
@@ -101,8 +105,10 @@ def sim_tier(tmp_path_factory):
     kubeconfig = tmp_path_factory.mktemp("simcluster") / "kubeconfig"
     with running_cluster(str(SCENARIO), kubeconfig_out=kubeconfig) as url:
         control = SimControl(url)
+        store = url.sim.store
         yield Backend("simcluster", str(kubeconfig), advance=control.advance,
-                      clock=lambda: datetime.fromisoformat(control.clock().replace("Z", "+00:00")))
+                      clock=lambda: datetime.fromisoformat(control.clock().replace("Z", "+00:00")),
+                      compact=lambda: store.compact(store.resource_version))
 
 
 @pytest.fixture

@@ -237,6 +237,87 @@ def test_eviction_respects_the_disruption_budget_of_ready_pods(tiers):
     assert seen["simcluster"] == seen["real"]
 
 
+# --- a budget's expected pods: the owners' scale, not the pods selected ---------------------------------
+def _status(kube: Backend, ns: str, name: str, healthy: int) -> tuple:
+    def settled():
+        pdb = kube.policy.read_namespaced_pod_disruption_budget(name, ns)
+        status = pdb.status
+        if status and status.observed_generation == pdb.metadata.generation and status.current_healthy == healthy:
+            return (status.current_healthy, status.desired_healthy, status.expected_pods,
+                    status.disruptions_allowed)
+        return None
+    return kube.settle(settled, what=f"PDB {name} seeing {healthy} healthy pods")
+
+
+def pdb_expected_pods(kube: Backend) -> dict:
+    """Three ready pods of a ReplicaSet and one orphan of it still Ready, all selected by a
+    budget: what each kind of budget expects and allows (upstream's getExpectedPodCount);
+    then a budget over DaemonSet pods, whose owner has no scale."""
+    ns = kube.namespace_create("pdb-scale")
+    rs = _replicaset("web", 3, labels={"app": "web", "tier": "gpu"})
+    rs.spec.selector = client.V1LabelSelector(match_labels={"app": "web"})
+    kube.apps.create_namespaced_replica_set(ns, rs)
+    pods = _wait_ready(kube, ns, "app=web", 3)
+    observed = {}
+    kube.policy.create_namespaced_pod_disruption_budget(ns, client.V1PodDisruptionBudget(
+        metadata=client.V1ObjectMeta(name="gpu"),
+        spec=client.V1PodDisruptionBudgetSpec(max_unavailable=0,
+                                              selector=client.V1LabelSelector(match_labels={"tier": "gpu"}))))
+    observed["maxUnavailable 0"] = _status(kube, ns, "gpu", 3)
+    # Orphan one pod: it leaves the ReplicaSet's selector (which replaces it) but keeps the budget's.
+    kube.core.patch_namespaced_pod(pods[0].metadata.name, ns, {"metadata": {"labels": {"app": None}}})
+    _wait_ready(kube, ns, "app=web", 3)
+    observed["maxUnavailable 0, orphan Ready"] = _status(kube, ns, "gpu", 4)
+    for field, value in (("maxUnavailable", "50%"), ("minAvailable", "50%"), ("minAvailable", 2)):
+        other = "minAvailable" if field == "maxUnavailable" else "maxUnavailable"
+        kube.policy.patch_namespaced_pod_disruption_budget("gpu", ns, {"spec": {field: value, other: None}})
+        observed[f"{field} {value}, orphan Ready"] = _status(kube, ns, "gpu", 4)
+    observed["minAvailable 2: evict the orphan"] = _evict(kube, ns, pods[0].metadata.name)["code"]
+
+    kube.apps.create_namespaced_daemon_set(ns, client.V1DaemonSet(
+        metadata=client.V1ObjectMeta(name="agent"),
+        spec=client.V1DaemonSetSpec(
+            selector=client.V1LabelSelector(match_labels={"app": "agent"}),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels={"app": "agent"}),
+                spec=client.V1PodSpec(node_selector={"kubernetes.io/hostname": "gpu-a"}, containers=[
+                    client.V1Container(name="agent", image="dev.local/agent:1",
+                                       resources=client.V1ResourceRequirements(requests={"cpu": "10m"}))])))))
+    _wait_ready(kube, ns, "app=agent", 1)
+    kube.policy.create_namespaced_pod_disruption_budget(ns, client.V1PodDisruptionBudget(
+        metadata=client.V1ObjectMeta(name="agent"),
+        spec=client.V1PodDisruptionBudgetSpec(max_unavailable=1,
+                                              selector=client.V1LabelSelector(match_labels={"app": "agent"}))))
+
+    def sync_failed():
+        pdb = kube.policy.read_namespaced_pod_disruption_budget("agent", ns)
+        conditions = {c.type: c for c in (pdb.status.conditions if pdb.status else None) or []}
+        found = conditions.get("DisruptionAllowed")
+        if found is not None and found.reason == "SyncFailed":
+            return (pdb.status.disruptions_allowed, found.status, found.reason, found.message)
+        return None
+    observed["DaemonSet pods, maxUnavailable 1"] = kube.settle(sync_failed, what="PDB agent failing its sync")
+    return observed
+
+
+def test_a_budgets_expected_pods_come_from_the_owners_scale(tiers):
+    # pkg/controller/disruption/disruption.go getExpectedPodCount: maxUnavailable and a
+    # percentage minAvailable expect the controllers' scale (3; the orphan has none), an
+    # integer minAvailable the pods selected (4).
+    seen = {name: pdb_expected_pods(kube) for name, kube in tiers.items()}
+    assert seen["real"] == {
+        "maxUnavailable 0": (3, 3, 3, 0),
+        "maxUnavailable 0, orphan Ready": (4, 3, 3, 1),
+        "maxUnavailable 50%, orphan Ready": (4, 1, 3, 3),
+        "minAvailable 50%, orphan Ready": (4, 2, 3, 2),
+        "minAvailable 2, orphan Ready": (4, 2, 4, 2),
+        "minAvailable 2: evict the orphan": 201,
+        "DaemonSet pods, maxUnavailable 1": (0, "False", "SyncFailed",
+                                             "daemonsets.apps does not implement the scale subresource"),
+    }
+    assert seen["simcluster"] == seen["real"]
+
+
 # --- eviction of a Running pod that is not Ready ------------------------------------------------------
 def _mark_unready(kube: Backend, ns: str, name: str) -> None:
     # What a failing readiness probe does: the kubelet writes Ready=False into status.

@@ -53,7 +53,7 @@ def test_pools_orgs_and_workloads_are_there(demo):
     assert all(1 <= models[o.metadata.name] <= 4 for o in orgs)
     versions = {ns.metadata.name: ns.metadata.labels.get("app.kubernetes.io/version")
                 for ns in core.list_namespace().items}
-    assert versions["knative-serving"] == "1.21.0" and versions["kserve"] == "v0.15.0"
+    assert versions["knative-serving"] == "1.15.0" and versions["kserve"] == "v0.15.0"
 
 
 def test_everything_that_fits_is_running_after_a_minute(demo):
