@@ -15,6 +15,7 @@ from clusters import kube
 from clusters.errors import KubeError, NotFound
 from clusters.selectors import cluster_find, clusters_all
 from config.actors import actor_describe
+from config.admin_display import JsonAsTablesMixin
 
 from capacity.defrag.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag.services import (
@@ -63,13 +64,13 @@ class OrphanInline(ReadOnlyInline):
     exclude = ["owner_references"]
 
 
-class AuditInline(ReadOnlyInline):
+class AuditInline(JsonAsTablesMixin, ReadOnlyInline):
     model = DefragAudit
     readonly_fields = [f.name for f in DefragAudit._meta.fields]
 
 
 @admin.register(DefragJob)
-class DefragJobAdmin(admin.ModelAdmin):
+class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
     list_filter = ["state", "cluster"]
     search_fields = ["node_name"]

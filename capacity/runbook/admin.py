@@ -16,6 +16,7 @@ from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 from capacity.runbook import services
 from clusters.errors import KubeError
 from config import clock
+from config.admin_display import JsonAsTablesMixin
 
 NOT_GRACEFUL = ("This is NOT graceful: the old revision's pods stop at once, with the requests they are "
                 "serving, so the Pending revision can get their GPUs. It is the easiest way to update a "
@@ -50,7 +51,7 @@ def action_state(row: RunbookAudit) -> str:
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):
+class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     # Five columns that fit a 1366 px laptop beside the filters: what it is, whose, its
     # state, its revisions, and what an operator can do or has under way on it.
     list_display = ("served_model", "org_slug_column", "status", "revision_summary", "actions_column")
@@ -252,7 +253,7 @@ class ResourceSpecAdmin(admin.ModelAdmin):
 
 
 @admin.register(RunbookAudit)
-class RunbookAuditAdmin(admin.ModelAdmin):
+class RunbookAuditAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("at", "actor", "action", "target", "cluster", "outcome")
     list_display_links = ("at",)
     list_filter = ("state", "action", "cluster")

@@ -81,6 +81,7 @@ def test_admin_start_shows_the_report_then_confirm_creates_the_job(sim_cluster_f
     assert progress["state"] == "confirmed" and "Proceed with defrag? (y/n): y" in progress["log"]
     page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
     assert "progress.json" in page and "Abort…" in page
+    assert 'class="json-table' in page and "&quot;" not in page.split('class="json-table', 1)[1][:200]
 
 
 def test_drain_page_needs_its_own_permission(sim_cluster_factory, client, django_user_model):

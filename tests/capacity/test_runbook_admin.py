@@ -108,6 +108,14 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     stopped = RunbookAudit.objects.get(action="revision_delete_old").new["pods_stopped"]
     assert [name.startswith("zq86d3o-predictor-00001-deployment-") for name in stopped] == [True]
 
+    # The detail pages show what was recorded as tables, not raw JSON.
+    client.force_login(User.objects.filter(is_superuser=True).first() or User.objects.create_superuser("root"))
+    row = RunbookAudit.objects.get(action="revision_delete_old")
+    detail = client.get(f"/admin/capacity/runbookaudit/{row.pk}/change/").content.decode()
+    assert 'class="json-table' in detail and stopped[0] in detail and '"pods_stopped"' not in detail
+    detail = client.get(f"/admin/capacity/servedmodel/{model.pk}/change/").content.decode()
+    assert 'class="json-table' in detail and "zq86d3o-predictor-00002" in detail
+
 
 def test_redeploy_needs_its_permission(world, client):
     handle, crd, core = world
