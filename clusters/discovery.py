@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 
 from clusters import kube
 from clusters.errors import KubeError, NotFound
+from clusters.labels import APP_VERSION_LABEL, RELEASE_LABEL
 from clusters.models import Cluster
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ MAX_AGE = timedelta(minutes=15)
 
 KNATIVE_NAMESPACE = "knative-serving"
 KNATIVE_CONTROLLER = "controller"
-VERSION_LABELS = ("app.kubernetes.io/version", "serving.knative.dev/release")
+VERSION_LABELS = (APP_VERSION_LABEL, RELEASE_LABEL)  # in order of preference
 
 
 @dataclass(frozen=True)

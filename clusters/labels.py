@@ -29,6 +29,7 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 KNATIVE_SERVICE_LABEL = "serving.knative.dev/service"
 REVISION_LABEL = "serving.knative.dev/revision"
 REVISION_UID_LABEL = "serving.knative.dev/revisionUID"
+RELEASE_LABEL = "serving.knative.dev/release"  # the Knative release an install was made from
 
 # ---- KServe -----------------------------------------------------------------------------------
 ISVC_LABEL = "serving.kserve.io/inferenceservice"

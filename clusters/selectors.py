@@ -38,6 +38,11 @@ def clusters_all() -> QuerySet[Cluster]:
     return Cluster.objects.order_by("name")
 
 
+def cluster_names() -> list[str]:
+    """The name of every registered cluster, in name order (one query)."""
+    return list(Cluster.objects.order_by("name").values_list("name", flat=True))
+
+
 def cluster_find(*, name: str | None = None, pk: int | None = None) -> Cluster | None:
     """The cluster with this name or id, or None."""
     if pk is not None:

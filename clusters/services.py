@@ -35,6 +35,13 @@ def cluster_sync_default() -> Cluster | None:
     return cluster
 
 
+def cluster_lock(*, cluster: Cluster) -> None:
+    """Lock the cluster's row until the surrounding transaction ends: a writer that counts
+    what runs on the cluster before adding to it (defrag's per-cluster job limit) holds it
+    so that two requests cannot both pass the count. Call inside `transaction.atomic()`."""
+    Cluster.objects.select_for_update().only("pk").get(pk=cluster.pk)
+
+
 def schedules_install(*, using: str = "default") -> list[str]:
     """Write config/schedule.py into django-celery-beat; rows an operator already tuned
     keep their interval and enabled flag, rows still at an interval an earlier release

@@ -67,10 +67,10 @@ def readiness(*, detailed: bool) -> tuple[bool, dict[str, dict]]:
     run("broker", _check_broker)
     clusters = []
     if checks["database"]["status"] == "ok":
-        from clusters.models import Cluster
+        from clusters.selectors import clusters_all
 
         try:
-            clusters = list(Cluster.objects.all())
+            clusters = list(clusters_all())
         except Exception as exc:  # noqa: BLE001 - e.g. not migrated yet
             checks["clusters"] = {"status": "error", "error": _describe(exc, detailed)}
     if clusters:

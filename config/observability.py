@@ -8,7 +8,10 @@ Three sources, merged at scrape time:
 * `DatabaseCollector`, which reads the database when scraped: defrag jobs by state, prune
   decisions and actions, prune runs, dormancy switches, orgs dormant or active. Those
   facts live in rows written by any process (web, worker, beat), so the database is the
-  one place that knows them all; aggregate queries keep a scrape cheap at any size;
+  one place that knows them all; aggregate queries keep a scrape cheap at any size. Each
+  app declares the families of its own rows in its `metrics.py` (`capacity/metrics.py`,
+  `orgs/metrics.py`, `pruning/metrics.py`) with `@database_metrics`; those modules are
+  found the way Django finds `admin.py`, so this module knows no app's models;
 * with `PROMETHEUS_MULTIPROC_DIR` set (prometheus-client's multiprocess mode, needed
   for gunicorn workers or a prefork Celery pool), the counters of every process
   sharing that directory.
@@ -25,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -89,6 +92,33 @@ def connect_celery_signals() -> None:
 
 
 # --- what the database knows --------------------------------------------------------------
+MetricsSource = Callable[[], Iterable[Metric]]
+# Every app's database families, by the source's dotted name (registering twice is harmless).
+_database_sources: dict[str, MetricsSource] = {}
+_discovered = False
+_discover_lock = threading.Lock()
+
+
+def database_metrics(source: MetricsSource) -> MetricsSource:
+    """Register `source` (used as a decorator in an app's `metrics.py`): a function that
+    reads the app's own rows at scrape time and returns its metric families."""
+    _database_sources[f"{source.__module__}.{source.__qualname__}"] = source
+    return source
+
+
+def _discover_sources() -> None:
+    """Import every installed app's `metrics` module once, which registers its sources."""
+    global _discovered
+    if _discovered:
+        return
+    with _discover_lock:
+        if not _discovered:
+            from django.utils.module_loading import autodiscover_modules
+
+            autodiscover_modules("metrics")
+            _discovered = True
+
+
 class DatabaseCollector:
     """Gauges and counters read from the database at scrape time (no state in the process)."""
 
@@ -96,7 +126,8 @@ class DatabaseCollector:
         up = GaugeMetricFamily("gpu_capacity_database_scrape_ok",
                                "1 when the database answered the metrics queries of this scrape.")
         try:
-            families = list(self._families())
+            _discover_sources()
+            families = [family for source in list(_database_sources.values()) for family in source()]
         except Exception as exc:  # noqa: BLE001 - a scrape reports the failure, never 500s
             log.warning("metrics: database queries failed: %s", exc)
             up.add_metric([], 0)
@@ -105,60 +136,6 @@ class DatabaseCollector:
         up.add_metric([], 1)
         yield up
         yield from families
-
-    def _families(self) -> Iterator[Metric]:
-        from django.db.models import Count, Sum
-
-        from capacity.defrag.models import DefragJob, JobState
-        from clusters.models import Cluster
-        from orgs.models import DormancySwitch, Org
-        from pruning.models import PruneDecision, PruneRun
-
-        clusters = list(Cluster.objects.values_list("name", flat=True))
-
-        jobs = GaugeMetricFamily("gpu_capacity_defrag_jobs", "Defrag jobs by cluster and state.",
-                                 labels=["cluster", "state"])
-        counts = {(row["cluster__name"], row["state"]): row["n"]
-                  for row in DefragJob.objects.values("cluster__name", "state").annotate(n=Count("id"))}
-        for cluster in clusters:  # every state of every cluster, zeros included, so rates work
-            for state in JobState.values:
-                jobs.add_metric([cluster, state], counts.get((cluster, state), 0))
-        yield jobs
-
-        runs = CounterMetricFamily("gpu_capacity_prune_runs", "Prune runs by cluster, mode and outcome.",
-                                   labels=["cluster", "mode", "status"])
-        for row in PruneRun.objects.values("cluster__name", "mode", "status").annotate(n=Count("id")):
-            runs.add_metric([row["cluster__name"] or "", row["mode"], row["status"]], row["n"])
-        yield runs
-
-        decisions = CounterMetricFamily(
-            "gpu_capacity_prune_decisions",
-            "Prune decisions by cluster, decision (prune/skip) and action result "
-            "(none, dry-run, succeeded, failed).",
-            labels=["cluster", "decision", "result"])
-        # A skip row stands for `count` pods of its run: count pods, not rows.
-        for row in (PruneDecision.objects.values("run__cluster__name", "decision", "result")
-                    .annotate(n=Sum("count"))):
-            decisions.add_metric([row["run__cluster__name"] or "", row["decision"], row["result"] or "none"],
-                                 row["n"])
-        yield decisions
-
-        switches = CounterMetricFamily("gpu_capacity_dormancy_switches",
-                                       "Org dormancy switches by cluster, direction and cause.",
-                                       labels=["cluster", "direction", "cause"])
-        for row in (DormancySwitch.objects.values("org__cluster__name", "direction", "cause")
-                    .annotate(n=Count("id"))):
-            switches.add_metric([row["org__cluster__name"], row["direction"], row["cause"]], row["n"])
-        yield switches
-
-        orgs = GaugeMetricFamily("gpu_capacity_orgs", "Orgs by cluster and dormancy.",
-                                 labels=["cluster", "state"])
-        org_counts = {(row["cluster__name"], row["dormant"]): row["n"]
-                      for row in Org.objects.values("cluster__name", "dormant").annotate(n=Count("id"))}
-        for cluster in clusters:
-            orgs.add_metric([cluster, "dormant"], org_counts.get((cluster, True), 0))
-            orgs.add_metric([cluster, "active"], org_counts.get((cluster, False), 0))
-        yield orgs
 
 
 # --- exposition -----------------------------------------------------------------------------

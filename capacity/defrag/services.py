@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from typing import TYPE_CHECKING
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
@@ -27,11 +29,13 @@ from django.utils import timezone
 
 from clusters import kube
 from clusters.errors import AlreadyExists, Conflict, Invalid, KubeError, NotFound, TooManyRequests
-from clusters.models import Cluster
+from clusters.labels import REVISION_LABEL, TEMPLATE_HASH_LABEL
 from clusters.selectors import snapshot_take
+from clusters.services import cluster_lock
 from clusters.snapshot import NodeView, PodView
 from config import clock
 from config.actors import actor_label_current
+from config.celery import task_send
 
 from capacity.defrag.models import (
     LIVE_STATES,
@@ -46,8 +50,6 @@ from capacity.defrag.models import (
     OrphanState,
 )
 from capacity.defrag.planning import (
-    REVISION_LABEL,
-    TEMPLATE_HASH_LABEL,
     DefragPlan,
     Step,
     abort_stuck_message,
@@ -65,7 +67,14 @@ from capacity.defrag.planning import (
     revision_satisfied,
 )
 
+if TYPE_CHECKING:
+    from clusters.models import Cluster
+
 log = logging.getLogger(__name__)
+
+# The step task's registered name (capacity/defrag/tasks.py registers it under it). It
+# keeps its historical `capacity.tasks.` prefix: queued messages and the beat name it so.
+DEFRAG_JOB_RUN_TASK = "capacity.tasks.defrag_job_run"
 
 SAFE_MESSAGE = "Safe to defrag/remove node"
 # kubectl drain waits this long before retrying an eviction a PodDisruptionBudget refused.
@@ -241,7 +250,7 @@ def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGatew
         role, _ = pod_classify(pod)
         if role != Role.MODEL:
             continue
-        key = (pod.namespace, pod.labels["serving.knative.dev/revision"])
+        key = (pod.namespace, pod.labels[REVISION_LABEL])
         if key in scales:
             continue
         try:
@@ -278,7 +287,7 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
     try:
         with transaction.atomic():
             # Lock the cluster row so two operators cannot both pass the limit check.
-            Cluster.objects.select_for_update().get(pk=cluster.pk)
+            cluster_lock(cluster=cluster)
             live = DefragJob.objects.filter(cluster=cluster, node_name=node_name, state__in=LIVE_STATES).first()
             if live is not None:
                 raise DefragError(f"node {node_name!r} already has a live defrag job #{live.pk} ({live.state}); "
@@ -302,9 +311,10 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
 
 
 def _enqueue(job: DefragJob) -> None:
-    from capacity.defrag.tasks import defrag_job_run
-
-    transaction.on_commit(lambda: defrag_job_run.delay(job.pk))
+    """Hand the job to a worker once this transaction commits: by the task's name, since
+    tasks import services and never the reverse (the task keeps its acks_late and
+    reject_on_worker_lost; `task_send` queues it as `.delay()` does)."""
+    transaction.on_commit(lambda: task_send(DEFRAG_JOB_RUN_TASK, args=(job.pk,)))
 
 
 # ---- one step --------------------------------------------------------------------------------
@@ -350,6 +360,19 @@ def defrag_job_step(*, job: DefragJob, gateway: kube.KubeGateway | None = None,
 def _decide(job: DefragJob, now: datetime) -> str:
     return defrag_step_decide(state=job.state, now=now, next_check_at=job.next_check_at,
                               abort_pending=job.abort_pending, drain_requested=job.drain_requested_at is not None)
+
+
+def defrag_job_resting(*, job: DefragJob, now: datetime) -> bool:
+    """Nothing for a runner (the step task, the CLI) to do until an operator asks: their
+    request re-queues the job."""
+    return _decide(job, now) == Step.REST
+
+
+def defrag_job_pause_seconds(*, job: DefragJob, now: datetime) -> float:
+    """Seconds until the job's next check is due (0: due now)."""
+    if not job.next_check_at:
+        return 0.0
+    return max(0.0, (job.next_check_at - now).total_seconds())
 
 
 def _take_up_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:

@@ -17,11 +17,14 @@ from django.db import connections
 from clusters.errors import KubeError
 from config import clock
 
-from capacity.defrag.models import RESTING_STATES, DefragJob, JobState
+from capacity.defrag.models import DefragJob, JobState
 from capacity.defrag.services import (
+    DEFRAG_JOB_RUN_TASK,
     defrag_job_lease_acquire,
     defrag_job_lease_release,
     defrag_job_lease_renew,
+    defrag_job_pause_seconds,
+    defrag_job_resting,
     defrag_job_step,
     defrag_job_wait,
     defrag_jobs_due,
@@ -49,7 +52,7 @@ def _owner(task) -> str:
     return f"task:{task_id}" if task_id else f"local:{socket.gethostname()}:{os.getpid()}"
 
 
-@shared_task(name="capacity.tasks.defrag_job_run", bind=True, acks_late=True, reject_on_worker_lost=True,
+@shared_task(name=DEFRAG_JOB_RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
              ignore_result=True)
 def defrag_job_run(self, job_id: int) -> str:
     """Step the job for a short while under its lease, then hand it back to the queue.
@@ -71,7 +74,7 @@ def defrag_job_run(self, job_id: int) -> str:
         with _Heartbeat(job_id=job_id, owner=owner) as heartbeat:
             while True:
                 job = defrag_job_step(job=job, now=clock.now())
-                if _resting(job):
+                if defrag_job_resting(job=job, now=clock.now()):
                     return job.state
                 if heartbeat.lost.is_set() or not defrag_job_lease_renew(job_id=job_id, owner=owner,
                                                                          now=clock.now()):
@@ -124,16 +127,8 @@ class _Heartbeat:
             connections.close_all()   # this thread's own connections only
 
 
-def _resting(job: DefragJob) -> bool:
-    """Nothing to do until an operator asks (their request re-queues the job)."""
-    return job.state in RESTING_STATES and not job.abort_pending and not (
-        job.state == JobState.SAFE and job.drain_requested_at)
-
-
 def _pause(job: DefragJob) -> float:
-    if not job.next_check_at:
-        return 0.0
-    return max(0.0, (job.next_check_at - clock.now()).total_seconds())
+    return defrag_job_pause_seconds(job=job, now=clock.now())
 
 
 def _wait(job: DefragJob, pause: float) -> None:

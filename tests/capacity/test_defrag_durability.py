@@ -285,3 +285,44 @@ def test_a_job_log_keeps_its_head_and_its_end_and_numbers_every_line(defrag_worl
     assert job.log[0] == "Found pods to defrag:"
     assert job.log[100] == f"… {job.log_seq - 500} line(s) not kept …"
     assert job.log[-1] == job.error and job.error.startswith("Timed out after 1500s")
+
+
+def _queued_messages() -> list:
+    """Every message waiting on the default queue of the in-memory broker (taken off it)."""
+    from config.celery import app
+
+    messages = []
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(app.conf.task_default_queue, no_ack=True)
+        while True:
+            try:
+                messages.append(queue.get(block=False))
+            except queue.Empty:
+                return messages
+
+
+def test_a_start_and_an_abort_each_queue_the_step_task_for_a_worker_once_committed(
+        defrag_world, django_capture_on_commit_callbacks):
+    """Services queue their task by name: the message a worker receives is the step task's
+    own, with its job id and the default priority lane, and only after the request commits."""
+    from capacity.defrag.services import defrag_discover, defrag_job_start
+    from config.celery import app
+
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=world.gateway)
+    _queued_messages()  # whatever earlier tests left
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        job = defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, now=world.now(),
+                               poll_interval_seconds=2.0)
+    assert callbacks and _queued_messages() == [], "nothing is queued before the job row is committed"
+    for callback in callbacks:
+        callback()
+    with django_capture_on_commit_callbacks(execute=True):
+        defrag_job_abort(job=job, actor=None, now=world.now())
+
+    messages = _queued_messages()
+    assert [(m.headers["task"], m.decode()[0], m.properties.get("priority")) for m in messages] == [
+        ("capacity.tasks.defrag_job_run", [job.pk], app.conf.task_default_priority)] * 2
+    registered = app.tasks["capacity.tasks.defrag_job_run"]
+    assert registered.acks_late and registered.reject_on_worker_lost

@@ -22,7 +22,7 @@ from clusters.selectors import cluster_get
 from config import clock
 from config.actors import acting_as, cli_label
 
-from capacity.defrag.models import RESTING_STATES, AbortChoice, DefragJob, JobState
+from capacity.defrag.models import AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
 from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
 from capacity.defrag.services import (
@@ -35,6 +35,8 @@ from capacity.defrag.services import (
     defrag_job_lease_acquire,
     defrag_job_lease_release,
     defrag_job_log_after,
+    defrag_job_pause_seconds,
+    defrag_job_resting,
     defrag_job_start,
     defrag_job_step,
     node_return_to_service,
@@ -219,11 +221,10 @@ class Command(BaseCommand):
                 else:
                     job.refresh_from_db()
                 self._print_new(job)
-                if job.state in RESTING_STATES and not job.abort_pending and not (
-                        job.state == JobState.SAFE and job.drain_requested_at):
+                if defrag_job_resting(job=job, now=clock.now()):
                     return job
-                pause = (job.next_check_at - clock.now()).total_seconds() if job.next_check_at else 0.0
-                time.sleep(max(0.0, pause) if job.lease_owner in ("", owner) else max(0.5, min(pause, 2.0)))
+                pause = defrag_job_pause_seconds(job=job, now=clock.now())
+                time.sleep(pause if job.lease_owner in ("", owner) else max(0.5, min(pause, 2.0)))
         finally:
             defrag_job_lease_release(job_id=job.pk, owner=owner)
 
