@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "orgs",
     "pruning",
     "capacity",
+    "audit",  # the one audit trail every app writes through audit.services.audit
     "savings",  # GPU-hours saved per cluster, computed from the other apps' records
     "demo",  # demo-only controls; they refuse to run unless DEMO_MODE is set
 ]
