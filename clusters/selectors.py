@@ -38,6 +38,11 @@ def clusters_all() -> QuerySet[Cluster]:
     return Cluster.objects.order_by("name")
 
 
+def clusters_with_orgs() -> QuerySet[Cluster]:
+    """The clusters at least one org runs on."""
+    return Cluster.objects.filter(orgs__isnull=False).distinct()
+
+
 def cluster_names() -> list[str]:
     """The name of every registered cluster, in name order (one query)."""
     return list(Cluster.objects.order_by("name").values_list("name", flat=True))

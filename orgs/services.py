@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import orjson
 from django.conf import settings
@@ -22,13 +23,17 @@ from django.utils.text import slugify
 from django.db.models import Exists, OuterRef, Q
 
 from clusters import discovery, kube
+from clusters.selectors import clusters_with_orgs
 from clusters.errors import Conflict, KubeError, NotFound, is_transient
-from clusters.models import Cluster
 from config import clock
 from config.actors import actor_label_current
+from config.celery import task_send
 from orgs import planning
 from orgs.models import AuditRecord, DormancySwitch, Org, WorkloadExemption
 from orgs.selectors import workload_holds_read
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -52,14 +57,19 @@ def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: date
                                       cause=cause[:200])
 
 
+# Redis serves priority 0 first (see CELERY_BROKER_TRANSPORT_OPTIONS): waking an org
+# must not wait behind a sweep's worth of scale-to-zero enables.
+HIGH_PRIORITY = 0
+NORMAL_PRIORITY = 6
+ORG_SCALE_TO_ZERO_APPLY_TASK = "orgs.tasks.org_scale_to_zero_apply"
+
+
 def _enqueue_apply(org_id: int, switch_id: int | None, *, urgent: bool) -> str:
     """Queue the cluster work. Returns "" when queued, else why not: the org row holds the
     intent and the retry task applies it (RETRY_PROMISE), so a broker failure loses nothing."""
-    from orgs.tasks import HIGH_PRIORITY, NORMAL_PRIORITY, org_scale_to_zero_apply
-
     try:
-        org_scale_to_zero_apply.apply_async(args=[org_id], kwargs={"switch_id": switch_id},
-                                            priority=HIGH_PRIORITY if urgent else NORMAL_PRIORITY)
+        task_send(ORG_SCALE_TO_ZERO_APPLY_TASK, args=[org_id], kwargs={"switch_id": switch_id},
+                  priority=HIGH_PRIORITY if urgent else NORMAL_PRIORITY)
     except Exception as exc:  # noqa: BLE001 - the database state is right; the retry task will act
         logger.error("could not queue scale-to-zero apply for org %s: %s; the retry task applies it %s",
                      org_id, exc, RETRY_PROMISE)
@@ -553,7 +563,7 @@ def orgs_reconcile(*, now: datetime, cluster: Cluster | None = None) -> list[App
     Reads each cluster once (cluster-wide lists), then writes only what must change.
     Each outcome says what it was: a first apply, a switch not yet applied, a drift repair."""
     outcomes = []
-    clusters = [cluster] if cluster else Cluster.objects.filter(orgs__isnull=False).distinct()
+    clusters = [cluster] if cluster else clusters_with_orgs()
     for each in clusters:
         try:
             gateway = kube.gateway_for(each)

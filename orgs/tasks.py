@@ -7,10 +7,7 @@ from config import clock
 from config.retries import RetryTransient
 from orgs import services
 
-# Redis serves priority 0 first (see CELERY_BROKER_TRANSPORT_OPTIONS): waking an org
-# must not wait behind a sweep's worth of scale-to-zero enables.
-HIGH_PRIORITY = 0
-NORMAL_PRIORITY = 6
+from orgs.services import HIGH_PRIORITY, NORMAL_PRIORITY  # noqa: F401 - the priority lanes, named where they are used
 
 
 class ApplyIncomplete(Exception):

@@ -3,15 +3,19 @@ selectors, and the GPU counts only the cluster knows (one snapshot and the switc
 workloads' specs). The cluster is read after the permission check, in the view."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from datetime import datetime
 
 from capacity.selectors import defrag_drains
 from clusters import kube
 from clusters.errors import KubeError
-from clusters.models import Cluster
 from clusters.selectors import snapshot_take
 from orgs import selectors as org_selectors
 from pruning.selectors import prune_actions_freeing
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster
 
 from savings.planning import ExemptOrg, Facts, FloorChange, NodeDrain, PruneAction
 

@@ -9,7 +9,7 @@ from django.contrib.auth.decorators import permission_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
-from clusters.models import Cluster
+from clusters.selectors import cluster_find, clusters_all
 from config import clock
 
 from savings.planning import BINPACK, MECHANISM_BASIS, MECHANISMS, SavingsInputError, savings_plan, window
@@ -26,7 +26,7 @@ def cluster_contents_required(view):
 
 def _report(request, cluster: str):
     """The cluster row and its report, or an error response (unknown cluster, bad `days`)."""
-    row = Cluster.objects.filter(name=cluster).first()
+    row = cluster_find(name=cluster)
     if row is None:
         raise Http404(f"no cluster named {cluster!r}")
     now = clock.now()
@@ -48,7 +48,7 @@ def savings_page(request, cluster: str):
     mechanisms = [{"name": m, "hours": round(report.totals[m], 1), "basis": MECHANISM_BASIS[m],
                    "measured": m != BINPACK} for m in MECHANISMS]
     return render(request, "savings/savings.html", {
-        "title": f"Savings — {row.name}", "cluster": row, "clusters": Cluster.objects.order_by("name"),
+        "title": f"Savings — {row.name}", "cluster": row, "clusters": clusters_all(),
         "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,
         "per_org": per_org, "total": round(report.total_gpu_hours, 1), "chart": report.chart_config(),
         "day_choices": (7, 14, 30, 90)})

@@ -1,7 +1,7 @@
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
-from clusters.models import Cluster
 from clusters.selectors import cluster_get
 from config import clock
 from config.actors import CliActorMixin
@@ -18,7 +18,7 @@ class Command(CliActorMixin, BaseCommand):
         try:
             target = cluster_get(name=cluster)
             result = orgs_sync(cluster=target, now=clock.now())
-        except (Cluster.DoesNotExist, KubeError) as exc:
+        except (ObjectDoesNotExist, KubeError) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"cluster {target.name}: created {len(result.created)} {result.created}, "
                           f"updated {len(result.updated)} {result.updated}, unchanged {len(result.unchanged)}")
