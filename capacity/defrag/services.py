@@ -705,7 +705,11 @@ NODE_OUTCOMES = {
     "already schedulable": "was already schedulable (uncordoned by someone else)",
     "left cordoned": "left cordoned (it was cordoned before the job, not by it)",
     "gone": "is gone (deleted by someone else)",
+    "returned to service": "was returned to service by an operator (uncordoned before this abort)",
 }
+# The outcome an operator's return to service records on the job it asks to abort: the
+# abort then knows the node's uncordon was that operator's, not someone else's.
+NODE_RETURNED = "returned to service"
 
 
 def _abort_node(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
@@ -1077,5 +1081,6 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
         _log_write(row.pk, [f"{message} (by {actor or actor_label_current() or 'CLI'})"])
         _event(gateway, row, _node_ref(row, current), reason="DefragReturnToService", message=message, now=now)
         if asks_abort:
+            DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome=NODE_RETURNED)
             defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
     return ReturnToService(node=node, job_id=row.pk, uncordoned=True, abort_requested=asks_abort, message=message)

@@ -83,6 +83,10 @@ def test_a_safe_node_returns_to_service_once_and_its_orphans_are_ended_by_the_ab
     job = run_until(world, job, {JobState.ABORTED}, dt=2)
     assert not world.kube.pod_exists(NS, orphan.pod_name)
     assert not world.kube.node_cordoned(node)
+    # The abort says who uncordoned the node: this operator's return, not "someone else".
+    assert not [line for line in job.log if "someone else" in line]
+    assert job.log[-1] == (f"Aborted: node {node} was returned to service by an operator (uncordoned before this "
+                           f"abort); every orphan gone")
 
 
 def test_refused_while_a_job_is_acting_on_the_node_and_nothing_changes(defrag_world):
