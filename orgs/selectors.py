@@ -138,3 +138,14 @@ def prune_holds(*, cluster, namespaces: set[str], now: datetime) -> PruneHolds:
         Q(until__isnull=True) | Q(until__gt=now)).select_related("org")
     owners = {(PRUNE_OWNER_KIND[e.kind], e.org.namespace, e.name): e.hold().word for e in exemptions}
     return PruneHolds(namespaces=by_namespace, owners=owners)
+
+
+def namespaces_not_scaling_to_zero(*, cluster, namespaces: set[str]) -> frozenset[str]:
+    """Of these namespaces, those whose org has scale to zero turned off (`scale_to_zero_allowed`):
+    the pruner never touches them either."""
+    if not namespaces:
+        return frozenset()
+    rows = Org.objects.filter(namespace__in=namespaces, scale_to_zero_allowed=False)
+    if cluster is not None:
+        rows = rows.filter(cluster=cluster)
+    return frozenset(rows.values_list("namespace", flat=True))

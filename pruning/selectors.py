@@ -78,18 +78,6 @@ def prune_runs_recent(*, cluster, limit: int) -> list:
     return list(PruneRun.objects.filter(cluster=cluster).order_by("-started_at")[:limit])
 
 
-def org_blocked_namespaces(*, cluster, namespaces: set[str]) -> frozenset[str]:
-    """Namespaces whose org has `scale_to_zero_allowed` off: the pruner never touches them."""
-    if not namespaces:
-        return frozenset()
-    from orgs.models import Org
-
-    rows = Org.objects.filter(namespace__in=namespaces, scale_to_zero_allowed=False)
-    if cluster is not None:
-        rows = rows.filter(cluster=cluster)
-    return frozenset(rows.values_list("namespace", flat=True))
-
-
 def utilization_history(*, prometheus, run, pods: list[tuple[str, str]], points: int = 60) -> dict:
     """(namespace, pod) -> [(unix time, utilization 0–1)] over the run's window: one range query."""
     from datetime import timedelta

@@ -30,6 +30,7 @@ from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, describe_failure, is_transient
 from clusters.prometheus import PrometheusGateway
 from config import clock
+from orgs import selectors as org_selectors
 
 from . import actions, planning, reads, selectors
 from .models import POD_NAMES_KEPT, PruneDecision, PruneRun
@@ -263,9 +264,15 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
         read_plan = reads.reads_choose(pods=idle_pods, pods_per_namespace=answer.pods_per_namespace,
                                        pods_seen=answer.pods_seen)
         view = reads.cluster_view_read(kube_gateway, pods=idle_pods, plan=read_plan)
+        namespaces = {ns for ns, _ in idle_pods}
+        # What the orgs say of these namespaces: scale to zero turned off, and the
+        # exemptions and snoozes operators set on an org or one of its workloads.
+        holds = org_selectors.prune_holds(cluster=cluster, namespaces=namespaces, now=now)
         plan = planning.plan_prune(series=list(answer.series), view=view, now=now, pods_seen=answer.pods_seen,
-                                   settings=params.settings(org_blocked_namespaces=selectors.org_blocked_namespaces(
-                                       cluster=cluster, namespaces={ns for ns, _ in idle_pods})))
+                                   settings=params.settings(
+                                       org_blocked_namespaces=org_selectors.namespaces_not_scaling_to_zero(
+                                           cluster=cluster, namespaces=namespaces),
+                                       held_namespaces=holds.namespaces, held_owners=holds.owners))
     except (PrometheusError, KubeError) as exc:
         run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(exc)]
         _finish(run, started, kube_gateway, calls_before)

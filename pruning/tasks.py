@@ -16,9 +16,9 @@ def prune_all_clusters() -> int:
     """Enqueue `prune_cluster` for every cluster with a Prometheus URL (or the default one)."""
     from django.conf import settings
 
-    from clusters.models import Cluster
+    from clusters.selectors import clusters_all
 
-    ids = [c.pk for c in Cluster.objects.all()
+    ids = [c.pk for c in clusters_all()
            if c.prometheus_url or (settings.PROMETHEUS_URL and c.name == settings.DEFAULT_CLUSTER_NAME)]
     for pk in ids:
         prune_cluster.delay(pk)
@@ -35,12 +35,12 @@ def prune_cluster(cluster_id: int) -> int | None:
     from django.conf import settings
 
     from clusters.kube import gateway_for
-    from clusters.models import Cluster
+    from clusters.selectors import cluster_find
     from config import clock
 
     from .services import PruneParams, prometheus_for, prune_run_execute
 
-    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    cluster = cluster_find(pk=cluster_id)
     if cluster is None:
         log.warning("prune: cluster %s no longer exists", cluster_id)
         return None

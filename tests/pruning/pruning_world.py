@@ -24,7 +24,7 @@ from simcluster.testing import running_cluster
 
 GPU_MODEL = "NVIDIA-A10G"  # as GPU feature discovery labels nodes (no spaces in label values)
 UTIL = "simcluster.io/gpu-utilization"
-NAMESPACES = ("team-a", "team-b", "team-c", "no-prune")  # kube-system exists already
+NAMESPACES = ("team-a", "team-b", "team-c", "no-prune", "held", "napping")  # kube-system exists already
 
 
 def _template(name: str, gpus: int, util: str, labels: dict | None = None) -> dict:

@@ -6,6 +6,8 @@ minute while the simulated clock advances, then written as TSDB blocks with prom
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from kubernetes import client as k8s
 from prometheus_fixtures import to_exported_scheme
@@ -142,10 +144,16 @@ def test_young_pods_gaps_protected_namespaces_orgs_and_the_cap(world: World):
     world.create(deployment("gappy", "team-b", util="0"))
     world.create(deployment("sys", "kube-system", util="0"))
     world.create(deployment("org-model", "no-prune", util="0"))
+    world.create(deployment("held-model", "held", util="0"))
+    world.create(deployment("napping-model", "napping", util="0"))
     world.record_history(minutes=40, at_minute={25: lambda: world.create(deployment("young", "team-b", util="0"))},
                          gaps={("team-b", "gappy-"): (15, 25)})
     cluster = Cluster.objects.create(name="sim", kubeconfig_path=world.kubeconfig)
     Org.objects.create(slug="no-prune", cluster=cluster, namespace="no-prune", scale_to_zero_allowed=False)
+    # Orgs an operator exempted, or snoozed until tomorrow, from dormancy and pruning.
+    Org.objects.create(slug="held", cluster=cluster, namespace="held", exempt=True, exemption_reason="launch week")
+    Org.objects.create(slug="napping", cluster=cluster, namespace="napping",
+                       snoozed_until=world.now() + timedelta(days=1), exemption_reason="demo tomorrow")
 
     run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
                             cluster=cluster, params=PruneParams(run_mode="scale-down", max_scale_downs=2))
@@ -154,6 +162,7 @@ def test_young_pods_gaps_protected_namespaces_orgs_and_the_cap(world: World):
     assert reasons["gappy"] == "gap-in-data"
     assert reasons["sys"] == "protected-namespace"
     assert reasons["org-model"] == "org-disallows-scale-to-zero"
+    assert (reasons["held-model"], reasons["napping-model"]) == ("exempted-by-operator", "snoozed-by-operator")
     assert sorted(reasons[f"rs{i}"] for i in range(3)) == ["cap-reached", "idle", "idle"]
     assert run.acted == 2
 

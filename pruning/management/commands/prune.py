@@ -101,7 +101,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         from clusters.kube import gateway_for
-        from clusters.models import Cluster
+        from django.core.exceptions import ObjectDoesNotExist
+
         from clusters.selectors import cluster_get
         from config import clock
         from pruning.services import PruneParamError, PruneParams, prometheus_for, prune_run_execute
@@ -109,7 +110,7 @@ class Command(BaseCommand):
         _check_flags(opts)
         try:
             cluster = cluster_get(name=opts["cluster"])
-        except Cluster.DoesNotExist as exc:
+        except ObjectDoesNotExist as exc:
             raise CommandError(str(exc)) from None
         try:
             params = PruneParams.from_settings(
