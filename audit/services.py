@@ -17,7 +17,11 @@ def audit(*, app: str, action: str, at: datetime, actor=None, cause: str = "", t
     `subject` is the app's own record the entry belongs to, as ("defrag_job", id)."""
     subject_type, subject_id = subject if subject is not None else ("", None)
     extra = {} if actor_label is None else {"actor_label": actor_label}
+    if cluster is not None:
+        extra["cluster"] = cluster
+    elif org is not None:
+        extra["cluster_id"] = org.cluster_id   # an org's entry is about the org's cluster
     return AuditEntry.objects.create(
         app=app, action=action, at=at, actor=actor, cause=(cause or "")[:_CAUSE_MAX],
-        target=(target or "")[:_TARGET_MAX], cluster=cluster, org=org, subject_type=subject_type,
+        target=(target or "")[:_TARGET_MAX], org=org, subject_type=subject_type,
         subject_id=subject_id, old=old or {}, new=new or {}, **extra)

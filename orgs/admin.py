@@ -17,7 +17,7 @@ from config import clock
 from config.actors import actor_describe
 from config.admin_display import JsonAsTablesMixin
 from orgs import planning, services
-from orgs.models import ActivityToken, AuditRecord, DormancySwitch, Org, WorkloadExemption
+from orgs.models import ActivityToken, DormancySwitch, Org, WorkloadExemption
 
 SNOOZE_CHOICES = (("24h", "snooze for 24 hours"), ("7d", "snooze for 7 days"),
                   ("until", "snooze until a time (UTC)"), ("exempt", "exempt until removed"))
@@ -356,27 +356,6 @@ class WorkloadExemptionAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         for exemption in queryset.select_related("org"):
             self.delete_model(request, exemption)
-
-
-@admin.register(AuditRecord)
-class AuditRecordAdmin(JsonAsTablesMixin, admin.ModelAdmin):
-    list_display = ("at", "action", "cause", "by", "org")
-    list_filter = ("action",)
-    search_fields = ("org__slug", "action", "cause", "actor_label")
-    readonly_fields = ("at", "action", "cause", "actor", "actor_label", "org", "old", "new")
-
-    @admin.display(description="by", ordering="actor")
-    def by(self, record: AuditRecord) -> str:
-        return actor_describe(record.actor, record.actor_label)
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(ActivityToken)

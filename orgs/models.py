@@ -1,4 +1,4 @@
-"""Orgs, their dormancy switches, the audit trail, and the activity API's callers."""
+"""Orgs, their dormancy switches and holds, and the activity API's callers (their audit entries live in the audit app)."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -146,29 +146,6 @@ class DormancySwitch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.org} {self.direction} at {self.at:%Y-%m-%d %H:%M %Z}"
-
-
-class AuditRecord(models.Model):
-    at = models.DateTimeField(db_index=True, help_text="When it was done.")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                              related_name="+", help_text="Who did it; empty for the schedule.")
-    actor_label = models.CharField(
-        max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Who did it when not a panel user: cli:<os user>@<host>, or token:<caller>; empty for the "
-                  "schedule.")
-    action = models.CharField(max_length=60, help_text="What was done, e.g. org_disallow_scale_to_zero.")
-    cause = models.CharField(max_length=200, blank=True,
-                             help_text="Why it was done: the switch, the first apply, a drift repair, a retry…")
-    org = models.ForeignKey(Org, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit",
-                            help_text="The org it was done to, if one.")
-    old = models.JSONField(default=dict, blank=True, help_text="The values before.")
-    new = models.JSONField(default=dict, blank=True, help_text="The values after.")
-
-    class Meta:
-        ordering = ["-at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.action} by {self.actor or self.actor_label or 'schedule'} at {self.at:%Y-%m-%d %H:%M %Z}"
 
 
 class ActivityToken(models.Model):

@@ -10,7 +10,8 @@ from django.db.models import Q
 
 from clusters import discovery, kube
 from clusters.labels import GPU_RESOURCE
-from orgs.models import AuditRecord, Org, WorkloadExemption
+from audit.selectors import entries_filter
+from orgs.models import Org, WorkloadExemption
 
 # The audit actions that record min-scale changes the org switch made, workload by workload.
 _FLOOR_ACTIONS = ("scale_to_zero_applied", "scale_to_zero_drift_repaired", "scale_to_zero_apply_incomplete")
@@ -37,8 +38,8 @@ def org_slugs_by_namespace(*, cluster) -> dict[str, str]:
 def scale_to_zero_floor_changes(*, cluster, until: datetime) -> Iterator[tuple[str, str, datetime, str, str]]:
     """(org, workload, at, old, new) for every audited min-scale change of the org switch,
     oldest first; `workload` is "<target> <namespace>/<name>", old/new the min-scale texts."""
-    rows = AuditRecord.objects.filter(org__cluster=cluster, action__in=_FLOOR_ACTIONS, at__lte=until) \
-        .select_related("org").order_by("at", "id")
+    rows = entries_filter(app="orgs", org__cluster=cluster, action__in=_FLOOR_ACTIONS, at__lte=until) \
+        .select_related("org")
     for record in rows:
         old, new = record.old or {}, record.new or {}
         for workload, value in new.items():

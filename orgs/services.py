@@ -29,7 +29,9 @@ from config import clock
 from config.actors import actor_label_current
 from config.celery import task_send
 from orgs import planning
-from orgs.models import AuditRecord, DormancySwitch, Org, WorkloadExemption
+from audit.models import AuditEntry
+from audit.services import audit as audit_write
+from orgs.models import DormancySwitch, Org, WorkloadExemption
 from orgs.selectors import workload_holds_read
 
 if TYPE_CHECKING:
@@ -52,9 +54,10 @@ RETRY_PROMISE = "within 2 minutes"
 EXEMPTION_CHANGE = "exemption change"
 
 
-def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: datetime, cause: str = "") -> AuditRecord:
-    return AuditRecord.objects.create(action=action, actor=actor, org=org, old=old, new=new, at=at,
-                                      cause=cause[:200])
+def audit(*, action: str, actor, org: Org | None, old: dict, new: dict, at: datetime, cause: str = "") -> AuditEntry:
+    """An org's change in the one audit trail (target Org/<slug>; none for a sweep or a token)."""
+    return audit_write(app="orgs", action=action, actor=actor, org=org, target=f"Org/{org.slug}" if org else "",
+                       old=old, new=new, at=at, cause=cause)
 
 
 # Redis serves priority 0 first (see CELERY_BROKER_TRANSPORT_OPTIONS): waking an org

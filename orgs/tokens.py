@@ -5,7 +5,8 @@ import hashlib
 import secrets
 from datetime import datetime
 
-from orgs.models import ActivityToken, AuditRecord
+from audit.services import audit
+from orgs.models import ActivityToken
 
 
 def token_digest(token: str) -> str:
@@ -19,8 +20,8 @@ def activity_token_issue(*, caller: str, user, actor, now: datetime) -> str:
     token = secrets.token_urlsafe(32)
     ActivityToken.objects.update_or_create(caller=caller, defaults={"digest": token_digest(token), "user": user,
                                                                     "active": True})
-    AuditRecord.objects.create(action="activity_token_issue", actor=actor, org=None, old={},
-                               new={"caller": caller, "user": user.get_username()}, at=now)
+    audit(app="orgs", action="activity_token_issue", actor=actor, target=f"ActivityToken/{caller}", old={},
+          new={"caller": caller, "user": user.get_username()}, at=now)
     return token
 
 

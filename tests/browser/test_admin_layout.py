@@ -11,7 +11,8 @@ from playwright.sync_api import expect
 from clusters.models import Cluster
 from config import clock
 from orgs import services
-from orgs.models import AuditRecord, DormancySwitch, Org, WorkloadExemption
+from audit.models import AuditEntry
+from orgs.models import DormancySwitch, Org, WorkloadExemption
 from tests.browser.conftest import shot
 from tests.browser.test_defrag_in_browser import log_in
 
@@ -90,7 +91,7 @@ def test_admin_lists_fit_1366x768_and_forms_keep_their_fields_clear(live_server,
     log_in(page, live_server.url, "oncall", "s3cret-pass")
     problems: list[str] = []
 
-    lists = ["orgs/org", "orgs/org/?held=any", "orgs/auditrecord", "orgs/workloadexemption", "clusters/cluster",
+    lists = ["orgs/org", "orgs/org/?held=any", "audit/auditentry", "orgs/workloadexemption", "clusters/cluster",
              "pruning/prunerun", "pruning/prunedecision", "capacity/defragjob", "capacity/servedmodel",
              "capacity/binpackrun", "capacity/runbookaudit", "capacity/resourcespec"]
     for path in lists:
@@ -157,6 +158,6 @@ def test_admin_lists_fit_1366x768_and_forms_keep_their_fields_clear(live_server,
     page.locator("#preview-confirm").click()
     expect(page.locator("ul.messagelist")).to_contain_text("snoozed for 23 h")
     assert Org.objects.filter(snoozed_until__isnull=False).count() >= 3
-    assert AuditRecord.objects.filter(action="org_snooze").count() >= 3
+    assert AuditEntry.objects.filter(action="org_snooze").count() >= 3
     assert WorkloadExemption.objects.count() == 5
     assert problems == [], "\n".join(problems)

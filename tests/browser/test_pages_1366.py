@@ -19,7 +19,8 @@ from capacity.defrag.models import DefragJob, JobState
 from capacity.runbook.models import ServedModel
 from clusters import kube
 from clusters.models import Cluster
-from orgs.models import AuditRecord, Org
+from audit.models import AuditEntry
+from orgs.models import Org
 from pruning.models import PruneDecision, PruneRun
 from pruning.services import PruneParams, prune_run_execute
 from tests.browser.conftest import shot
@@ -131,11 +132,11 @@ def _records(cluster: Cluster, now) -> None:
                        scale_to_zero_allowed=False, last_activity_at=now - timedelta(days=4))
     for days_ago, hours in ((6, 10), (4, 14), (2, 20)):
         start = now - timedelta(days=days_ago)
-        AuditRecord.objects.create(at=start, action="scale_to_zero_applied", org=acme,
+        AuditEntry.objects.create(app="orgs", at=start, action="scale_to_zero_applied", org=acme,
                                    cause="switch: became dormant (dormancy sweep)",
                                    old={"ksvc team-b/chat": "1", "setting": "disabled"},
                                    new={"ksvc team-b/chat": "0", "setting": "enabled"})
-        AuditRecord.objects.create(at=start + timedelta(hours=hours), action="scale_to_zero_applied", org=acme,
+        AuditEntry.objects.create(app="orgs", at=start + timedelta(hours=hours), action="scale_to_zero_applied", org=acme,
                                    cause="switch: became active (activity)",
                                    old={"ksvc team-b/chat": "0", "setting": "enabled"},
                                    new={"ksvc team-b/chat": "1", "setting": "disabled"})

@@ -7,7 +7,8 @@ from django.core.management import call_command
 
 from config import clock
 from config.actors import acting_as
-from orgs.models import AuditRecord, DormancySwitch
+from audit.models import AuditEntry
+from orgs.models import DormancySwitch
 from orgs.services import dormancy_sweep
 
 pytestmark = pytest.mark.django_db
@@ -16,11 +17,11 @@ pytestmark = pytest.mark.django_db
 def test_a_token_issued_from_the_shell_is_audited_as_the_shell_user_and_the_panel_shows_it(client, capsys):
     User.objects.create_user("model-gateway")
     call_command("issue_activity_token", "model-gateway", "--user", "model-gateway")
-    [record] = AuditRecord.objects.filter(action="activity_token_issue")
+    [record] = AuditEntry.objects.filter(action="activity_token_issue")
     assert record.actor is None and record.actor_label.startswith("cli:") and "@" in record.actor_label
     admin = User.objects.create_superuser("ops", "ops@example.com", "pw")
     client.force_login(admin)
-    page = client.get("/admin/orgs/auditrecord/").content.decode()
+    page = client.get("/admin/audit/auditentry/").content.decode()
     assert record.actor_label in page
     assert f"{record.at:%Y-%m-%d %H:%M:%S} UTC" in page          # times carry their zone
 

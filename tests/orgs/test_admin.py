@@ -7,7 +7,8 @@ from django.contrib.auth.models import Permission, User
 from clusters import kube
 from config import clock
 from orgs import services
-from orgs.models import AuditRecord, Org
+from audit.models import AuditEntry
+from orgs.models import Org
 from orgs.planning import MIN_SCALE
 from tests.orgs.test_services import ksvc_min_scale, make_idle, scenario
 
@@ -68,7 +69,7 @@ def test_an_action_without_its_permission_does_nothing(client, cluster):
     services.dormancy_sweep(now=clock.now())
     act(client, operator("allow_scale_to_zero"), "disallow_scale_to_zero", "acme")
     assert Org.objects.get(slug="acme").scale_to_zero_allowed
-    assert not AuditRecord.objects.filter(action="org_disallow_scale_to_zero").exists()
+    assert not AuditEntry.objects.filter(action="org_disallow_scale_to_zero").exists()
 
 
 def test_disallow_reverts_a_dormant_org_now_and_is_audited(client, cluster):
@@ -85,7 +86,7 @@ def test_disallow_reverts_a_dormant_org_now_and_is_audited(client, cluster):
     assert not org.scale_to_zero_allowed and org.applied == "disabled"
     assert ksvc_min_scale(gw, "pynode") == "1"
     assert gw.get(kube.REVISIONS, "llm-predictor-00001", namespace="acme")["metadata"]["annotations"][MIN_SCALE] == "1"
-    record = AuditRecord.objects.get(action="org_disallow_scale_to_zero")
+    record = AuditEntry.objects.get(action="org_disallow_scale_to_zero")
     assert (record.actor, record.old, record.new) == (user, {"scale_to_zero_allowed": True},
                                                       {"scale_to_zero_allowed": False})
 
@@ -93,7 +94,7 @@ def test_disallow_reverts_a_dormant_org_now_and_is_audited(client, cluster):
     act(client, allow, "allow_scale_to_zero", "acme")
     assert Org.objects.get(slug="acme").scale_to_zero_allowed
     assert ksvc_min_scale(gw, "pynode") == "0", "still dormant: allowed again, it scales to zero again"
-    assert AuditRecord.objects.get(action="org_allow_scale_to_zero").actor == allow
+    assert AuditEntry.objects.get(action="org_allow_scale_to_zero").actor == allow
 
 
 def test_mark_active_now(client, cluster):
@@ -105,7 +106,7 @@ def test_mark_active_now(client, cluster):
     org = Org.objects.get(slug="acme")
     assert not org.dormant and org.switches.first().actor == user and org.switches.first().cause == "admin"
     assert ksvc_min_scale(cluster.gateway, "pynode") == "1"
-    assert AuditRecord.objects.filter(action="org_mark_active", actor=user).count() == 2
+    assert AuditEntry.objects.filter(action="org_mark_active", actor=user).count() == 2
 
 
 def test_run_the_sweep_now(client, cluster):
@@ -115,7 +116,7 @@ def test_run_the_sweep_now(client, cluster):
     assert b"1 org(s) turned dormant: globex" in page.content
     assert Org.objects.get(slug="globex").dormant
     assert ksvc_min_scale(cluster.gateway, "pynode", ns="globex") == "0"
-    record = AuditRecord.objects.get(action="dormancy_sweep")
+    record = AuditEntry.objects.get(action="dormancy_sweep")
     assert record.actor == user and record.new == {"dormant": ["globex"]}
     assert Org.objects.get(slug="globex").switches.get().cause == "admin"
 
@@ -136,13 +137,13 @@ def test_each_action_needs_its_own_permission_not_any_other(client, cluster, mak
     others = [codename for name, codename in ACTIONS.items() if name != action]
     user = operator(*others)
     state = lambda: sorted(Org.objects.values_list("slug", "dormant", "scale_to_zero_allowed", "applied"))  # noqa: E731
-    before, audits = state(), AuditRecord.objects.count()
+    before, audits = state(), AuditEntry.objects.count()
 
     page = act(client, user, action, "acme", "globex", "initech")
 
     assert page.status_code == 200
     assert state() == before, f"{action} ran without orgs.{ACTIONS[action]}"
-    assert AuditRecord.objects.count() == audits
+    assert AuditEntry.objects.count() == audits
     assert ksvc_min_scale(cluster.gateway, "pynode") == "0"
 
 

@@ -12,7 +12,8 @@ from django.contrib.auth.models import User
 from clusters import kube
 from config import clock
 from orgs import services
-from orgs.models import AuditRecord, Org, WorkloadExemption
+from audit.models import AuditEntry
+from orgs.models import Org, WorkloadExemption
 from tests.orgs.test_admin import CHANGELIST, operator
 from tests.orgs.test_services import ann, ksvc_min_scale, make_idle, scenario
 
@@ -41,7 +42,7 @@ def text(page) -> str:
 def test_disallow_on_two_orgs_previews_each_orgs_workload_changes_and_writes_nothing(client, cluster):
     gw = cluster.gateway
     client.force_login(operator("disallow_scale_to_zero"))
-    audits = AuditRecord.objects.count()
+    audits = AuditEntry.objects.count()
 
     page = client.post(CHANGELIST, {"action": "disallow_scale_to_zero", "_selected_action": ids("acme", "globex"),
                                     "index": "0"})
@@ -57,14 +58,14 @@ def test_disallow_on_two_orgs_previews_each_orgs_workload_changes_and_writes_not
     assert "revision acme/big-predictor-00001: min-scale 0 → 2" in body
     # Nothing written: the cluster, the org rows and the audit are as before.
     assert ksvc_min_scale(gw, "pynode") == "0" and ann(gw, kube.REVISIONS, "big-predictor-00001") == "0"
-    assert Org.objects.get(slug="acme").scale_to_zero_allowed and AuditRecord.objects.count() == audits
+    assert Org.objects.get(slug="acme").scale_to_zero_allowed and AuditEntry.objects.count() == audits
 
     page = client.post(CHANGELIST, {"action": "disallow_scale_to_zero", "_selected_action": ids("acme", "globex"),
                                     "index": "0", "confirm": "yes"}, follow=True)
     cluster.advance(0)
     assert "scale to zero disallowed for 2 org(s)" in text(page).lower()
     assert ksvc_min_scale(gw, "pynode") == "1" and ann(gw, kube.REVISIONS, "big-predictor-00001") == "2"
-    assert AuditRecord.objects.filter(action="org_disallow_scale_to_zero").count() == 2
+    assert AuditEntry.objects.filter(action="org_disallow_scale_to_zero").count() == 2
 
 
 def test_the_sweep_preview_lists_the_orgs_it_would_mark_whatever_was_selected(client, cluster):
@@ -96,7 +97,7 @@ def test_snoozing_orgs_from_the_list_asks_how_long_and_why_then_shows_the_time_l
     assert not acme.dormant and acme.snoozed_until - clock.now() > timedelta(hours=23, minutes=58)
     assert "it was dormant and is marked active" in text(done).lower()
     assert ksvc_min_scale(cluster.gateway, "pynode") == "1"
-    assert AuditRecord.objects.filter(action="org_snooze", actor=user).count() == 2
+    assert AuditEntry.objects.filter(action="org_snooze", actor=user).count() == 2
 
     listed = client.get(CHANGELIST + "?held=snoozed")
     assert re.search(r"snoozed, 2[34] h \d+ min left", text(listed))
@@ -124,7 +125,7 @@ def test_one_model_is_exempted_from_the_panel_and_the_exemption_removed_again(cl
     cluster.advance(0)
     assert not WorkloadExemption.objects.exists()
     assert ann(cluster.gateway, kube.REVISIONS, "big-predictor-00001") == "0"
-    assert AuditRecord.objects.filter(action="workload_exemption_end", actor=user).exists()
+    assert AuditEntry.objects.filter(action="workload_exemption_end", actor=user).exists()
 
 
 def test_exemptions_need_their_own_permission(client, cluster):
@@ -141,7 +142,7 @@ def test_json_fields_read_as_tables(client, cluster):
     page = client.get(f"{CHANGELIST}{Org.objects.get(slug='acme').id}/change/").content.decode()
     assert 'class="json-list"' in page and "ksvc acme/pynode: min-scale 1 → 0" in page
     assert '["ksvc' not in page, "no raw JSON list on the page"
-    record = AuditRecord.objects.filter(action="scale_to_zero_applied").first()
-    page = client.get(f"/admin/orgs/auditrecord/{record.id}/change/").content.decode()
+    record = AuditEntry.objects.filter(action="scale_to_zero_applied").first()
+    page = client.get(f"/admin/audit/auditentry/{record.id}/change/").content.decode()
     assert 'class="json-table json-mapping"' in page and "revision acme/big-predictor-00001" in page
     assert '{"' not in page

@@ -12,7 +12,8 @@ from django.contrib.auth.models import User
 from clusters import kube
 from config import clock
 from orgs import planning, selectors, services
-from orgs.models import AuditRecord, Org, WorkloadExemption
+from audit.models import AuditEntry
+from orgs.models import Org, WorkloadExemption
 from orgs.planning import OrgActivity, plan_sweep
 from tests.orgs.builders import make_isvc, make_ksvc, make_pa, make_revision
 from tests.orgs.test_services import ann, ksvc_min_scale, make_idle, scenario
@@ -190,14 +191,14 @@ def test_exempting_a_dormant_org_wakes_it_and_is_audited(cluster, ops, celery_ea
     assert not org.dormant and org.exempt and org.exemption_reason == "launch week"
     assert ksvc_min_scale(gw, "pynode") == "1", "the pynode is back at its owner's floor"
     assert ann(gw, kube.REVISIONS, "big-predictor-00001") == "2"
-    record = AuditRecord.objects.get(action="org_exempt")
+    record = AuditEntry.objects.get(action="org_exempt")
     assert (record.actor, record.org) == (ops, org)
     assert record.old == {"exempt": False, "snoozed_until": None, "dormant": True}
     assert record.new == {"exempt": True, "reason": "launch week", "dormant": False}
     assert record.cause == "operator: exempt until removed: launch week"
 
     services.org_hold_clear(org=org, actor=ops, now=clock.now())
-    assert AuditRecord.objects.get(action="org_exemption_end").old == {"exempt": True, "reason": "launch week"}
+    assert AuditEntry.objects.get(action="org_exemption_end").old == {"exempt": True, "reason": "launch week"}
     assert services.dormancy_sweep(now=clock.now(), enqueue=False).switched == ("acme",)
 
 
@@ -219,10 +220,10 @@ def test_a_snoozed_model_of_a_dormant_org_returns_to_its_floor_and_sleeps_again_
     assert ann(gw, kube.REVISIONS, "big-predictor-00001") == "2", "the model's own minReplicas"
     assert ann(gw, kube.REVISIONS, "llm-predictor-00001") == "0", "the org's other model still sleeps"
     assert ksvc_min_scale(gw, "pynode") == "0"
-    applied = AuditRecord.objects.filter(action="scale_to_zero_applied").latest("id")
+    applied = AuditEntry.objects.filter(action="scale_to_zero_applied").latest("id")
     assert applied.cause.startswith("operator exempted inferenceservice acme/big (snoozed for 1 h 0 min more")
     assert applied.new == {"revision acme/big-predictor-00001": "2", "setting": "enabled"}
-    assert AuditRecord.objects.get(action="workload_snooze").actor == ops
+    assert AuditEntry.objects.get(action="workload_snooze").actor == ops
 
     # The reconcile keeps the snoozed model warm and calls nothing drift.
     reconciled = [o for o in services.orgs_reconcile(now=clock.now()) if o.org == "acme"][0]
@@ -252,7 +253,7 @@ def test_ending_a_workload_exemption_on_a_dormant_org_lets_it_sleep_now(cluster,
     services.workload_hold_clear(exemption=WorkloadExemption.objects.get(), actor=ops, now=clock.now())
     cluster.advance(0)
     assert ksvc_min_scale(gw, "pynode") == "0"
-    assert AuditRecord.objects.filter(action="workload_exemption_end", actor=ops).count() == 1
+    assert AuditEntry.objects.filter(action="workload_exemption_end", actor=ops).count() == 1
 
 
 @pytest.mark.django_db
@@ -265,14 +266,14 @@ def test_ending_a_workload_exemption_on_a_dormant_org_lets_it_sleep_now(cluster,
 ])
 def test_bad_exemptions_are_refused_by_field_and_change_nothing(make_org, ops, kind, name, reason, until, message):
     org = make_org("acme")
-    audits = AuditRecord.objects.count()
+    audits = AuditEntry.objects.count()
     with pytest.raises(ValueError, match=message):
         services.workload_hold_set(org=org, kind=kind, name=name, until=until, reason=reason, actor=ops,
                                    now=clock.now())
     with pytest.raises(ValueError):
         services.org_hold_set(org=org, until=until, reason=reason if message.startswith("reason") else "",
                               actor=ops, now=clock.now())
-    assert not WorkloadExemption.objects.exists() and AuditRecord.objects.count() == audits
+    assert not WorkloadExemption.objects.exists() and AuditEntry.objects.count() == audits
     org.refresh_from_db()
     assert not org.exempt and org.snoozed_until is None
 

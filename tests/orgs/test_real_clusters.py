@@ -15,7 +15,8 @@ from clusters.models import Cluster
 from config import clock
 from config.schedule import SCHEDULES
 from orgs import services
-from orgs.models import AuditRecord, DormancySwitch, Org
+from audit.models import AuditEntry
+from orgs.models import DormancySwitch, Org
 from orgs.planning import MIN_SCALE, OWNER_MIN_SCALE
 from simcluster.generate import inference_service, namespace, node, pynode
 from tests.orgs.test_safety import broker_down  # noqa: F401 - the fixture
@@ -81,8 +82,8 @@ def test_a_reconcile_of_orgs_never_applied_wakes_no_model_its_owner_let_sleep(si
     assert "sleepy: scale to zero enabled applied (first apply): 2 workload(s) patched" in out
     quiet, sleepy = Org.objects.get(slug="quiet"), Org.objects.get(slug="sleepy")
     assert (quiet.applied, sleepy.applied) == ("disabled", "enabled")
-    assert not AuditRecord.objects.filter(org=quiet).exists(), "nothing patched, nothing to audit"
-    [record] = AuditRecord.objects.filter(org=sleepy)
+    assert not AuditEntry.objects.filter(org=quiet).exists(), "nothing patched, nothing to audit"
+    [record] = AuditEntry.objects.filter(org=sleepy)
     assert (record.action, record.cause, record.actor) == ("scale_to_zero_applied", "reconcile: first apply", None)
     assert record.old == {"ksvc sleepy/pynode": "1", "revision sleepy/llm-predictor-00001": "1",
                           "setting": "never applied"}
@@ -107,7 +108,7 @@ def test_a_pynode_goes_back_to_its_owners_value_and_the_record_is_gone(sim_clust
     assert ksvc["spec"]["template"]["metadata"]["annotations"][MIN_SCALE] == "2", "not 1: the owner asked for 2"
     assert OWNER_MIN_SCALE not in (ksvc["metadata"].get("annotations") or {})
     slept, woke = DormancySwitch.objects.filter(org__slug="acme").order_by("at", "id")
-    causes = list(AuditRecord.objects.filter(org__slug="acme").order_by("at", "id").values_list("action", "cause"))
+    causes = list(AuditEntry.objects.filter(org__slug="acme").order_by("at", "id").values_list("action", "cause"))
     assert causes == [("scale_to_zero_applied", f"switch #{slept.id}: became dormant (dormancy sweep)"),
                       ("scale_to_zero_applied", f"switch #{woke.id}: became active (activity)")]
 
@@ -155,7 +156,7 @@ def test_the_retry_task_repairs_a_partial_apply(sim_cluster_factory, celery_eage
     org = Org.objects.get(slug="acme")
     assert org.dormant and org.applied == "" and org.pending == [
         "revision acme/llm-predictor-00001: 500 InternalError: simcluster injected fault: internal error"]
-    assert AuditRecord.objects.get(org=org).action == "scale_to_zero_apply_incomplete"
+    assert AuditEntry.objects.get(org=org).action == "scale_to_zero_apply_incomplete"
     assert ksvc_min_scale(sim.gateway, "pynode") == "0", "what could be applied was"
 
     sim.control.clear_faults()

@@ -11,7 +11,8 @@ from clusters import kube
 from config import clock
 from orgs import services
 from orgs.activity import org_activity_record
-from orgs.models import AuditRecord, DormancySwitch, Org
+from audit.models import AuditEntry
+from orgs.models import DormancySwitch, Org
 from orgs.planning import MIN_SCALE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -183,7 +184,7 @@ def test_reconcile_repairs_drift_and_shows_it(cluster, orgs, celery_eager):
     assert ann(gw, kube.REVISIONS, "llm-predictor-00001") == "0"
     org = Org.objects.get(slug="acme")
     assert org.drift == [{"workload": "revision acme/llm-predictor-00001", "found": "1", "wanted": "0"}]
-    record = AuditRecord.objects.get(action="scale_to_zero_drift_repaired")
+    record = AuditEntry.objects.get(action="scale_to_zero_drift_repaired")
     assert record.old == {"revision acme/llm-predictor-00001": "1"}
 
 

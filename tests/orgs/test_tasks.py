@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orgs.models import AuditRecord
+from audit.models import AuditEntry
 from orgs.services import CONFLICT_RETRIES
 from orgs.tasks import ApplyIncomplete, org_scale_to_zero_apply
 from simcluster.generate import pynode
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 def attempts(org) -> int:
     """Each apply that could not finish leaves one audit record."""
-    return AuditRecord.objects.filter(org=org, action="scale_to_zero_apply_incomplete").count()
+    return AuditEntry.objects.filter(org=org, action="scale_to_zero_apply_incomplete").count()
 
 
 def test_an_apply_the_cluster_refuses_runs_once_and_the_org_says_why(sim_cluster_factory, tmp_path, make_org,
@@ -115,7 +115,7 @@ def test_the_retry_pass_tries_a_cluster_that_does_not_answer_for_one_org_only(si
     for org in others:
         org.refresh_from_db()
         assert org.applied == "" and org.reconciled_at is None and org.last_error == ""
-        assert not AuditRecord.objects.filter(org=org).exists()
+        assert not AuditEntry.objects.filter(org=org).exists()
     live.refresh_from_db()
     assert live.applied == "enabled", "the other cluster's org was still applied in the same pass"
     assert ksvc_min_scale(handle.gateway, "pynode", ns="live") == "0"

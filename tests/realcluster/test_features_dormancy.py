@@ -25,7 +25,8 @@ from kubernetes.client.rest import ApiException
 
 from clusters.models import Cluster
 from orgs import services
-from orgs.models import AuditRecord, DormancySwitch, Org
+from audit.models import AuditEntry
+from orgs.models import DormancySwitch, Org
 
 from .pool import AUTOSCALING, SERVING, GpuPool, ready
 
@@ -178,7 +179,7 @@ def test_the_sweep_switches_an_idle_orgs_pynode_and_model_without_a_new_pod_and_
     revision = pool.custom.get_namespaced_custom_object(*SERVING, pool.ns, "revisions", MODEL_REVISION)
     assert revision["metadata"]["annotations"][MIN_SCALE] == "1"
     assert pod_uids(pool, revision=MODEL_REVISION) == model_pods, "a model pod was replaced"
-    audit = AuditRecord.objects.get(org=org, action="scale_to_zero_applied")
+    audit = AuditEntry.objects.get(org=org, action="scale_to_zero_applied")
     assert audit.cause.startswith(f"switch #{DormancySwitch.objects.get(org=org).id}: ")
     assert audit.new[f"ksvc {pool.ns}/pynode"] == "0"
     assert audit.new[f"podautoscaler {pool.ns}/{MODEL_REVISION}"] == "0"

@@ -13,7 +13,8 @@ from django.contrib.auth.models import Permission
 
 from capacity.defrag.models import DefragJob, JobState
 from config import clock
-from orgs.models import AuditRecord, Org
+from audit.models import AuditEntry
+from orgs.models import Org
 from pruning.models import PruneDecision, PruneRun
 
 pytestmark = pytest.mark.django_db
@@ -60,11 +61,11 @@ def world(sim_cluster_factory):
     Org.objects.create(slug="gamma", cluster=cluster, namespace="org-c", last_activity_at=now - timedelta(days=3),
                        dormant=True, scale_to_zero_allowed=False)
     # acme dormant for 3 h: its pynode's floor 1 → 0, then back to 1 (1 replica × 2 GPUs).
-    AuditRecord.objects.create(at=now - timedelta(hours=5), action="scale_to_zero_applied", org=acme,
+    AuditEntry.objects.create(app="orgs", at=now - timedelta(hours=5), action="scale_to_zero_applied", org=acme,
                                cause="switch #1: became dormant (dormancy sweep)",
                                old={"ksvc org-a/llama": "1", "setting": "disabled"},
                                new={"ksvc org-a/llama": "0", "setting": "enabled"})
-    AuditRecord.objects.create(at=now - timedelta(hours=2), action="scale_to_zero_applied", org=acme,
+    AuditEntry.objects.create(app="orgs", at=now - timedelta(hours=2), action="scale_to_zero_applied", org=acme,
                                cause="switch #2: became active (activity)",
                                old={"ksvc org-a/llama": "0", "setting": "enabled"},
                                new={"ksvc org-a/llama": "1", "setting": "disabled"})

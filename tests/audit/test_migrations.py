@@ -1,0 +1,46 @@
+"""The old per-app audit rows reach the one audit trail when the database is migrated."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AT = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def migrate(*targets: tuple[str, str]):
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(list(targets))
+    return executor.loader.project_state(list(targets)).apps
+
+
+def test_org_audit_records_become_entries_with_who_why_target_and_values():
+    old = migrate(("orgs", "0004_exemptions_and_snoozes"), ("audit", "0001_audit_entry"))
+    cluster = old.get_model("clusters", "Cluster").objects.create(name="east", kubeconfig_path="/nonexistent")
+    org = old.get_model("orgs", "Org").objects.create(slug="acme", cluster=cluster, namespace="acme",
+                                                      last_activity_at=AT)
+    ops = old.get_model("auth", "User").objects.create(username="ops")
+    records = old.get_model("orgs", "AuditRecord").objects
+    records.create(at=AT, actor=ops, action="org_disallow_scale_to_zero", cause="launch", org=org,
+                   old={"scale_to_zero_allowed": True}, new={"scale_to_zero_allowed": False})
+    records.create(at=AT, actor_label="cli:oncall@bastion", action="activity_token_issue", org=None,
+                   new={"caller": "gateway", "user": "gw"})
+    try:
+        new = migrate(("orgs", "0006_audit_record_removed"))
+        entries = list(new.get_model("audit", "AuditEntry").objects.order_by("id").values(
+            "app", "action", "actor_id", "actor_label", "cause", "target", "cluster_id", "org_id", "old", "new"))
+        assert entries == [
+            {"app": "orgs", "action": "org_disallow_scale_to_zero", "actor_id": ops.id, "actor_label": "",
+             "cause": "launch", "target": "Org/acme", "cluster_id": cluster.id, "org_id": org.id,
+             "old": {"scale_to_zero_allowed": True}, "new": {"scale_to_zero_allowed": False}},
+            {"app": "orgs", "action": "activity_token_issue", "actor_id": None, "actor_label": "cli:oncall@bastion",
+             "cause": "", "target": "ActivityToken/gateway", "cluster_id": None, "org_id": None, "old": {},
+             "new": {"caller": "gateway", "user": "gw"}},
+        ]
+    finally:
+        migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])
