@@ -594,7 +594,13 @@ def _unapplied_orgs(now: datetime):
 SKIPPED = "skipped"   # an ApplyOutcome's kind: not tried in this pass, its cluster did not answer
 
 
-def orgs_apply_unapplied(*, now: datetime, budget: int = RETRY_BUDGET) -> list[ApplyOutcome]:
+def clusters_with_unapplied_orgs(*, now: datetime) -> list[int]:
+    """The ids of the clusters holding an org the retry would apply again (one query)."""
+    return sorted(set(_unapplied_orgs(now).order_by().values_list("cluster_id", flat=True)))
+
+
+def orgs_apply_unapplied(*, now: datetime, budget: int = RETRY_BUDGET,
+                         cluster: Cluster | None = None) -> list[ApplyOutcome]:
     """Apply again every org whose wanted setting is not the applied one (a lost or failed
     queue message, a partial apply), oldest check first; the org row is the intent.
 
@@ -603,7 +609,8 @@ def orgs_apply_unapplied(*, now: datetime, budget: int = RETRY_BUDGET) -> list[A
     it. They stay unapplied and untouched (outcome kind SKIPPED), and are tried in the next pass."""
     outcomes = []
     silent: dict[int, KubeError] = {}   # cluster id -> the failure that showed it does not answer
-    for org in _unapplied_orgs(now).select_related("cluster")[:budget]:
+    unapplied = _unapplied_orgs(now) if cluster is None else _unapplied_orgs(now).filter(cluster=cluster)
+    for org in unapplied.select_related("cluster")[:budget]:
         if org.cluster_id in silent:
             outcomes.append(ApplyOutcome(
                 org=org.slug, setting=org.wanted, kind=SKIPPED, cause="retry: cluster did not answer",
