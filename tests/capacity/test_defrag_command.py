@@ -47,6 +47,18 @@ def test_answering_no_changes_nothing_and_exits_2(running, monkeypatch):
     assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
 
 
+def test_no_terminal_and_no_answer_is_a_no_said_in_one_line(running, monkeypatch, capsys):
+    handle, kube = running
+    node = kube.node_with_pods()
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(""))      # input closed: a script, cron
+    with pytest.raises(SystemExit) as exited:
+        call_command("defrag", node, "--cluster", "sim")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip() == "no answer: standard input is closed; add --yes to confirm without a " \
+                                              "terminal"
+    assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
+
+
 def test_json_then_abort_then_bad_input(running, capsys):
     handle, kube = running
     node = kube.node_with_pods()

@@ -205,7 +205,12 @@ class Command(BaseCommand):
             return True
         if not sys.stdin.isatty() and self.as_json:
             raise CommandError("--json without --yes needs a terminal to confirm")
-        answer = input(f"{question} (y/n): ").strip().lower()
+        try:
+            answer = input(f"{question} (y/n): ").strip().lower()
+        except EOFError:
+            # No terminal and nothing piped in (a script, cron): no answer is a "no".
+            self.stderr.write("\nno answer: standard input is closed; add --yes to confirm without a terminal")
+            return False
         return answer in ("y", "yes")
 
     def _run(self, job: DefragJob) -> DefragJob:
