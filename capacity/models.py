@@ -6,8 +6,8 @@ package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.
 not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackRun
-from capacity.defrag.models import DefragAudit, DefragJob, DefragLogLine, DefragOrphan, DefragRevision
+from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackRun", "DefragAudit", "DefragJob", "DefragLogLine", "DefragOrphan",
+__all__ = ["BinpackCluster", "BinpackRun", "DefragJob", "DefragLogLine", "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAudit", "ServedModel"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from audit.selectors import entries_filter
 from clusters import kube
 from clusters.selectors import snapshot_take
 
@@ -74,12 +75,12 @@ def defrag_drains(*, cluster: Cluster, until: datetime) -> list[dict]:
     """Nodes defrag jobs drained, oldest first: node, job_id, drained_at, returned_at (the first
     return to service recorded on any job of the node after the drain, else None) and
     gpus_moved (GPUs of the pods the job found on the node)."""
-    from capacity.defrag.models import DefragAudit, JobState
+    from capacity.defrag.models import JobState
 
     returns: dict[str, list[datetime]] = {}
-    for node, at in (DefragAudit.objects.filter(job__cluster=cluster, action="node_return_to_service", at__lte=until)
-                     .order_by("at").values_list("job__node_name", "at")):
-        returns.setdefault(node, []).append(at)
+    for target, at in (entries_filter(app="defrag", cluster=cluster, action="node_return_to_service", at__lte=until)
+                       .values_list("target", "at")):
+        returns.setdefault(target.removeprefix("Node/"), []).append(at)
     drains = []
     for job in (DefragJob.objects.filter(cluster=cluster, state=JobState.DRAINED, finished_at__isnull=False,
                                          finished_at__lte=until).order_by("finished_at", "pk")):

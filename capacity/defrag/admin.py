@@ -11,13 +11,14 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from audit.selectors import entries_of_subject
 from clusters import kube
 from clusters.errors import KubeError, NotFound
 from clusters.selectors import cluster_find, clusters_all
 from config.actors import actor_describe
-from config.admin_display import JsonAsTablesMixin
+from config.admin_display import JsonAsTablesMixin, json_table
 
-from capacity.defrag.models import AbortChoice, DefragAudit, DefragJob, DefragOrphan, DefragRevision, JobState
+from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag.services import (
     POLL_RANGE,
     TIMEOUT_RANGE,
@@ -64,18 +65,13 @@ class OrphanInline(ReadOnlyInline):
     exclude = ["owner_references"]
 
 
-class AuditInline(JsonAsTablesMixin, ReadOnlyInline):
-    model = DefragAudit
-    readonly_fields = [f.name for f in DefragAudit._meta.fields]
-
-
 @admin.register(DefragJob)
 class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
     list_filter = ["state", "cluster"]
     search_fields = ["node_name"]
     readonly_fields = [f.name for f in DefragJob._meta.fields]
-    inlines = [RevisionInline, OrphanInline, AuditInline]
+    inlines = [RevisionInline, OrphanInline]
     change_form_template = "capacity/defragjob_change_form.html"
     change_list_template = "capacity/defragjob_change_list.html"
 
@@ -109,8 +105,20 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"),
                  "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
                  "returnable_states": RETURNABLE_STATES, "show_save": False,
-                 "show_save_and_continue": False, "show_save_and_add_another": False, **(extra_context or {})}
+                 "show_save_and_continue": False, "show_save_and_add_another": False,
+                 "audit_entries": self._audit_rows(object_id), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    @staticmethod
+    def _audit_rows(object_id) -> list[dict]:
+        """The job's entries in the audit trail, oldest first, as the page's read-only table."""
+        try:
+            job_id = int(object_id)
+        except (TypeError, ValueError):
+            return []
+        return [{"at": e.at, "action": e.action, "target": e.target, "cause": e.cause,
+                 "by": actor_describe(e.actor, e.actor_label), "old": json_table(e.old), "new": json_table(e.new)}
+                for e in entries_of_subject(subject_type="defrag_job", subject_id=job_id, oldest_first=True)]
 
     def _job_url(self, job: DefragJob) -> str:
         return reverse("admin:capacity_defragjob_change", args=[job.pk])

@@ -1,5 +1,5 @@
 """Defrag jobs (empty a GPU node safely): the job, its per-revision records, the pods it
-orphaned, its audit.
+orphaned (its audit entries live in the audit trail, subject "defrag_job").
 
 A job's `state` is the step it has reached; every side effect is recorded here before the
 job moves on, so a restarted worker resumes from the recorded step (see `capacity.defrag.services`).
@@ -227,27 +227,3 @@ class DefragOrphan(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.pod_name} ({self.state})"
-
-
-class DefragAudit(models.Model):
-    """One action a defrag job took, with the operator who asked for it."""
-
-    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="audit", help_text="The job.")
-    at = models.DateTimeField(db_index=True, help_text="When it was done (the injected clock).")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                              related_name="+", help_text="The operator who asked; empty for a worker resuming.")
-    actor_label = models.CharField(
-        max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Who asked when not a panel user: cli:<os user>@<host>; empty for a worker.")
-    action = models.CharField(max_length=40, help_text="What was done, e.g. node_cordon, pod_orphan.")
-    cause = models.CharField(max_length=200, blank=True, default="", db_default="",
-                             help_text="Why it was done, where the action alone does not say.")
-    target = models.CharField(max_length=300, help_text="What it was done to (Node/name, Pod ns/name).")
-    old = models.JSONField(default=dict, blank=True, help_text="The values before.")
-    new = models.JSONField(default=dict, blank=True, help_text="The values after.")
-
-    class Meta:
-        ordering = ["at", "id"]
-
-    def __str__(self) -> str:
-        return f"{self.action} {self.target} by {self.actor or self.actor_label or 'worker'}"

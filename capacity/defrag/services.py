@@ -27,6 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from audit.services import audit
 from clusters import kube
 from clusters.errors import AlreadyExists, Conflict, Invalid, KubeError, NotFound, TooManyRequests
 from clusters.labels import REVISION_LABEL, TEMPLATE_HASH_LABEL
@@ -41,7 +42,6 @@ from capacity.defrag.models import (
     LIVE_STATES,
     RUNNING_STATES,
     AbortChoice,
-    DefragAudit,
     DefragJob,
     DefragLogLine,
     DefragOrphan,
@@ -143,9 +143,11 @@ def defrag_job_log_after(*, job: DefragJob, seq: int) -> list[tuple[int, str]]:
     return list(DefragLogLine.objects.filter(job=job, seq__gt=seq).order_by("seq").values_list("seq", "text"))
 
 
-def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None, new=None, actor=None) -> None:
-    DefragAudit.objects.create(job=job, at=now, actor=actor or job.operator, action=action, target=target,
-                               old=old or {}, new=new or {})
+def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None, new=None, actor=None,
+           cause: str = "") -> None:
+    """One step of the job in the audit trail, under the job (subject defrag_job)."""
+    audit(app="defrag", action=action, at=now, actor=actor or job.operator, cause=cause, target=target,
+          cluster_id=job.cluster_id, subject=("defrag_job", job.pk), old=old, new=new)
 
 
 def _loaded(job: DefragJob) -> DefragJob:
@@ -1065,9 +1067,8 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
                                                 OrphanState.DELETING]).count()
         cause = f"returned to service by an operator; defrag job #{row.pk} was {row.state}"
         gateway.patch(kube.NODES, node, {"spec": {"unschedulable": False}}, patch_type="strategic")
-        DefragAudit.objects.create(job=row, at=now, actor=actor, action="node_return_to_service",
-                                   target=f"Node/{node}", cause=cause, old={"unschedulable": True},
-                                   new={"unschedulable": False})
+        _audit(row, now=now, actor=actor, action="node_return_to_service", target=f"Node/{node}", cause=cause,
+               old={"unschedulable": True}, new={"unschedulable": False})
         message = f"Node {node} uncordoned: it takes new pods again."
         asks_abort = row.state in ENDED_BY_RETURN
         if row.state == JobState.ABORT_STUCK and orphans:

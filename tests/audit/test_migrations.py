@@ -44,3 +44,32 @@ def test_org_audit_records_become_entries_with_who_why_target_and_values():
         ]
     finally:
         migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])
+
+
+def test_defrag_audit_rows_become_entries_of_their_job():
+    old = migrate(("capacity", "0008_runbook_write_ahead_intent"), ("audit", "0001_audit_entry"))
+    cluster = old.get_model("clusters", "Cluster").objects.create(name="east", kubeconfig_path="/nonexistent")
+    ops = old.get_model("auth", "User").objects.create(username="ops")
+    job = old.get_model("capacity", "DefragJob").objects.create(cluster=cluster, node_name="gpu-3", state="safe",
+                                                                created_at=AT)
+    rows = old.get_model("capacity", "DefragAudit").objects
+    rows.create(job=job, at=AT, actor=ops, action="node_cordon", target="Node/gpu-3",
+                old={"unschedulable": False}, new={"unschedulable": True})
+    rows.create(job=job, at=AT, actor_label="cli:oncall@bastion", action="node_return_to_service",
+                cause="returned to service by an operator", target="Node/gpu-3")
+    try:
+        new = migrate(("capacity", "0010_defrag_audit_removed"))
+        entries = list(new.get_model("audit", "AuditEntry").objects.order_by("id").values(
+            "app", "action", "actor_id", "actor_label", "cause", "target", "cluster_id", "subject_type",
+            "subject_id", "old", "new"))
+        assert entries == [
+            {"app": "defrag", "action": "node_cordon", "actor_id": ops.id, "actor_label": "", "cause": "",
+             "target": "Node/gpu-3", "cluster_id": cluster.id, "subject_type": "defrag_job", "subject_id": job.id,
+             "old": {"unschedulable": False}, "new": {"unschedulable": True}},
+            {"app": "defrag", "action": "node_return_to_service", "actor_id": None,
+             "actor_label": "cli:oncall@bastion", "cause": "returned to service by an operator",
+             "target": "Node/gpu-3", "cluster_id": cluster.id, "subject_type": "defrag_job", "subject_id": job.id,
+             "old": {}, "new": {}},
+        ]
+    finally:
+        migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 
 from capacity.defrag import tasks
-from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
+from audit.selectors import entries_of_subject
+from capacity.defrag.models import DefragJob, JobState, OrphanState
 from capacity.defrag.services import (
     LEASE_SECONDS,
     defrag_job_abort,
@@ -23,6 +24,11 @@ from defrag_cluster import NS, REVISION, knative_service, scenario
 from test_defrag_services import audit_counts, run_until, start_job, step, world_without_room
 
 pytestmark = pytest.mark.django_db
+
+
+def job_audit(job):
+    """The job's entries in the audit trail, oldest first."""
+    return entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
 
 
 class Interleave:
@@ -64,7 +70,7 @@ def test_an_abort_landing_between_a_workers_load_and_its_save_is_not_overwritten
     assert job.abort_requested_at is not None and job.abort_pending  # …and the abort is still there
     job = run_until(world, job, {JobState.ABORTED}, dt=5)
     assert not world.kube.node_cordoned(node)
-    assert [a for a in DefragAudit.objects.filter(job=job).values_list("action", flat=True)
+    assert [a for a in job_audit(job).values_list("action", flat=True)
             if a in ("abort_request", "job_safe", "node_uncordon", "job_abort")] == [
         "abort_request", "job_safe", "node_uncordon", "job_abort"]
 
@@ -212,14 +218,14 @@ def test_an_abort_with_no_room_stops_at_its_deadline_naming_what_holds_it_then_d
     assert job.is_live and world.kube.pod_exists(NS, orphan.pod_name)   # still serving, still tracked
     assert world.kube.node_cordoned("n2")                              # the other job's node is untouched
     assert [e.message for e in world.kube.events("default", "DefragAbortStuck")] == [message]
-    assert DefragAudit.objects.filter(job=job, action="job_abort_stuck").count() == 1
+    assert job_audit(job).filter(action="job_abort_stuck").count() == 1
 
     world.advance(600)
     assert step(world, job).state == JobState.ABORT_STUCK               # no silent wait: it rests
     job = defrag_job_abort(job=job, actor=None, orphans="delete", now=world.now(), enqueue=False)
     job = run_until(world, job, {JobState.ABORTED}, dt=5)
     assert not world.kube.pod_exists(NS, orphan.pod_name)
-    deleted = DefragAudit.objects.get(job=job, action="pod_delete")
+    deleted = job_audit(job).get(action="pod_delete")
     assert deleted.new == {"forced": True, "ready": 0, "wanted": 1}
     assert any("deleted as the operator chose: revision" in line and "(capacity drops)" in line for line in job.log)
     assert job.log[-1] == "Aborted: node n1 uncordoned; every orphan gone"

@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import pytest
 
+from audit.selectors import entries_of_subject
 from capacity.defrag import services
-from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
+from capacity.defrag.models import DefragJob, JobState, OrphanState
 from capacity.defrag.services import (
     SAFE_MESSAGE,
     DefragError,
@@ -24,6 +25,11 @@ from defrag_builders import make_pod
 from defrag_cluster import NS, REVISION, SERVICE, knative_service, scenario
 
 pytestmark = pytest.mark.django_db
+
+
+def job_audit(job):
+    """The job's entries in the audit trail, oldest first."""
+    return entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
 
 
 def start_job(world, node: str, **kwargs) -> DefragJob:
@@ -82,7 +88,7 @@ def test_seed_scenario_three_replicas_one_orphaned_scale_reaches_four_then_safe(
     assert [p.metadata.name for p in world.kube.pods(node=node)] == [pod.metadata.name]  # orphan still there
     assert {e.reason for e in world.kube.events("default")} >= {"DefragCordon", "DefragSafe"}
     assert [e.involved_object.name for e in world.kube.events(NS, "DefragOrphan")] == [pod.metadata.name]
-    assert list(DefragAudit.objects.filter(job=job).values_list("action", flat=True)) == [
+    assert list(job_audit(job).values_list("action", flat=True)) == [
         "job_confirm", "scales_record", "node_cordon", "pod_orphan", "job_safe"]
 
 
@@ -151,7 +157,7 @@ def test_blockers_are_reported_before_confirmation_and_keep_the_node_unsafe(defr
     # The pod the job orphaned itself has no controller either, but it is a tracked orphan, not a blocker.
     [orphan] = job.orphans.all()
     assert orphan.state == OrphanState.ORPHANED and orphan.pod_name not in job.log[-1]
-    assert DefragAudit.objects.get(job=job, action="job_blocked").new == {
+    assert job_audit(job).get(action="job_blocked").new == {
         "blockers": [f"{NS}/scratch (bare pod (no controller would replace it))"]}
 
 
@@ -223,7 +229,7 @@ def test_a_worker_killed_at_any_step_resumes_without_repeating_a_side_effect(def
     assert world.gateway.calls[("patch", "nodes")] == 1                  # cordoned once
     assert world.gateway.calls[("patch", "pods")] == 1                   # orphaned once
     assert job.orphans.get().state == OrphanState.ORPHANED
-    assert DefragAudit.objects.filter(job=job, action="pod_orphan").count() == 1
+    assert job_audit(job).filter(action="pod_orphan").count() == 1
     assert len(world.kube.events(NS, "DefragOrphan")) == 1
     assert len(world.kube.events("default", "DefragCordon")) == 1
 
@@ -347,7 +353,7 @@ def drive(world, job_id: int, until: str, *, on_rest=None, dt: float = 1.0, max_
 
 def audit_counts(job) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for action in DefragAudit.objects.filter(job=job).values_list("action", flat=True):
+    for action in job_audit(job).values_list("action", flat=True):
         counts[action] = counts.get(action, 0) + 1
     return counts
 

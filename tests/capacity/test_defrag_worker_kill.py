@@ -15,12 +15,18 @@ import time
 import pytest
 
 from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_start
-from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
+from audit.selectors import entries_of_subject
+from capacity.defrag.models import DefragJob, JobState, OrphanState
 from defrag_builders import make_node, make_pod
 from defrag_cluster import NS, Kube, knative_service, scenario
 from tests.celery_workers import CELERY, ROOT, broker_url, celery_processes, pool_children, wait_for  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def job_audit(job):
+    """The job's entries in the audit trail, oldest first."""
+    return entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
 
 
 def send(procs, job_id: int) -> None:
@@ -68,6 +74,6 @@ def test_a_killed_pool_process_loses_no_job_and_no_abort(sim_cluster_factory, ce
     assert not kube.node_cordoned("n1")
     [orphan] = job.orphans.all()
     assert orphan.state == OrphanState.GONE and not kube.pod_exists(NS, orphan.pod_name)
-    actions = list(DefragAudit.objects.filter(job=job).values_list("action", flat=True))
+    actions = list(job_audit(job).values_list("action", flat=True))
     for action in ("node_cordon", "pod_orphan", "abort_request", "node_uncordon", "pod_delete", "job_abort"):
         assert actions.count(action) == 1, (action, actions)

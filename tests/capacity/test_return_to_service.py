@@ -14,13 +14,19 @@ from capacity.defrag.services import (
     defrag_job_step,
     node_return_to_service,
 )
-from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
+from audit.selectors import entries_of_subject
+from capacity.defrag.models import DefragJob, JobState, OrphanState
 from defrag_builders import make_node
 from defrag_cluster import NS, knative_service, scenario
 
 pytestmark = pytest.mark.django_db
 
 RETURN_PERMISSION = "return_to_service_defragjob"
+
+
+def job_audit(job):
+    """The job's entries in the audit trail, oldest first."""
+    return entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
 
 
 def start_job(world, node: str) -> DefragJob:
@@ -43,8 +49,9 @@ def give_back(world, node: str, *, actor=None, job=None):
                                   now=world.now(), enqueue=False)
 
 
-def returns(job) -> list[DefragAudit]:
-    return list(job.audit.filter(action="node_return_to_service"))
+def returns(job) -> list:
+    entries = job_audit(job)
+    return list(entries.filter(action="node_return_to_service"))
 
 
 @pytest.fixture

@@ -27,13 +27,14 @@ from kubernetes.client.exceptions import ApiException
 
 from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_drain, \
     defrag_job_start
-from capacity.defrag.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragAudit, DefragJob, DefragOrphan, \
+from audit.selectors import entries_of_subject
+from capacity.defrag.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragJob, DefragOrphan, \
     JobState
 from capacity.runbook.models import RunbookAudit, ServedModel
 from clusters.errors import KubeError
 from clusters.labels import BINPACK_MARKER, DELETION_COST
 from capacity.binpack.models import BinpackRun
-from config import clock
+from config import clock, queues
 from config.schedule import SCHEDULES
 from orgs.activity import org_activity_record
 from orgs.models import DormancySwitch, Org
@@ -174,9 +175,10 @@ class ChaosDriver:
     def worker_start(self, name: str) -> None:
         log = self.procs.tmp_path / f"{name}.log"
         self.log_marks[name] = log.stat().st_size if log.exists() else 0
-        self.procs.start(name, "worker", "--pool=prefork", "--concurrency=1", "--without-gossip",
-                         "--without-mingle", "--without-heartbeat", "-n", f"chaos-{name}-{os.getpid()}@%h",
-                         "--loglevel=INFO")
+        # Every queue, as the product's workers consume them between them (config/queues.py).
+        self.procs.start(name, "worker", "-Q", ",".join(queues.ALL), "--pool=prefork", "--concurrency=1",
+                         "--without-gossip", "--without-mingle", "--without-heartbeat",
+                         "-n", f"chaos-{name}-{os.getpid()}@%h", "--loglevel=INFO")
 
     def workers_start(self, beat_schedule: str) -> None:
         for name in WORKERS:
@@ -443,7 +445,8 @@ class ChaosDriver:
             return
         if job.state not in FINAL_STATES and job.state != JobState.ABORT_STUCK:
             self.violation(f"job #{job.pk} neither terminal nor progressing: {job.state}")
-        audits = list(DefragAudit.objects.filter(job=job).order_by("pk").values_list("action", "target"))
+        audits = list(entries_of_subject(subject_type="defrag_job", subject_id=job.pk).order_by("pk")
+                      .values_list("action", "target"))
         actions = [a for a, _ in audits]
         if self.aborts_sent:
             if job.state not in (JobState.ABORTED, JobState.ABORT_STUCK):

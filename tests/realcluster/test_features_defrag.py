@@ -24,7 +24,8 @@ from capacity.defrag.services import (
     defrag_job_start,
     defrag_job_step,
 )
-from capacity.defrag.models import DefragAudit, DefragJob, JobState, OrphanState
+from audit.selectors import entries_of_subject
+from capacity.defrag.models import DefragJob, JobState, OrphanState
 from clusters import kube
 
 from .pool import GpuPool
@@ -37,6 +38,11 @@ JOB_SECONDS = 30
 # simcluster keeps a deleted or evicted pod Terminating for its 30 s grace period (and its
 # GPU taken); KWOK deletes it at once. Room for two in turn (the hog, then the orphan).
 TERMINATING_SECONDS = 120
+
+
+def job_audit(job):
+    """The job's entries in the audit trail, oldest first."""
+    return entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
 
 
 @pytest.fixture
@@ -122,7 +128,7 @@ def test_defrag_to_safe_orphans_the_model_pod_and_waits_for_the_autoscaler(tier_
     assert {e.reason for e in gpus.events("default", "DefragCordon", involving=node)
             + gpus.events("default", "DefragSafe", involving=node)} == {"DefragCordon", "DefragSafe"}
     assert [e.involved_object.name for e in gpus.events(gpus.ns, "DefragOrphan")] == [pod.metadata.name]
-    assert list(DefragAudit.objects.filter(job=job).values_list("action", flat=True)) == [
+    assert list(job_audit(job).values_list("action", flat=True)) == [
         "job_confirm", "scales_record", "node_cordon", "pod_orphan", "job_safe"]
 
 
@@ -234,6 +240,6 @@ def test_a_bare_pod_and_a_plain_deployment_pod_block_the_node_and_are_never_touc
     # The pod the job orphaned itself has no controller either, but it is a tracked orphan, not a blocker.
     [orphan] = job.orphans.all()
     assert orphan.state == OrphanState.ORPHANED and orphan.pod_name not in job.log[-1]
-    assert DefragAudit.objects.get(job=job, action="job_blocked").new == {"blockers": [
+    assert job_audit(job).get(action="job_blocked").new == {"blockers": [
         f"{gpus.ns}/scratch (bare pod (no controller would replace it))",
         f"{gpus.ns}/{web.metadata.name} (ReplicaSet pod outside Knative (no PodAutoscaler counts an orphan))"]}
