@@ -1,90 +1,205 @@
-"""The panel at 1,000 nodes (prints figures; not a test).
+"""Benchmark: the cluster dashboard and the GPU map at 1,000 nodes / 10,000 pods and at 5x
+that (5,000 / 50,000), and the snapshot they are drawn from.
 
-The cluster dashboard on the generated 1,000-node / 10,000-pod scenario against its floor,
-measured in the same run: fetching that cluster's nodes and pods raw — one unpaged LIST
-each over HTTP, decoded from JSON with orjson and nothing more (the least any view of
-the fleet must do). Target: dashboard ≤ 2× the floor. The GPU map's first page is shown
-too.
+    .venv/bin/python bench/dashboard_render.py [--scales 1,5] [--runs 5] [--pages]
 
-    .venv/bin/python bench/dashboard_render.py [--nodes 1000] [--pods 10000] [--repeat 5]
+The simulated cluster (`simcluster.generate`) runs in its own process, as an API server
+does. Per scale, min/median/max over --runs:
+- floor: the same LIST calls the pages make (nodes and pods, paged by SNAPSHOT_PAGE_SIZE,
+  following `continue`), over one keep-alive urllib3 pool, decoded with orjson and nothing
+  more, with Python's cyclic collector paused as the product pauses it: the least any view
+  of the cluster must do with the libraries the product uses;
+- dashboard and GPU map (first page), "read": the cluster read for the page (the kept
+  reading dropped first: what the first viewer after CAPACITY_MAP_CACHE_SECONDS waits);
+- dashboard and GPU map, "kept": served from the reading kept for
+  CAPACITY_MAP_CACHE_SECONDS (what everyone else, and the page's own reload, gets);
+- snapshot_take alone (same floor), and its memory at this scale (tracemalloc, a run of
+  its own: the peak while it runs, and what the snapshot keeps).
+Each run measures the floor and the page back to back, so the per-run ratios are printed
+too (target: every one <= 2).
+
+--pages: snapshot_take per page size (500 ... 10,000 and unpaged): time and peak memory,
+how SNAPSHOT_PAGE_SIZE was chosen.
+
+The web requests go through Django's test client in this process (the middleware, the
+permission check, the templates), on a throw-away SQLite database; Django's cache is the
+settings' (local memory without REDIS_URL). Prints figures; not a test. Leaves nothing
+behind (a temporary folder holds the scenario, the kubeconfig and the database).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
+import gc
+import subprocess
+import sys
 import time
-import urllib.request
+import tracemalloc
+from datetime import datetime, timezone
+from pathlib import Path
 
 import _django
 
-_django_folder = _django.setup("dashboard-bench")
+_folder = _django.setup("dashboard-bench")
 
 import orjson  # noqa: E402
-
+import urllib3  # noqa: E402
+from _runs import Report, bench_arguments, scales_of  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.cache import cache  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 
+from clusters import kube  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
+from clusters.selectors import SNAPSHOT_PAGE_SIZE, snapshot_take  # noqa: E402
+from clusters.snapshot import gc_paused  # noqa: E402
 from simcluster.generate import generate  # noqa: E402
-from simcluster.testing import ClusterServer  # noqa: E402
+from simcluster.kubeconfig import ADMIN_TOKEN  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_NODES, BASE_PODS = 1000, 10000
+PAGE_SIZES = (500, 1000, 2000, 5000, 10000, None)
 
 
-def best_of(repeat: int, fn) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times), statistics.median(times)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pods", type=int, default=10000)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-
-    setup_test_environment()
-    kubeconfig = _django_folder / "kubeconfig"   # removed with the bench's folder at exit
-    server = ClusterServer(generate(nodes=args.nodes, pods=args.pods), kubeconfig_out=str(kubeconfig))
-    server.start()
+@contextlib.contextmanager
+def served(scale: int, workdir: Path):
+    """The generated cluster in a child `python -m simcluster serve`; yields (url, kubeconfig)."""
+    scenario, kubeconfig = workdir / f"scenario-{scale}x.json", workdir / f"kubeconfig-{scale}x"
+    scenario.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List",
+                                       "items": [d for d in generate(nodes=BASE_NODES * scale,
+                                                                     pods=BASE_PODS * scale)
+                                                 if d["kind"] != "Simulation"]}))   # not a Kubernetes object
+    child = subprocess.Popen([sys.executable, "-m", "simcluster", "serve", "--scenario", str(scenario),
+                              "--manual-clock", "--kubeconfig-out", str(kubeconfig)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        Cluster.objects.update_or_create(name="big", defaults={"kubeconfig_path": str(kubeconfig)})
-        user = get_user_model().objects.create_superuser("bench", "bench@example.com", "pw")
-        client = Client()
-        client.force_login(user)
-
-        def floor():
-            for path in ("/api/v1/nodes", "/api/v1/pods"):
-                with urllib.request.urlopen(server.url + path) as response:
-                    orjson.loads(response.read())
-
-        def dashboard():
-            response = client.get("/capacity/clusters/big/", secure=True)
-            assert response.status_code == 200, response.status_code
-            return response
-
-        def gpu_map():
-            response = client.get("/capacity/clusters/big/gpu-map/", secure=True)
-            assert response.status_code == 200, response.status_code
-
-        dashboard()   # warm up: the gateway, templates, the simulated cluster's caches
-        floor_best, floor_median = best_of(args.repeat, floor)
-        dash_best, dash_median = best_of(args.repeat, dashboard)
-        map_best, map_median = best_of(args.repeat, gpu_map)
-        size = len(dashboard().content)
-        print(f"cluster: {args.nodes} nodes, {args.pods} pods")
-        print(f"floor (raw LIST nodes + pods, decoded):   best {floor_best:.3f}s  median {floor_median:.3f}s")
-        print(f"dashboard:                              best {dash_best:.3f}s  median {dash_median:.3f}s  "
-              f"({size / 1024:.0f} KiB of HTML)")
-        print(f"GPU map page:                           best {map_best:.3f}s  median {map_median:.3f}s")
-        print(f"ratio dashboard / floor: {dash_best / floor_best:.2f} (target <= 2)")
-        print(f"ratio GPU map / floor:   {map_best / floor_best:.2f}")
+        line = child.stdout.readline()
+        if "serving at" not in line:
+            raise SystemExit(f"the simulated cluster did not start: {line}{child.stderr.read()}")
+        while not kubeconfig.exists():
+            time.sleep(0.05)
+        yield line.split("serving at ")[1].split()[0], kubeconfig
     finally:
-        server.stop()
+        child.terminate()
+        child.wait(timeout=60)
+        scenario.unlink(missing_ok=True)
+
+
+def raw_lists(pool: urllib3.PoolManager, url: str, page_size: int | None) -> int:
+    """The floor: the pages' LIST calls, decoded with orjson; returns the objects read."""
+    count = 0
+    with gc_paused():
+        for path in ("/api/v1/nodes", "/api/v1/pods"):
+            token = None
+            while True:
+                fields = {k: v for k, v in (("limit", page_size), ("continue", token)) if v}
+                response = pool.request("GET", url + path, fields=fields,
+                                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                                                 "Accept": "application/json"})
+                if response.status != 200:
+                    raise SystemExit(f"floor LIST {path}: HTTP {response.status}")
+                page = orjson.loads(response.data)
+                count += len(page["items"])
+                token = page["metadata"].get("continue")
+                if not token:
+                    break
+    return count
+
+
+def paired(runs: int, floor, measure) -> tuple[list[float], list[float]]:
+    """`runs` times: the floor, then the measure, back to back (so each run has its ratio)."""
+    floors, samples = [], []
+    for _ in range(runs):
+        began = time.perf_counter()
+        floor()
+        floors.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        measure()
+        samples.append(time.perf_counter() - began)
+    return floors, samples
+
+
+def per_run(samples: list[float], floors: list[float]) -> str:
+    ratios = [s / f for s, f in zip(samples, floors)]
+    within = sum(r <= 2 for r in ratios)
+    return f"per-run ratio {'/'.join(f'{r:.2f}' for r in ratios)} ({within} of {len(ratios)} <= 2)"
+
+
+def snapshot_memory(gateway: kube.KubeGateway, page_size: int | None) -> tuple[float, float, int]:
+    """(peak MiB while snapshot_take runs, MiB the snapshot keeps, pods) — Python allocations."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    snapshot = snapshot_take(gateway, now=datetime.now(timezone.utc), page_size=page_size)
+    kept, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return (peak - before) / 2**20, (kept - before) / 2**20, len(snapshot.pods)
+
+
+def one_scale(scale: int, runs: int, report: Report, pages: bool, client: Client) -> None:
+    with served(scale, _folder) as (url, kubeconfig):
+        cluster, _ = Cluster.objects.update_or_create(name=f"big-{scale}x",
+                                                      defaults={"kubeconfig_path": str(kubeconfig)})
+        gateway = kube.gateway_for(cluster)
+        pool = urllib3.PoolManager(maxsize=1)
+        floor = lambda: raw_lists(pool, url, SNAPSHOT_PAGE_SIZE)   # noqa: E731
+        dashboard_path, map_path = f"/capacity/clusters/{cluster.name}/", f"/capacity/clusters/{cluster.name}/gpu-map/"
+
+        def page(path: str, *, kept: bool):
+            if not kept:
+                cache.clear()
+            response = client.get(path, secure=True)
+            assert response.status_code == 200, (path, response.status_code)
+            assert b'id="data-age"' in response.content
+
+        # Warm up: connections, templates, the server's first pages.
+        floor(), page(dashboard_path, kept=False), page(map_path, kept=False)
+        floor_label = f"same LISTs raw (urllib3 + orjson, pages of {SNAPSHOT_PAGE_SIZE}, collector paused)"
+        for name, path in (("dashboard", dashboard_path), ("GPU map", map_path)):
+            for kept in (False, True):
+                floors, samples = paired(runs, floor, lambda: page(path, kept=kept))
+                report.add(scale, f"{name}, {'kept reading' if kept else 'cluster read'}", samples,
+                           floor=floor_label, floor_samples=floors, note=per_run(samples, floors))
+        floors, samples = paired(runs, floor, lambda: snapshot_take(gateway, now=datetime.now(timezone.utc)))
+        report.add(scale, "snapshot_take", samples, floor=floor_label, floor_samples=floors,
+                   note=per_run(samples, floors))
+        peak, kept, count = snapshot_memory(gateway, SNAPSHOT_PAGE_SIZE)
+        report.add(scale, "snapshot_take peak memory", [peak], unit="MiB",
+                   note=f"{count:,} pods; the snapshot keeps {kept:.0f} MiB")
+        if pages:
+            for size in PAGE_SIZES:
+                samples = [0.0] * runs
+                for i in range(runs):
+                    began = time.perf_counter()
+                    snapshot_take(gateway, now=datetime.now(timezone.utc), page_size=size)
+                    samples[i] = time.perf_counter() - began
+                peak, kept, _ = snapshot_memory(gateway, size)
+                report.add(scale, f"snapshot_take, pages of {size or 'all (unpaged)'}", samples,
+                           note=f"peak {peak:.0f} MiB, keeps {kept:.0f} MiB")
+        pool.clear()
+        kube.forget_gateways()
+
+
+def main() -> int:
+    parser = bench_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--pages", action="store_true",
+                        help="also time snapshot_take and its peak memory per page size")
+    args = parser.parse_args()
+    scales = scales_of(args)
+    setup_test_environment()
+    user = get_user_model().objects.create_superuser("bench", "bench@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    print(f"dashboard_render: cache {settings.CACHES['default']['BACKEND'].rsplit('.', 1)[-1]}, "
+          f"readings kept {settings.CAPACITY_MAP_CACHE_SECONDS} s, snapshot pages of {SNAPSHOT_PAGE_SIZE}", flush=True)
+    report = Report("dashboard_render", runs=args.runs)
+    for scale in scales:
+        one_scale(scale, args.runs, report, args.pages, client)
+    report.print()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

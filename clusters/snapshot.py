@@ -8,10 +8,13 @@ from the cluster with the fewest LIST calls; tests build one from plain dicts wi
 """
 from __future__ import annotations
 
+import gc
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from clusters.labels import GPU_RESOURCE
 
@@ -20,8 +23,41 @@ from clusters.labels import GPU_RESOURCE
 HOLDING_PHASES = ("Pending", "Running")
 
 
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold off Python's cyclic garbage collector while a snapshot is decoded and built.
+
+    A 50,000-pod LIST decodes into millions of dicts and lists; each batch of new
+    containers triggers a collection that walks everything alive, so at that size more than
+    half the read went to the collector (measured: 0.8 s decoded with it paused, 2.9-6.1 s
+    without). Decoded JSON and the views hold no reference cycles, so reference counting
+    frees them either way. Nested and threaded uses count: the collector runs again when
+    the last one ends, and only if it was running before the first.
+    """
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
 def _frozen(mapping: dict | None) -> Mapping[str, str]:
-    return MappingProxyType(dict(mapping or {}))
+    return MappingProxyType(dict(mapping)) if mapping else _EMPTY
 
 
 def _gpus(resources: dict | None) -> int:
@@ -32,7 +68,7 @@ def _gpus(resources: dict | None) -> int:
         return 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OwnerRef:
     api_version: str
     kind: str
@@ -41,7 +77,7 @@ class OwnerRef:
     controller: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeView:
     name: str
     labels: Mapping[str, str]
@@ -59,7 +95,7 @@ class NodeView:
                    ready=ready)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodView:
     namespace: str
     name: str
@@ -78,7 +114,10 @@ class PodView:
 
     @property
     def controller(self) -> OwnerRef | None:
-        return next((o for o in self.owners if o.controller), None)
+        for owner in self.owners:   # a loop, not a generator: asked once per pod by every planner
+            if owner.controller:
+                return owner
+        return None
 
     @property
     def live(self) -> bool:
@@ -98,14 +137,23 @@ class PodView:
 
     @classmethod
     def from_object(cls, obj: dict) -> "PodView":
+        # Called once per pod of a cluster (50,000 at fleet size): plain loops, no
+        # generators, and the common case (no owner, no unschedulable condition) kept cheap.
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        gpus = sum(_gpus((c.get("resources") or {}).get("requests")) or _gpus((c.get("resources") or {}).get("limits"))
-                   for c in spec.get("containers") or ())
-        owners = tuple(OwnerRef(o.get("apiVersion", ""), o.get("kind", ""), o.get("name", ""), o.get("uid", ""),
-                                bool(o.get("controller"))) for o in meta.get("ownerReferences") or ())
-        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
-        unschedulable = (scheduled.get("message") or "" if scheduled.get("status") == "False"
-                         and scheduled.get("reason") == "Unschedulable" else None)
+        gpus = 0
+        for container in spec.get("containers") or ():
+            resources = container.get("resources")
+            if resources:
+                gpus += _gpus(resources.get("requests")) or _gpus(resources.get("limits"))
+        refs = meta.get("ownerReferences")
+        owners = tuple([OwnerRef(o.get("apiVersion", ""), o.get("kind", ""), o.get("name", ""), o.get("uid", ""),
+                                 bool(o.get("controller"))) for o in refs]) if refs else ()
+        unschedulable = None
+        for condition in status.get("conditions") or ():
+            if condition.get("type") == "PodScheduled":
+                if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+                    unschedulable = condition.get("message") or ""
+                break
         return cls(namespace=meta.get("namespace", ""), name=meta["name"], uid=meta.get("uid", ""),
                    node_name=spec.get("nodeName"), phase=status.get("phase", "Pending"),
                    labels=_frozen(meta.get("labels")), annotations=_frozen(meta.get("annotations")), gpus=gpus,

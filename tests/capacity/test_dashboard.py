@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
 
 from capacity.defrag.models import DefragJob, JobState
+from capacity.gpumap.selectors import fragmentation_recent
+from clusters import kube
+from config import clock
 from defrag_builders import make_model_pod, make_node
 from orgs.models import Org
 from pruning.models import PruneRun
@@ -126,3 +130,135 @@ def test_gpu_map_pages_a_big_fleet_and_keeps_the_pool_filter(sim_cluster_factory
     assert 'data-node="a1"' in first and 'data-node="a1"' not in last     # nodes go by name
     pool = client.get("/capacity/clusters/sim/gpu-map/?pool=a10g").content.decode()
     assert pool.count('class="node"') == 1 and 'id="map-pages"' not in pool
+
+
+# ---- one reading of the cluster serves its pages a few seconds, and they say how old it is --
+
+T0 = datetime(2026, 3, 2, 14, 5, 7, tzinfo=UTC)
+
+
+@pytest.fixture
+def frozen_now(monkeypatch):
+    """The product's clock, moved by the test: `frozen_now[0] = T0 + timedelta(seconds=8)`."""
+    moment = [T0]
+    monkeypatch.setattr(clock, "now", lambda: moment[0])
+    return moment
+
+
+def data_age(html: str) -> str:
+    return re.search(r'<p id="data-age">(.*?)</p>', html, re.S).group(1)
+
+
+def node_names(html: str) -> list[str]:
+    return re.findall(r'<g class="node" data-node="([^"]+)"', html)
+
+
+def api_calls(handle) -> int:
+    return sum(handle.gateway.calls.values())
+
+
+def test_a_reading_serves_both_pages_for_its_seconds_and_they_say_how_old_it_is(
+        sim_cluster_factory, client, staff, redis_cache, settings, frozen_now):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    handle = sim_cluster_factory(objects(), name="sim")
+    first = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert data_age(first) == ("Nodes and pods as of 0 s ago (2026-03-02 14:05:07 UTC): one reading of the cluster "
+                               "serves its pages for 10 s, and is read again at once when a defrag job of the "
+                               "cluster acts.")
+    assert 'id="map-cordoned"' not in first
+    # Someone cordons h2 outside the product, and 8 s pass.
+    handle.gateway.patch(kube.NODES, "h2", {"spec": {"unschedulable": True}}, patch_type="strategic")
+    calls = api_calls(handle)
+    frozen_now[0] = T0 + timedelta(seconds=8)
+    kept_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    kept_dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    for page in (kept_map, kept_dashboard):
+        assert data_age(page).startswith("Nodes and pods as of 8 s ago (2026-03-02 14:05:07 UTC)")
+    assert 'id="map-cordoned"' not in kept_map                      # what the cluster was 8 s ago, as it says
+    assert {r[0]: r[8] for r in cells(kept_dashboard, "gpus-by-product")}["NVIDIA-H100-80GB-HBM3"] == "0"
+    assert api_calls(handle) == calls                                 # neither page asked the cluster
+    # 10 s after the reading, the next page reads the cluster again.
+    frozen_now[0] = T0 + timedelta(seconds=10)
+    fresh_dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    assert data_age(fresh_dashboard).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:17 UTC)")
+    assert {r[0]: r[8] for r in cells(fresh_dashboard, "gpus-by-product")}["NVIDIA-H100-80GB-HBM3"] == "1"
+    assert api_calls(handle) > calls
+    fresh_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    cordoned = re.search(r'<table id="map-cordoned">(.*?)</table>', fresh_map, re.S).group(1)
+    assert re.findall(r"</span> ([^<]+)</td>", cordoned) == ["h2"]
+
+
+def test_with_no_keeping_every_page_reads_the_cluster(sim_cluster_factory, client, staff, redis_cache, settings,
+                                                      frozen_now):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 0
+    handle = sim_cluster_factory(objects(), name="sim")
+    page = client.get("/capacity/clusters/sim/").content.decode()
+    assert data_age(page) == "Nodes and pods as of 0 s ago (2026-03-02 14:05:07 UTC)."
+    calls = api_calls(handle)
+    client.get("/capacity/clusters/sim/")
+    assert api_calls(handle) > calls
+
+
+def test_a_kept_reading_never_shows_another_clusters_nodes(sim_cluster_factory, client, staff, redis_cache,
+                                                            settings, frozen_now):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    east = sim_cluster_factory([make_node("east-1"), make_node("east-2")], name="east")
+    west = sim_cluster_factory([make_node("west-1", gpus=4, product="NVIDIA-A100", pool="a100")], name="west")
+    other = sim_cluster_factory([make_node("other-1")], name="other")
+    for path in ("/capacity/clusters/east/gpu-map/", "/capacity/clusters/east/"):
+        assert client.get(path).status_code == 200
+    assert node_names(client.get("/capacity/clusters/west/gpu-map/").content.decode()) == ["west-1"]
+    west_products = [r[0] for r in cells(client.get("/capacity/clusters/west/").content.decode(), "gpus-by-product")]
+    assert west_products == ["NVIDIA-A100"]
+    assert node_names(client.get("/capacity/clusters/east/gpu-map/").content.decode()) == ["east-1", "east-2"]
+    # The west row now points at another API server: its kept reading is not that server's.
+    west.cluster.kubeconfig_path = other.kubeconfig_path
+    west.cluster.save()
+    assert node_names(client.get("/capacity/clusters/west/gpu-map/").content.decode()) == ["other-1"]
+    del east
+
+
+@pytest.mark.parametrize("page", ["/capacity/clusters/sim/", "/capacity/clusters/sim/gpu-map/"])
+def test_the_permission_is_checked_before_any_cluster_call_or_kept_reading(
+        sim_cluster_factory, client, django_user_model, redis_cache, settings, page):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    never_read = sim_cluster_factory(objects(), name="quiet")
+    handle = sim_cluster_factory(objects(), name="sim")
+    admin = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(admin)
+    assert client.get(page).status_code == 200                      # a reading of sim is kept
+    calls = api_calls(handle)
+    viewer = django_user_model.objects.create_user("viewer", "viewer@example.com", "pw", is_staff=True)
+    client.force_login(viewer)
+    refused = client.get(page)
+    assert refused.status_code == 403
+    assert "data-node" not in refused.content.decode() and "NVIDIA" not in refused.content.decode()
+    assert api_calls(handle) == calls
+    assert client.get(page.replace("/sim/", "/quiet/")).status_code == 403
+    assert not never_read.gateway.calls                               # refused before the cluster was asked
+
+
+def test_a_defrag_job_shows_at_once_on_a_kept_reading(sim_cluster_factory, client, staff, redis_cache, settings,
+                                                       frozen_now):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    handle = sim_cluster_factory(objects(), name="sim")
+    before = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert 'aria-label="held by a defrag job"' not in before[before.index('id="gpu-map"'):before.index("</svg>")]
+    frozen_now[0] = T0 + timedelta(seconds=3)
+    job = DefragJob.objects.create(cluster=handle.cluster, node_name="a1", state=JobState.WAITING, created_at=T0,
+                                   requested_by=staff)
+    after = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert data_age(after).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:10 UTC)")
+    a1 = after[after.index('data-node="a1"'):]
+    assert f"<title>held by defrag job #{job.pk}</title>" in a1[:a1.index("</text>")]
+
+
+def test_the_cluster_is_read_when_the_cache_is_down(sim_cluster_factory, settings):
+    """(The admin's theme reads the same cache, so the whole page needs it; the reading does not.)"""
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": "redis://127.0.0.1:9/0",   # nothing listens on the discard port
+                                   "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}}
+    handle = sim_cluster_factory(objects(), name="sim")
+    read = fragmentation_recent(cluster=handle.cluster, now=T0)
+    assert [r.name for r in read.view.rows] == ["a1", "h1", "h2"] and read.taken_at == T0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from defrag_builders import make_model_pod, make_node, make_pod
-from capacity.gpumap.planning import fragmentation_view, gpu_summary
+from capacity.gpumap.planning import fragmentation_pool, fragmentation_view, gpu_summary
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
 
 
@@ -88,3 +88,26 @@ def test_finished_and_terminating_pods_hold_no_gpus_on_the_map():
     (row,) = fragmentation_view(snapshot([make_node("a")], [done, leaving,
                                          make_model_pod("a1", revision="r-00001", node="a")])).rows
     assert (row.used, row.free, row.gpu_pods) == (1, 7, 1)
+
+
+def test_one_pool_of_a_kept_whole_cluster_view_is_that_pools_own_view():
+    """The pages keep one view of the whole cluster and cut a pool out of it: the same rows,
+    totals and advice as drawing the pool alone (whose room counts every pool of the product)."""
+    nodes = [make_node("h-a"), make_node("h-b"), make_node("spot-a", pool="spot"), make_node("spot-b", pool="spot"),
+             make_node("a10", gpus=1, product="NVIDIA-A10G", pool="a10g")]
+    pods = [make_model_pod("m1", revision="m1-00001", node="h-a", gpus=2),
+            make_model_pod("m2", revision="m2-00001", node="spot-a", gpus=3),
+            make_model_pod("m3", revision="m3-00001", node="spot-b", gpus=6),
+            make_model_pod("m4", revision="m4-00001", node="a10", gpus=1)]
+    s = snapshot(nodes, pods)
+    whole = fragmentation_view(s, held_nodes={"h-b": 7})
+    for pool in ("h100", "spot", "a10g", "none"):
+        cut, drawn = fragmentation_pool(whole, pool), fragmentation_view(s, held_nodes={"h-b": 7}, pool=pool)
+        assert (cut.rows, cut.advice, cut.pools) == (drawn.rows, drawn.advice, drawn.pools), pool
+    spot = fragmentation_pool(whole, "spot")
+    assert [r.name for r in spot.rows] == ["spot-a", "spot-b"]
+    # Room counted across pools: h-a (h100) is freed first into spot-b, so both spot nodes
+    # could only be freed instead of it.
+    assert [(c.node, c.outcome_label) for c in spot.candidates] == [
+        ("spot-a", "instead of an earlier one, not as well"), ("spot-b", "instead of an earlier one, not as well")]
+    assert spot.pools == {"spot": {"nodes": 2, "total": 16, "used": 9, "free": 7, "empty_nodes": 0}}

@@ -1,13 +1,16 @@
 """The one pure view of a cluster: GPUs counted one way, the owner index, who waits for
-GPUs. No database, no cluster: snapshots built from plain objects."""
+GPUs. Snapshots built from plain objects (no database, no cluster), and one test of
+`snapshot_take` reading a simulated cluster page by page."""
 from __future__ import annotations
 
+import gc
 from datetime import UTC, datetime
 
 import pytest
 
 from clusters.labels import GPU_RESOURCE
-from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+from clusters.selectors import snapshot_take
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -70,3 +73,44 @@ SHORT = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
 ])
 def test_a_pod_waits_for_gpus_only_when_the_scheduler_said_gpus_were_short(kwargs, waits):
     assert PodView.from_object(pod("p", **kwargs)).pending_for_gpus is waits
+
+
+def test_the_collector_runs_again_when_the_last_pause_ends_and_only_if_it_ran_before():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with gc_paused():
+            assert not gc.isenabled()
+            with gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()              # the outer pause still holds
+            raise RuntimeError("a read failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()                  # paused by someone else before: left so
+    finally:
+        gc.enable()
+
+
+def gpu_cluster(nodes: int, pods_per_node: int) -> list[dict]:
+    docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}}]
+    for n in range(nodes):
+        docs.append({"apiVersion": "v1", "kind": "Node", **node(f"n{n}")})
+        for p in range(pods_per_node):
+            docs.append({"apiVersion": "v1", "kind": "Pod", **pod(f"p{n}-{p}", node_name=f"n{n}", gpus=2,
+                                                                  owner_uid=f"rs-{n}")})
+    return docs
+
+
+@pytest.mark.django_db
+def test_a_paged_snapshot_is_the_whole_cluster_read_a_page_at_a_time(sim_cluster_factory):
+    handle = sim_cluster_factory(gpu_cluster(nodes=7, pods_per_node=3))
+    whole = snapshot_take(handle.gateway, now=NOW, page_size=None)
+    handle.gateway.calls.clear()
+    paged = snapshot_take(handle.gateway, now=NOW, page_size=5)
+    assert handle.gateway.calls == {("list", "nodes"): 2, ("list", "pods"): 5}   # 7 nodes, 21 pods by 5
+    assert paged.nodes == whole.nodes and paged.pods == whole.pods
+    assert len(paged.pods) == 21 and paged.gpus_free("n3") == 2 and len(paged.pods_owned_by("rs-6")) == 3
+    assert gc.isenabled()
