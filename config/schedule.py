@@ -1,5 +1,9 @@
 """Every periodic schedule of the product, declared here and nowhere else.
 
+Each fires a task on the `beat` queue that reads the database and queues one task per
+cluster (or per job) on the queue of its kind (config/queues.py); the dormancy sweep is
+one SQL statement and queues one apply per org it marks.
+
 `python manage.py install_schedules` (run by `migrate` too) writes them into
 django-celery-beat, where operators may retune or disable them in the admin; an
 installed row keeps the operator's interval and enabled flag (a row still at an interval
@@ -44,21 +48,22 @@ SCHEDULES: tuple[Periodic, ...] = (
         name="orgs: scale-to-zero reconcile",
         task="orgs.tasks.scale_to_zero_reconcile",
         every_seconds=600,
-        description="Find and repair scale-to-zero settings that did not hold (drift).",
+        description="Find and repair scale-to-zero settings that did not hold (drift): one task per cluster.",
     ),
     Periodic(
         name="orgs: scale-to-zero retry",
         task="orgs.tasks.scale_to_zero_retry",
         every_seconds=60,
         description="Apply again every org whose wanted scale-to-zero setting is not the applied one "
-                    "(a lost queue message, a partial apply): a wake lands within 2 minutes.",
+                    "(a lost queue message, a partial apply), one task per cluster with such orgs: "
+                    "a wake lands within 2 minutes.",
     ),
     Periodic(
         name="clusters: API discovery",
         task="clusters.tasks.discovery_refresh_all",
         every_seconds=300,
         description="Read which API groups the product acts on each cluster serves (KServe, Knative, "
-                    "Kubeflow, Kthena, metrics); a group not served means no such workloads.",
+                    "Kubeflow, Kthena, metrics), one task per cluster; a group not served means no such workloads.",
     ),
     Periodic(
         name="pruning: idle-GPU prune",

@@ -170,6 +170,16 @@ else:
     # which left a job unstepped that long after its worker was killed. Leases in the
     # job row keep two workers from stepping one job even when a message is delivered twice.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"priority_steps": list(range(10)), "visibility_timeout": 300}
+# Which queue each task runs on (config/queues.py; the README's queue table): beat's
+# fan-outs, per-cluster sweeps, org applies and long operations never wait behind each other.
+from config import queues as _queues  # noqa: E402 - a plain table, no Django import
+
+CELERY_TASK_ROUTES = _queues.ROUTES
+CELERY_TASK_DEFAULT_QUEUE = _queues.SWEEP
+# Declared, so a worker started without -Q consumes them all and a
+# message queued before an upgrade on `celery` is still run. Each its own routing key: on
+# a shared routing key a direct exchange would copy one message into every queue.
+CELERY_TASK_QUEUES = tuple(_queues.queue(name) for name in (*_queues.ALL, _queues.LEGACY))
 CELERY_TASK_DEFAULT_PRIORITY = 5  # unprioritised messages would otherwise land in 0, the fastest lane
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

@@ -1,13 +1,18 @@
 """Celery tasks: load rows by id, call one service; retries live here."""
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
+from clusters.selectors import cluster_find, clusters_with_orgs
 from config import clock
 from config.retries import RetryTransient
 from orgs import services
 
 from orgs.services import HIGH_PRIORITY, NORMAL_PRIORITY  # noqa: F401 - the priority lanes, named where they are used
+
+log = logging.getLogger(__name__)
 
 
 class ApplyIncomplete(Exception):
@@ -36,17 +41,49 @@ def dormancy_sweep() -> dict:
 
 
 @shared_task
-def scale_to_zero_reconcile() -> dict:
-    return _summary(services.orgs_reconcile(now=clock.now()))
+def scale_to_zero_reconcile() -> int:
+    """Every 10 minutes: one reconcile task per cluster an org runs on (queue `sweep`), so
+    one slow cluster's read never delays another's repair. The number of clusters queued."""
+    ids = sorted(clusters_with_orgs().values_list("pk", flat=True))
+    for pk in ids:
+        scale_to_zero_reconcile_cluster.delay(pk)
+    return len(ids)
 
 
 @shared_task
-def scale_to_zero_retry() -> dict:
-    """Every minute: apply again each org whose wanted setting is not the applied one. The
-    orgs of a cluster that did not answer are skipped after its first failure (listed
-    under "skipped"): one unreachable cluster costs this worker one org's retries, not
-    every org's."""
-    return _summary(services.orgs_apply_unapplied(now=clock.now()))
+def scale_to_zero_reconcile_cluster(cluster_id: int) -> dict | None:
+    cluster = _cluster(cluster_id)
+    if cluster is None:
+        return None
+    return _summary(services.orgs_reconcile(now=clock.now(), cluster=cluster))
+
+
+@shared_task
+def scale_to_zero_retry() -> int:
+    """Every minute: one retry task per cluster holding an org whose wanted setting is not
+    the applied one (one query when none is). The number of clusters queued."""
+    ids = services.clusters_with_unapplied_orgs(now=clock.now())
+    for pk in ids:
+        scale_to_zero_retry_cluster.delay(pk)
+    return len(ids)
+
+
+@shared_task
+def scale_to_zero_retry_cluster(cluster_id: int) -> dict | None:
+    """Apply again each of the cluster's orgs whose wanted setting is not the applied one.
+    Once the cluster gives no answer the rest of its orgs are skipped (listed under
+    "skipped") until the next pass: an unreachable cluster costs one org's retries."""
+    cluster = _cluster(cluster_id)
+    if cluster is None:
+        return None
+    return _summary(services.orgs_apply_unapplied(now=clock.now(), cluster=cluster))
+
+
+def _cluster(cluster_id: int):
+    cluster = cluster_find(pk=cluster_id)
+    if cluster is None:
+        log.warning("cluster %s no longer exists", cluster_id)
+    return cluster
 
 
 def _summary(outcomes: list[services.ApplyOutcome]) -> dict:

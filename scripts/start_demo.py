@@ -11,7 +11,8 @@
    cluster (sync_orgs);
 4. Prometheus scraping the simulated cluster's DCGM exporter (`/metrics`) when the
    `prometheus` binary is installed, so the pruner reads real data; said clearly when not;
-5. web (Django on http://127.0.0.1:8000/admin/), a Celery worker and beat — on Redis
+5. web (Django on http://127.0.0.1:8000/admin/), two Celery workers (long operations on
+   their own) and beat — on Redis
    when one answers at REDIS_URL (default redis://127.0.0.1:6379/0), else on kombu's
    filesystem transport under var/;
 6. once the web answers: writes var/demo.env, which `manage.py` uses from any shell
@@ -36,6 +37,20 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _queues():
+    """config/queues.py by its path: the package `config` would start the Celery app here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_queues", ROOT / "config" / "queues.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+queues = _queues()
+
 VAR = Path(os.environ.get("VAR_DIR") or ROOT / "var").resolve()
 DEMO_ENV = VAR / "demo.env"           # read by manage.py (see its docstring)
 CLOCK_OFFSET = VAR / "clock-offset"   # CLOCK_OFFSET_FILE: moved by `manage.py demo_clock`
@@ -296,7 +311,14 @@ def main() -> int:
                        "data and finds nothing idle")
         subprocess.run([*manage, "sync_orgs"], cwd=ROOT, env=env, check=False)
         web = start("web", *manage, "runserver", f"127.0.0.1:{web_port}", "--noreload")
-        start("worker", PY, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2")
+        # Two workers, not one per queue (config/queues.py): the demo is one cluster on a
+        # laptop, where four workers would cost ~400 MB and a slower start for no gain. The
+        # long operations (defrag steps, prune runs, binpack writes) get a worker of their
+        # own, so they never hold up the sweeps, fan-outs and wakes the other one runs.
+        start("worker", PY, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2",
+              "-Q", f"{queues.BEAT},{queues.SWEEP},{queues.APPLY},{queues.LEGACY}", "-n", "demo@%h")
+        start("worker-long", PY, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "1",
+              "-Q", queues.LONG, "-n", "demo-long@%h")
         start("beat", PY, "-m", "celery", "-A", "config", "beat", "-l", "info")
         web_wait(web_url, web, WEB_ANSWER_SECONDS)
         env_file_write(demo)
