@@ -5,7 +5,8 @@
 - `blocked_revisions`: a new revision whose pods are Pending for lack of GPUs while an
   older revision of the same Knative Service still holds GPUs. The runbook's fix is to
   delete the older revision (not graceful: its pods stop at once, traffic included).
-- `resources_patch`: the merge patch that puts a resource spec on an InferenceService.
+- `resources_patch`: the merge patch that puts a resource spec on an InferenceService;
+  `resources_change`: what it would change (each request and limit, old → new), for a preview.
 - `merge_patch_holds`, `redeploy_landed`, `deleted`: whether an action announced before
   its write shows on the cluster (how an action left `acting` by a dead worker is settled).
 
@@ -198,6 +199,69 @@ def resources_patch(isvc: dict, values: ResourceValues) -> dict:
                                       for kind, amounts in values.resources().items()}
         patch["spec"]["predictor"]["containers"] = containers
     return patch
+
+
+
+@dataclass(frozen=True)
+class AmountChange:
+    """One resource of a pod: its request and limit now and under the spec (None: not set)."""
+    resource: str
+    request_old: str | None
+    request_new: str | None
+    limit_old: str | None
+    limit_new: str | None
+
+    @property
+    def changed(self) -> bool:
+        return (self.request_old, self.limit_old) != (self.request_new, self.limit_new)
+
+
+@dataclass(frozen=True)
+class ResourceChange:
+    """What saving a resource spec would do to one deployed version of the model."""
+    target: str                    # namespace/name of the InferenceService
+    org: str
+    framework: str
+    amounts: tuple[AmountChange, ...] = ()
+    gpu_product_old: str | None = None
+    gpu_product_new: str | None = None
+    error: str = ""                # it could not be planned (not read, no defaults): the apply records its outcome
+
+    @property
+    def redeploys(self) -> bool:
+        """A spec that changes nothing leaves the InferenceService as it is: no new revision."""
+        return not self.error and (any(a.changed for a in self.amounts)
+                                   or self.gpu_product_old != self.gpu_product_new)
+
+
+def _current_resources(predictor: dict) -> dict:
+    """The resources the predictor's pods ask for now: the model's, else the first container's
+    (where `resources_patch` writes)."""
+    if predictor.get("model") is not None or not predictor.get("containers"):
+        return (predictor.get("model") or {}).get("resources") or {}
+    return predictor["containers"][0].get("resources") or {}
+
+
+def resources_change(*, isvc: dict, values: ResourceValues, target: str, org: str,
+                     framework: str) -> ResourceChange:
+    """Each request and limit of `isvc`'s pods before and after `resources_patch(isvc, values)`,
+    and its GPU product node selector: the preview of a resource spec, computed without writing."""
+    predictor = (isvc.get("spec") or {}).get("predictor") or {}
+    old, new = _current_resources(predictor), values.resources()
+    names = sorted({*(old.get("requests") or {}), *(old.get("limits") or {}), *new["requests"], *new["limits"]})
+
+    def amount(side: dict, kind: str, name: str) -> str | None:
+        value = (side.get(kind) or {}).get(name)
+        return None if value is None else str(value)
+
+    amounts = tuple(AmountChange(resource=name, request_old=amount(old, "requests", name),
+                                 request_new=amount(new, "requests", name), limit_old=amount(old, "limits", name),
+                                 limit_new=amount(new, "limits", name))
+                    for name in names)
+    selector = resources_patch(isvc, values)["spec"]["predictor"]["nodeSelector"][GPU_PRODUCT_LABEL]
+    return ResourceChange(target=target, org=org, framework=framework, amounts=amounts,
+                          gpu_product_old=(predictor.get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL),
+                          gpu_product_new=selector)
 
 
 # --- what the cluster shows of an action announced before it was sent ----------------------------
