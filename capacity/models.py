@@ -7,7 +7,7 @@ not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackRun
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
-from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
 __all__ = ["BinpackCluster", "BinpackRun", "DefragJob", "DefragLogLine", "DefragOrphan",
-           "DefragRevision", "ResourceSpec", "RunbookAudit", "ServedModel"]
+           "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]

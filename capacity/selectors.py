@@ -10,7 +10,7 @@ from clusters.selectors import snapshot_take
 
 from capacity.defrag.models import LIVE_STATES, DefragJob
 from capacity.gpumap.planning import FragmentationView, fragmentation_view
-from capacity.runbook.models import RunbookAudit
+from capacity.runbook.models import RunbookAction
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
@@ -93,5 +93,5 @@ def defrag_drains(*, cluster: Cluster, until: datetime) -> list[dict]:
 
 def clusters_with_lapsed_runbook_actions(*, now: datetime) -> list[int]:
     """Ids of clusters holding a runbook action left `acting` past its lease (its process died)."""
-    return list(RunbookAudit.objects.filter(state=RunbookAudit.State.ACTING, acting_expires_at__lt=now)
+    return list(RunbookAction.objects.filter(state=RunbookAction.State.ACTING, acting_expires_at__lt=now)
                 .order_by().values_list("cluster_id", flat=True).distinct())

@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 from capacity.runbook import services
 from clusters.errors import KubeError
 from config import clock
@@ -38,14 +38,14 @@ def _when(moment) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "-"
 
 
-def action_state(row: RunbookAudit) -> str:
+def action_state(row: RunbookAction) -> str:
     """What the panel says of a runbook action: only what is known."""
-    if row.state == RunbookAudit.State.ACTING:
+    if row.state == RunbookAction.State.ACTING:
         if row.acting_expires_at and row.acting_expires_at < clock.now():
             return (f"acting since {_when(row.at)}: its process stopped before recording the outcome; the next "
                     "registry sync settles it from the cluster")
         return f"acting since {_when(row.at)}: the cluster write may be under way"
-    if row.state == RunbookAudit.State.FAILED:
+    if row.state == RunbookAction.State.FAILED:
         return f"failed at {_when(row.settled_at)}: {row.error}"
     return f"done at {_when(row.settled_at)}" + (f" ({row.error})" if row.error else "")
 
@@ -64,7 +64,7 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("cluster").prefetch_related(
-            Prefetch("runbook_actions", queryset=RunbookAudit.objects.order_by("-at", "-id"), to_attr="actions_seen"))
+            Prefetch("runbook_actions", queryset=RunbookAction.objects.order_by("-at", "-id"), to_attr="actions_seen"))
 
     def has_add_permission(self, request):
         return False
@@ -113,13 +113,13 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         parts = [format_html('<div><a href="{}">delete the old revision {} ({} GPU)</a></div>',
                              reverse("admin:capacity_servedmodel_unblock", args=[obj.pk, b["old_revision"]]),
                              b["old_revision"], b["gpus_held"]) for b in obj.blocked]
-        latest: dict[str, RunbookAudit] = {}
+        latest: dict[str, RunbookAction] = {}
         for row in getattr(obj, "actions_seen", ()):
             latest.setdefault(row.action, row)
         for row in latest.values():
-            if row.state != RunbookAudit.State.DONE:
+            if row.state != RunbookAction.State.DONE:
                 parts.append(format_html('<div class="runbook-{}"><a href="{}">{}</a> {}</div>', row.state,
-                                         reverse("admin:capacity_runbookaudit_change", args=[row.pk]),
+                                         reverse("admin:capacity_runbookaction_change", args=[row.pk]),
                                          ACTION_NAMES.get(row.action, row.action), action_state(row)))
         return format_html_join("", "{}", ((p,) for p in parts)) if parts else "-"
 
@@ -252,13 +252,13 @@ class ResourceSpecAdmin(admin.ModelAdmin):
                           messages.WARNING if failed else messages.SUCCESS)
 
 
-@admin.register(RunbookAudit)
-class RunbookAuditAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+@admin.register(RunbookAction)
+class RunbookActionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("at", "actor", "action", "target", "cluster", "outcome")
     list_display_links = ("at",)
     list_filter = ("state", "action", "cluster")
     search_fields = ("target",)
-    readonly_fields = [f.name for f in RunbookAudit._meta.fields] + ["outcome"]
+    readonly_fields = [f.name for f in RunbookAction._meta.fields] + ["outcome"]
 
     @admin.display(description="state and outcome", ordering="state")
     def outcome(self, obj):

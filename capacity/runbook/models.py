@@ -86,12 +86,13 @@ class ResourceSpec(models.Model):
                 "memory_limit": self.memory_limit}
 
 
-class RunbookAudit(models.Model):
+class RunbookAction(models.Model):
     """One runbook action on a cluster, announced before it is sent: the row is committed
     `acting` with the target, its before-state and the planned value (the redeploy stamp,
     the revision's uid) before the Kubernetes write, then moved to `done` or `failed` by
     a compare-and-set. A row left `acting` by a worker that died holds a lapsed lease; the
-    registry sync settles it from what the cluster really shows."""
+    registry sync settles it from what the cluster really shows. The settled outcome is
+    written once to the audit trail (subject "runbook_action")."""
 
     class State(models.TextChoices):
         ACTING = "acting", "acting (announced; the cluster write may be under way)"

@@ -3,9 +3,10 @@ redeploy, delete the old revision to unblock a Pending one, delete a stuck model
 
 Every cluster-changing service takes the operator as `actor`, re-reads what it is about
 to change right before changing it, and announces the change before sending it: a
-`RunbookAudit` row is committed `acting` with the target, its before-state and the planned
+`RunbookAction` row is committed `acting` with the target, its before-state and the planned
 value (the redeploy stamp, the uid to delete), then the write is sent, then the row moves
-to `done` or `failed` by a compare-and-set. A process killed in between leaves the row
+to `done` or `failed` by a compare-and-set, and the outcome is written to the audit trail
+once (actor, cause, target, before and after). A process killed in between leaves the row
 `acting` under a lease that lapses; `runbook_actions_settle` (run by the registry sync)
 then reads the cluster and records what really happened, never sending the write again.
 """
@@ -23,7 +24,8 @@ from django.conf import settings
 from django.db import transaction
 
 from capacity.runbook import planning
-from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
+from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
+from audit.services import audit
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, describe_failure
 from clusters.labels import KNATIVE_SERVICE_LABEL, REDEPLOY_ANNOTATION, REVISION_UID_LABEL
@@ -58,19 +60,19 @@ def _owner(role: str) -> str:
 
 
 def _intent_announce(*, action: str, actor, cluster: Cluster, target: str, model: ServedModel, old: dict,
-                     new: dict) -> RunbookAudit:
+                     new: dict) -> RunbookAction:
     """Commit the action as `acting` before its write. IMPORTANT: durable, so the row is in
     the database before anything is sent, whatever happens to this process next."""
     now = clock.now()
     with transaction.atomic(durable=True):
-        return RunbookAudit.objects.create(
+        return RunbookAction.objects.create(
             at=now, actor=actor, cluster=cluster, action=action, target=target, served_model=model, old=old, new=new,
-            state=RunbookAudit.State.ACTING, acting_owner=_owner("act"),
+            state=RunbookAction.State.ACTING, acting_owner=_owner("act"),
             acting_expires_at=now + timedelta(seconds=ACTING_LEASE_SECONDS))
 
 
-def _intent_settle(row: RunbookAudit, *, state: str, new: dict | None = None, error: str = "",
-                   owner: str | None = None, first_hand: bool = True) -> RunbookAudit:
+def _intent_settle(row: RunbookAction, *, state: str, new: dict | None = None, error: str = "",
+                   owner: str | None = None, first_hand: bool = True) -> RunbookAction:
     """Move `row` from `acting` to `state`, only while `owner` still holds it (one
     conditional UPDATE). Lost to someone else: a process that saw its own write answered
     (`first_hand` and done) knows better than a read made before that write landed, and
@@ -79,21 +81,45 @@ def _intent_settle(row: RunbookAudit, *, state: str, new: dict | None = None, er
     fields = dict(state=state, error=error, acting_owner="", acting_expires_at=None, settled_at=clock.now())
     if new is not None:
         fields["new"] = new
-    won = RunbookAudit.objects.filter(pk=row.pk, state=RunbookAudit.State.ACTING,
-                                      acting_owner=owner).update(**fields)
-    if not won and first_hand and state == RunbookAudit.State.DONE:
-        current = RunbookAudit.objects.get(pk=row.pk)
-        if current.state != RunbookAudit.State.DONE:
-            fields["error"] = (f"{error} " if error else "") + (
-                f"(the registry sync had taken it over, {current.state}, while the write was still under way; "
-                "the write's own answer says it was done)")
-            RunbookAudit.objects.filter(pk=row.pk, state=current.state,
-                                        acting_owner=current.acting_owner).update(**fields)
-    row.refresh_from_db()
+    with transaction.atomic():
+        won = RunbookAction.objects.filter(pk=row.pk, state=RunbookAction.State.ACTING,
+                                           acting_owner=owner).update(**fields)
+        if not won and first_hand and state == RunbookAction.State.DONE:
+            current = RunbookAction.objects.get(pk=row.pk)
+            if current.state != RunbookAction.State.DONE:
+                fields["error"] = (f"{error} " if error else "") + (
+                    f"(the registry sync had taken it over, {current.state}, while the write was still under way; "
+                    "the write's own answer says it was done)")
+                won = RunbookAction.objects.filter(pk=row.pk, state=current.state,
+                                                   acting_owner=current.acting_owner).update(**fields)
+        row.refresh_from_db()
+        if won:
+            _action_audit(row, first_hand=first_hand)
     return row
 
 
-def _intent_carry_out(row: RunbookAudit, *, write: Callable[[], dict], landed: Callable[[], bool]) -> RunbookAudit:
+# Why each action is done: the operator's request the runbook carried out.
+ACTION_CAUSES = {
+    "resource_spec_apply": "the operator saved the model's resource spec",
+    "model_redeploy": "the operator asked for a redeploy",
+    "revision_delete_old": "the operator deleted the old revision to unblock a Pending one",
+    "model_delete_stuck": "the operator deleted a model stuck deploying",
+}
+
+
+def _action_audit(row: RunbookAction, *, first_hand: bool) -> None:
+    """The settled action in the audit trail, once: done with the values after, or failed
+    (`<action>_failed`, nothing after) with why. Settled by the registry sync, the entry
+    names the operator who asked, never the process that read the cluster."""
+    done = row.state == RunbookAction.State.DONE
+    cause = ACTION_CAUSES.get(row.action, row.action) + (f"; {row.error}" if row.error else "")
+    audit(app="runbook", action=row.action if done else f"{row.action}_failed", at=row.settled_at or clock.now(),
+          actor=row.actor, cause=cause, target=row.target, cluster_id=row.cluster_id,
+          subject=("runbook_action", row.pk), old=row.old, new=row.new if done else {},
+          **({} if first_hand else {"actor_label": ""}))
+
+
+def _intent_carry_out(row: RunbookAction, *, write: Callable[[], dict], landed: Callable[[], bool]) -> RunbookAction:
     """Send the announced write and settle the row by its answer. A write that failed is
     checked against the cluster, since a request whose answer was lost may still have been
     applied: done if the cluster shows it, else failed with the reason (the gateway has
@@ -110,12 +136,12 @@ def _intent_carry_out(row: RunbookAudit, *, write: Callable[[], dict], landed: C
                 f"not be read ({describe_failure(read_exc)}); it is recorded as acting and the registry sync "
                 "settles it from the cluster") from exc
         if happened:
-            return _intent_settle(row, state=RunbookAudit.State.DONE, new={**row.new, "settled": "from the cluster"},
+            return _intent_settle(row, state=RunbookAction.State.DONE, new={**row.new, "settled": "from the cluster"},
                                   error=f"the write's answer was lost ({describe_failure(exc)}); the cluster shows it done")
-        _intent_settle(row, state=RunbookAudit.State.FAILED,
+        _intent_settle(row, state=RunbookAction.State.FAILED,
                        error=f"{describe_failure(exc)}; the cluster shows it was not done: nothing was changed")
         raise
-    return _intent_settle(row, state=RunbookAudit.State.DONE, new=outcome)
+    return _intent_settle(row, state=RunbookAction.State.DONE, new=outcome)
 
 
 def _list(gateway: kube.KubeGateway, resource: kube.Resource) -> list[dict]:
@@ -399,7 +425,7 @@ SETTLED_BY_SYNC = "the process carrying it out stopped before recording its outc
 
 
 def runbook_actions_settle(*, cluster: Cluster, now: datetime | None = None,
-                           gateway: kube.KubeGateway | None = None) -> list[RunbookAudit]:
+                           gateway: kube.KubeGateway | None = None) -> list[RunbookAction]:
     """Settle every action of `cluster` left `acting` past its lease, from what the cluster
     shows: done when it shows the planned change (the stamp on the object or a revision
     it made, the uid gone), else failed. Nothing announced is sent again, with one
@@ -413,11 +439,11 @@ def runbook_actions_settle(*, cluster: Cluster, now: datetime | None = None,
     now = now or clock.now()
     gateway = gateway or kube.gateway_for(cluster)
     settled = []
-    stale = RunbookAudit.objects.filter(cluster=cluster, state=RunbookAudit.State.ACTING,
+    stale = RunbookAction.objects.filter(cluster=cluster, state=RunbookAction.State.ACTING,
                                         acting_expires_at__lt=now).order_by("at", "id")
     for row in stale:
         owner = _owner("settle")
-        claimed = RunbookAudit.objects.filter(pk=row.pk, state=RunbookAudit.State.ACTING,
+        claimed = RunbookAction.objects.filter(pk=row.pk, state=RunbookAction.State.ACTING,
                                               acting_owner=row.acting_owner, acting_expires_at__lt=now).update(
             acting_owner=owner, acting_expires_at=now + timedelta(seconds=ACTING_LEASE_SECONDS))
         if not claimed:
@@ -430,11 +456,11 @@ def runbook_actions_settle(*, cluster: Cluster, now: datetime | None = None,
     return settled
 
 
-def _settle_from_cluster(gateway: kube.KubeGateway, row: RunbookAudit) -> tuple[str, dict, str]:
+def _settle_from_cluster(gateway: kube.KubeGateway, row: RunbookAction) -> tuple[str, dict, str]:
     """(state, new, why) for an action whose process died, read from the cluster."""
     namespace, _, name = row.target.partition("/")
     planned = row.new
-    done, failed = RunbookAudit.State.DONE, RunbookAudit.State.FAILED
+    done, failed = RunbookAction.State.DONE, RunbookAction.State.FAILED
     if row.action == "model_redeploy":
         stamp = planned[REDEPLOY_ANNOTATION]
         if _redeploy_landed(gateway, kind=planned["kind"], namespace=namespace, name=name, stamp=stamp):

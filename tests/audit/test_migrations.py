@@ -73,3 +73,28 @@ def test_defrag_audit_rows_become_entries_of_their_job():
         ]
     finally:
         migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])
+
+
+def test_runbook_audit_rows_and_their_permissions_carry_over_as_runbook_actions():
+    old = migrate(("capacity", "0010_defrag_audit_removed"), ("contenttypes", "0002_remove_content_type_name"),
+                  ("auth", "0012_alter_user_first_name_max_length"))
+    ContentType = old.get_model("contenttypes", "ContentType")
+    Permission = old.get_model("auth", "Permission")
+    kind, _ = ContentType.objects.get_or_create(app_label="capacity", model="runbookaudit")
+    Permission.objects.filter(content_type__app_label="capacity", codename__endswith="_runbookaction").delete()
+    view, _ = Permission.objects.get_or_create(content_type=kind, codename="view_runbookaudit",
+                                               defaults={"name": "Can view runbook audit"})
+    ops = old.get_model("auth", "User").objects.create(username="ops")
+    ops.user_permissions.add(view)
+    old.get_model("capacity", "RunbookAudit").objects.create(at=AT, actor=ops, action="model_redeploy",
+                                                             target="acme/llm", state="done")
+    try:
+        new = migrate(("capacity", "0011_runbook_audit_is_runbook_action"))
+        (row,) = new.get_model("capacity", "RunbookAction").objects.values_list("action", "target", "state")
+        assert row == ("model_redeploy", "acme/llm", "done")
+        # (`manage.py migrate` renames the content type itself; the codename is this migration's)
+        held = new.get_model("auth", "User").objects.get(username="ops").user_permissions.values_list(
+            "codename", flat=True)
+        assert list(held) == ["view_runbookaction"]
+    finally:
+        migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])

@@ -93,7 +93,7 @@ def test_admin_lists_fit_1366x768_and_forms_keep_their_fields_clear(live_server,
 
     lists = ["orgs/org", "orgs/org/?held=any", "audit/auditentry", "orgs/workloadexemption", "clusters/cluster",
              "pruning/prunerun", "pruning/prunedecision", "capacity/defragjob", "capacity/servedmodel",
-             "capacity/binpackrun", "capacity/runbookaudit", "capacity/resourcespec"]
+             "capacity/binpackrun", "capacity/runbookaction", "capacity/resourcespec"]
     for path in lists:
         page.goto(f"{live_server.url}/admin/{path}{'' if '?' in path else '/'}")
         expect(page.locator("#changelist")).to_be_visible()

@@ -8,7 +8,8 @@ import kubernetes
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from capacity.runbook.models import ResourceSpec, RunbookAudit, ServedModel
+from audit.models import AuditEntry
+from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 from capacity.runbook import services
 from orgs.models import Org
 from simcluster.generate import inference_service, namespace, node, pynode
@@ -102,16 +103,21 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     handle.advance(120)
     assert model_pods(core) == {"zq86d3o-predictor-00002": "Running"}
 
-    audit = list(RunbookAudit.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
+    audit = list(RunbookAction.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
     assert audit == [("model_redeploy", user.username, f"{NS}/zq86d3o"),
                      ("revision_delete_old", user.username, f"{NS}/zq86d3o-predictor-00001")]
-    stopped = RunbookAudit.objects.get(action="revision_delete_old").new["pods_stopped"]
+    stopped = RunbookAction.objects.get(action="revision_delete_old").new["pods_stopped"]
     assert [name.startswith("zq86d3o-predictor-00001-deployment-") for name in stopped] == [True]
+    # Each action done is in the audit trail once, with who asked, why, and before/after.
+    entries = list(AuditEntry.objects.filter(app="runbook").order_by("at", "id"))
+    assert [(e.action, e.actor.username, e.target) for e in entries] == audit
+    assert entries[1].cause == "the operator deleted the old revision to unblock a Pending one"
+    assert entries[1].new["pods_stopped"] == stopped and entries[1].subject_type == "runbook_action"
 
     # The detail pages show what was recorded as tables, not raw JSON.
     client.force_login(User.objects.filter(is_superuser=True).first() or User.objects.create_superuser("root"))
-    row = RunbookAudit.objects.get(action="revision_delete_old")
-    detail = client.get(f"/admin/capacity/runbookaudit/{row.pk}/change/").content.decode()
+    row = RunbookAction.objects.get(action="revision_delete_old")
+    detail = client.get(f"/admin/capacity/runbookaction/{row.pk}/change/").content.decode()
     assert 'class="json-table' in detail and stopped[0] in detail and '"pods_stopped"' not in detail
     detail = client.get(f"/admin/capacity/servedmodel/{model.pk}/change/").content.decode()
     assert 'class="json-table' in detail and "zq86d3o-predictor-00002" in detail
@@ -124,7 +130,7 @@ def test_redeploy_needs_its_permission(world, client):
     form = {"action": "redeploy", "_selected_action": [model.pk], "confirm": "yes"}
     client.post("/admin/capacity/servedmodel/", form)
     handle.advance(60)
-    assert revisions(crd) == ["zq86d3o-predictor-00001"] and not RunbookAudit.objects.exists()
+    assert revisions(crd) == ["zq86d3o-predictor-00001"] and not RunbookAction.objects.exists()
 
 
 def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):
@@ -133,7 +139,7 @@ def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):
     with pytest.raises(services.RunbookRefused, match="not blocking"):
         services.revision_delete_old(model=model, revision="zq86d3o-predictor-00001", actor=None)
     assert revisions(crd) == ["zq86d3o-predictor-00001"]
-    assert not RunbookAudit.objects.exists()
+    assert not RunbookAction.objects.exists()
 
 
 def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world, client,
@@ -156,7 +162,7 @@ def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world
     assert revisions(crd)[-1] == "zq86d3o-predictor-00002"             # a new revision: a redeploy
     spec = ResourceSpec.objects.get()
     assert spec.created_by == user and spec.applied[0]["target"] == f"{NS}/zq86d3o"
-    audit = RunbookAudit.objects.get()
+    audit = RunbookAction.objects.get()
     assert (audit.action, audit.actor, audit.new["resources"]["limits"]["cpu"]) == ("resource_spec_apply", user, "4")
     assert audit.state == "done" and audit.old["resources"] != audit.new["resources"]
 
@@ -186,7 +192,7 @@ def test_a_model_stuck_deploying_is_deleted_with_what_it_left_on_confirmation(wo
     assert "stuck-predictor" not in {k["metadata"]["name"] for k in ksvcs}
     all_revs = crd.list_namespaced_custom_object("serving.knative.dev", "v1", NS, "revisions")["items"]
     assert not [r for r in all_revs if r["metadata"]["name"].startswith("stuck-")]
-    audit = RunbookAudit.objects.get()
+    audit = RunbookAction.objects.get()
     assert (audit.action, audit.actor, audit.target) == ("model_delete_stuck", user, f"{NS}/stuck")
     assert "InferenceService/stuck" in audit.new["deleted"]
 

@@ -22,7 +22,8 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import Permission, User
 
 from capacity.runbook import services
-from capacity.runbook.models import RunbookAudit, ServedModel
+from audit.models import AuditEntry
+from capacity.runbook.models import RunbookAction, ServedModel
 from capacity.runbook.tasks import registry_sync_cluster
 from clusters import kube
 from clusters.labels import REDEPLOY_ANNOTATION
@@ -126,12 +127,12 @@ def after_the_lease():
     return clock.now() + timedelta(seconds=services.ACTING_LEASE_SECONDS + 1)
 
 
-def the_row(action: str) -> RunbookAudit:
-    (row,) = RunbookAudit.objects.filter(action=action)     # the action is recorded once
+def the_row(action: str) -> RunbookAction:
+    (row,) = RunbookAction.objects.filter(action=action)     # the action is recorded once
     return row
 
 
-def settle_after_the_lease(world) -> list[RunbookAudit]:
+def settle_after_the_lease(world) -> list[RunbookAction]:
     # While the dead process's lease runs, nobody takes its action from it.
     assert services.runbook_actions_settle(cluster=world.cluster, now=clock.now()) == []
     settled = services.runbook_actions_settle(cluster=world.cluster, now=after_the_lease())
@@ -183,8 +184,12 @@ def test_an_unblock_killed_after_the_revision_delete_is_done_and_its_pods_stop_n
     assert [name.startswith(f"{OLD}-deployment-") for name in row.new["pods_stopped"]] == [True]
     world.handle.advance(settings.RUNBOOK_UNBLOCK_GRACE_SECONDS + 60)
     assert world.pods() == {NEW: "Running"}                       # the new revision got the GPU
-    assert list(RunbookAudit.objects.values_list("action", "state").order_by("at", "id")) == [
+    assert list(RunbookAction.objects.values_list("action", "state").order_by("at", "id")) == [
         ("model_redeploy", "done"), ("revision_delete_old", "done")]
+    # The audit trail holds each outcome once: the sync's verdict under the operator who asked.
+    (entry,) = AuditEntry.objects.filter(app="runbook", subject_type="runbook_action", subject_id=row.pk)
+    assert (entry.action, entry.actor, entry.target) == ("revision_delete_old", row.actor, row.target)
+    assert "settled from the cluster" in entry.cause and entry.new["pods_stopped"] == row.new["pods_stopped"]
 
 
 def test_an_unblock_killed_before_the_revision_delete_is_failed_and_nothing_deleted(world):
@@ -193,6 +198,8 @@ def test_an_unblock_killed_before_the_revision_delete_is_failed_and_nothing_dele
     settle_after_the_lease(world)
     row = the_row("revision_delete_old")
     assert row.state == "failed" and f"{OLD} is still there: nothing was deleted" in row.error
+    (entry,) = AuditEntry.objects.filter(app="runbook", subject_type="runbook_action", subject_id=row.pk)
+    assert entry.action == "revision_delete_old_failed" and entry.new == {} and "still there" in entry.cause
     assert world.revisions() == [OLD, NEW] and world.pods() == {OLD: "Running", NEW: "Pending"}
 
 
@@ -224,7 +231,7 @@ def test_a_stuck_delete_killed_before_the_delete_is_failed_and_the_model_stays(w
 def operator(client) -> User:
     user = User.objects.create_user("oncall", password="pw", is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=(
-        "view_servedmodel", "view_runbookaudit", "redeploy_servedmodel")))
+        "view_servedmodel", "view_runbookaction", "redeploy_servedmodel")))
     client.force_login(user)
     return user
 
@@ -250,13 +257,13 @@ def test_the_registry_sync_settles_a_dead_redeploy_and_the_panel_shows_each_stat
     registry_sync_cluster.run(world.cluster.pk)
     listing = client.get("/admin/capacity/servedmodel/").content.decode()
     assert "redeploy</a> failed at" in listing and "nothing was changed (redeploy again)" in listing
-    audit = client.get("/admin/capacity/runbookaudit/").content.decode()
+    audit = client.get("/admin/capacity/runbookaction/").content.decode()
     assert "failed at" in audit and "nothing was changed" in audit
 
     # Pressed again, it is done, and the list no longer shows the failure.
     client.post("/admin/capacity/servedmodel/", {"action": "redeploy", "_selected_action": [model.pk],
                                                  "confirm": "yes"})
-    assert list(RunbookAudit.objects.values_list("state", flat=True).order_by("at", "id")) == ["failed", "done"]
+    assert list(RunbookAction.objects.values_list("state", flat=True).order_by("at", "id")) == ["failed", "done"]
     listing = client.get("/admin/capacity/servedmodel/").content.decode()
     assert "redeploy</a> failed" not in listing and "redeploy</a> acting" not in listing
 
@@ -323,13 +330,13 @@ def test_a_writer_whose_answer_came_after_the_sync_settled_it_records_done(world
     holding the write's own answer, records done over it."""
     row = services._intent_announce(action="model_redeploy", actor=None, cluster=world.cluster, target=f"{NS}/x",
                                     model=None, old={}, new={REDEPLOY_ANNOTATION: "t", "kind": "InferenceService"})
-    RunbookAudit.objects.filter(pk=row.pk).update(state="failed", acting_owner="", error="settled: not there")
+    RunbookAction.objects.filter(pk=row.pk).update(state="failed", acting_owner="", error="settled: not there")
     settled = services._intent_settle(row, state="done", new={"written": True})
     assert settled.state == "done" and "the write's own answer says it was done" in settled.error
     # A verdict read from the cluster never overrides one already recorded.
     other = services._intent_announce(action="model_redeploy", actor=None, cluster=world.cluster,
                                       target=f"{NS}/y", model=None, old={}, new={})
-    RunbookAudit.objects.filter(pk=other.pk).update(state="done", acting_owner="")
+    RunbookAction.objects.filter(pk=other.pk).update(state="done", acting_owner="")
     assert services._intent_settle(other, state="failed", owner="settle:me", first_hand=False).state == "done"
 
 

@@ -27,10 +27,10 @@ from kubernetes.client.exceptions import ApiException
 
 from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_drain, \
     defrag_job_start
-from audit.selectors import entries_of_subject
+from audit.selectors import entries_filter, entries_of_subject
 from capacity.defrag.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragJob, DefragOrphan, \
     JobState
-from capacity.runbook.models import RunbookAudit, ServedModel
+from capacity.runbook.models import RunbookAction, ServedModel
 from clusters.errors import KubeError
 from clusters.labels import BINPACK_MARKER, DELETION_COST
 from capacity.binpack.models import BinpackRun
@@ -656,8 +656,8 @@ class ChaosDriver:
                           "a registry sync lists the model", forward_after=8.0)
         self.press(lambda: self.panel.post("/admin/capacity/servedmodel/", {
             "action": "redeploy", "_selected_action": [model.pk], "confirm": "yes"}),
-            done=lambda: RunbookAudit.objects.filter(cluster=cluster, action="model_redeploy",
-                                                     state=RunbookAudit.State.DONE).exists(),
+            done=lambda: RunbookAction.objects.filter(cluster=cluster, action="model_redeploy",
+                                                     state=RunbookAction.State.DONE).exists(),
             what="redeploy")
         self.schedule_kills(self.rng.randint(0, 2), 2.0)
         self.send_task(REGISTRY_TASK, [cluster.pk])
@@ -665,8 +665,8 @@ class ChaosDriver:
                   "a registry sync shows the new revision blocked by the old one", forward_after=8.0)
         self.press(lambda: self.panel.post(f"/admin/capacity/servedmodel/{model.pk}/unblock/{old}/",
                                            {"confirm": "yes"}),
-                   done=lambda: RunbookAudit.objects.filter(cluster=cluster, action="revision_delete_old",
-                                                             state=RunbookAudit.State.DONE).exists(),
+                   done=lambda: RunbookAction.objects.filter(cluster=cluster, action="revision_delete_old",
+                                                             state=RunbookAction.State.DONE).exists(),
                    what="unblock")
         new = f"{RUNBOOK_MODEL}-predictor-00002"
         self.wait(lambda: _revision_pods(kube, ns) == {new: "Running"}, "the new revision runs on the freed GPU")
@@ -691,12 +691,16 @@ class ChaosDriver:
         ns = runbook_ns(self.index)
         # A press a fault failed leaves a truthful `failed` row and is pressed again; what must
         # hold is that each action was done once.
-        audits = Counter(RunbookAudit.objects.filter(cluster=cluster, state=RunbookAudit.State.DONE)
+        audits = Counter(RunbookAction.objects.filter(cluster=cluster, state=RunbookAction.State.DONE)
                          .values_list("action", "target"))
         wanted = {("model_redeploy", f"{ns}/{RUNBOOK_MODEL}"): 1,
                   ("revision_delete_old", f"{ns}/{RUNBOOK_MODEL}-predictor-00001"): 1}
         if dict(audits) != wanted:
-            self.violation(f"runbook audit {dict(audits)}, wanted each action once: {wanted}")
+            self.violation(f"runbook actions {dict(audits)}, wanted each action done once: {wanted}")
+        entries = Counter(entries_filter(app="runbook", cluster=cluster, action__in=[a for a, _ in wanted])
+                          .values_list("action", "target"))
+        if dict(entries) != wanted:
+            self.violation(f"runbook audit entries {dict(entries)}, wanted each action done audited once: {wanted}")
         revisions = sorted(r["metadata"]["name"] for r in kube.custom.list_namespaced_custom_object(
             "serving.knative.dev", "v1", ns, "revisions")["items"])
         if revisions != [f"{RUNBOOK_MODEL}-predictor-00002"]:

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from capacity.runbook import services
-from capacity.runbook.models import RunbookAudit, ServedModel
+from capacity.runbook.models import RunbookAction, ServedModel
 
 from .pool import SERVING, GpuPool, ready
 
@@ -95,10 +95,10 @@ def test_deleting_the_old_revision_unblocks_a_redeploy_waiting_for_its_gpu(runbo
     backend.settle(lambda: model_pods(pool, MODEL) == {f"{MODEL}-predictor-00002": "Running"}
                    and all(ready(p) for p in pool.pods(revision=f"{MODEL}-predictor-00002")),
                    what="the new revision's pod Running on the freed GPU", seconds=SECONDS)
-    audit = list(RunbookAudit.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
+    audit = list(RunbookAction.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
     assert audit == [("model_redeploy", "operator", f"{pool.ns}/{MODEL}"),
                      ("revision_delete_old", "operator", f"{pool.ns}/{MODEL}-predictor-00001")]
-    stopped = RunbookAudit.objects.get(action="revision_delete_old").new["pods_stopped"]
+    stopped = RunbookAction.objects.get(action="revision_delete_old").new["pods_stopped"]
     assert [name.startswith(f"{MODEL}-predictor-00001-deployment-") for name in stopped] == [True]
 
 
@@ -121,5 +121,5 @@ def test_a_model_stuck_deploying_is_deleted_with_what_it_left_and_a_ready_one_is
                    and not names(pool, SERVING, "revisions", "stuck-") and not model_pods(pool, "stuck"),
                    what="the stuck model and what it left gone", seconds=SECONDS)
     assert names(pool, KSERVE, "inferenceservices", "") == [MODEL] and isvc_ready(pool, MODEL)
-    audit = RunbookAudit.objects.get()
+    audit = RunbookAction.objects.get()
     assert (audit.action, audit.actor, audit.target) == ("model_delete_stuck", operator, f"{pool.ns}/stuck")
