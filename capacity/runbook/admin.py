@@ -2,6 +2,10 @@
 permission, with a confirmation page before anything that is not graceful, and an audit record."""
 from __future__ import annotations
 
+import re
+from urllib.parse import urlencode
+
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -211,10 +215,52 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                         items=[blocked["reason"]], button=f"Delete {revision}", warning=NOT_GRACEFUL)
 
 
+# A Kubernetes quantity as the runbook's specs use them: a positive number, an optional
+# decimal or binary suffix ("500m", "4", "32Gi", "1.5"); NaN, infinities, signs and
+# exponents are refused.
+QUANTITY = re.compile(r"^(?:\d+(?:\.\d+)?|\.\d+)(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+# More GPUs per pod than any GPU node holds would leave its pods Pending for good.
+MAX_GPUS_PER_POD = 16
+
+
+class ResourceSpecForm(forms.ModelForm):
+    class Meta:
+        model = ResourceSpec
+        fields = ("cluster", "model", "gpu_count", "gpu_product", "cpu_request", "cpu_limit", "memory_request",
+                  "memory_limit")
+
+    def clean_gpu_count(self):
+        count = self.cleaned_data.get("gpu_count")
+        if count is not None and count > MAX_GPUS_PER_POD:
+            raise forms.ValidationError(f"at most {MAX_GPUS_PER_POD} GPUs per pod, got {count}")
+        return count
+
+    def clean(self):
+        data = super().clean()
+        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit"):
+            value = (data.get(name) or "").strip()
+            data[name] = value
+            if value and (not QUANTITY.match(value) or not any(c in "123456789" for c in value)):
+                self.add_error(name, f"{value!r} is not a positive Kubernetes quantity (e.g. 4, 500m, 32Gi)")
+        if data.get("cluster") and data.get("model") and not self.errors:
+            try:
+                services.resource_spec_targets(ResourceSpec(cluster=data["cluster"], model=data["model"]))
+            except services.RunbookRefused as exc:
+                self.add_error("model", str(exc))
+        return data
+
+
+def _amount(value: str | None) -> str:
+    return "not set" if value is None else value
+
+
 @admin.register(ResourceSpec)
 class ResourceSpecAdmin(admin.ModelAdmin):
-    """Adding a spec redeploys every deployed version of the model with it."""
+    """Adding a spec redeploys every deployed version of the model with it, in whatever org
+    each runs: the form first shows what would change, by org, and nothing is saved or sent
+    until that page is confirmed."""
 
+    form = ResourceSpecForm
     list_display = ("model", "cluster", "gpu_count", "gpu_product", "cpu_request", "cpu_limit", "memory_request",
                     "memory_limit", "created_by", "created_at", "applied_summary")
     list_filter = ("cluster",)
@@ -230,7 +276,44 @@ class ResourceSpecAdmin(admin.ModelAdmin):
 
     @admin.display(description="applied to")
     def applied_summary(self, obj):
-        return "; ".join(a["target"] + (f" (failed: {a['error']})" if "error" in a else "") for a in obj.applied)
+        return "; ".join(a["target"] + (f" (failed: {a['error']})" if "error" in a else "")
+                         + (" (already had them: unchanged)" if a.get("unchanged") else "") for a in obj.applied)
+
+    def add_view(self, request, form_url="", extra_context=None):
+        if request.method == "POST" and request.POST.get("confirm") != "yes":
+            if not self.has_add_permission(request):
+                raise PermissionDenied
+            form = self.get_form(request, None, change=False)(request.POST)
+            if form.is_valid():
+                return self._preview(request, form, services.resource_spec_preview(spec=form.save(commit=False)))
+        # A GET, a confirmed preview (validated again, then saved and applied), or a form with errors.
+        return super().add_view(request, form_url, extra_context)
+
+    def _preview(self, request, form, changes) -> TemplateResponse:
+        """The confirmation page: each org, each of its versions of the model, each request
+        and limit old → new, as read from the cluster just now. The spec's fields ride along
+        hidden, so confirming posts the very values previewed."""
+        spec = form.cleaned_data
+        by_org: dict[str, list] = {}
+        for change in changes:
+            by_org.setdefault(change.org or "(no org)", []).append(change)
+        redeploys = [c for c in changes if c.redeploys]
+        back = reverse("admin:capacity_resourcespec_add") + "?" + urlencode(
+            {f.name: f.value() for f in form if f.value() not in (None, "")})
+        return TemplateResponse(request, "capacity/resourcespec_preview.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta,
+            "title": f"Resources of {spec['model']} on {spec['cluster']}: what changes",
+            "form": form, "orgs": [
+                {"org": org, "models": [{
+                    "change": c, "amounts": [dict(resource=a.resource, changed=a.changed,
+                                                  request=f"{_amount(a.request_old)} → {_amount(a.request_new)}",
+                                                  limit=f"{_amount(a.limit_old)} → {_amount(a.limit_new)}")
+                                             for a in c.amounts],
+                    "gpu_product": f"{_amount(c.gpu_product_old)} → {_amount(c.gpu_product_new)}",
+                } for c in models]}
+                for org, models in sorted(by_org.items())],
+            "redeploy_count": len(redeploys), "org_count": len({c.org for c in redeploys}),
+            "model_count": len(changes), "back_url": back})
 
     def save_model(self, request, obj, form, change):
         obj.created_at = clock.now()
@@ -247,7 +330,10 @@ class ResourceSpecAdmin(admin.ModelAdmin):
             self.message_user(request, str(exc), messages.WARNING)
             return
         failed = [a for a in applied if "error" in a]
-        self.message_user(request, f"redeploying {len(applied) - len(failed)} version(s) of {obj.model}"
+        unchanged = [a for a in applied if a.get("unchanged")]
+        self.message_user(request, f"redeploying {len(applied) - len(failed) - len(unchanged)} version(s) of "
+                                   f"{obj.model}" + (f"; {len(unchanged)} already had these resources (left as they "
+                                                     f"are)" if unchanged else "")
                                    + (f"; {len(failed)} failed" if failed else ""),
                           messages.WARNING if failed else messages.SUCCESS)
 

@@ -191,16 +191,55 @@ def _entry(model: ServedModel, gateway: kube.KubeGateway) -> planning.ModelEntry
 
 
 # --- resource specs ----------------------------------------------------------------------------
+def resource_spec_targets(spec: ResourceSpec):
+    """The deployed InferenceServices a spec applies to: every version of its model on its
+    cluster, whatever org each belongs to."""
+    targets = ServedModel.objects.filter(cluster=spec.cluster, model=spec.model, gone=False,
+                                         kind=ServedModel.Kind.INFERENCE_SERVICE).select_related("org")
+    if not targets.exists():
+        raise RunbookRefused(f"no deployed InferenceService of model {spec.model!r} on {spec.cluster}: "
+                             "sync the registry first")
+    return targets
+
+
+def resource_spec_preview(*, spec: ResourceSpec,
+                          gateway: kube.KubeGateway | None = None) -> list[planning.ResourceChange]:
+    """What saving `spec` (not saved yet) would do to each deployed version of its model, by
+    org: each request and limit old → new, read from the cluster now. Writes nothing, to the
+    database or the cluster. Raises `RunbookRefused` when the model has no deployed version."""
+    targets = resource_spec_targets(spec)
+    gateway = gateway or kube.gateway_for(spec.cluster)
+    changes = []
+    for target in targets:
+        org = target.org_slug or (target.org.slug if target.org else "")
+        try:
+            isvc = gateway.get(kube.INFERENCESERVICES, target.name, namespace=target.namespace)
+            values = planning.resource_values(framework=target.framework,
+                                              defaults=settings.RUNBOOK_RESOURCE_DEFAULTS,
+                                              override=spec.override())
+        except NotFound:
+            changes.append(planning.ResourceChange(target=str(target), org=org, framework=target.framework,
+                                                   error="gone from the cluster since the last registry sync"))
+            continue
+        except KubeError as exc:
+            changes.append(planning.ResourceChange(target=str(target), org=org, framework=target.framework,
+                                                   error=f"could not be read: {describe_failure(exc)}"))
+            continue
+        except ValueError as exc:
+            changes.append(planning.ResourceChange(target=str(target), org=org, framework=target.framework,
+                                                   error=str(exc)))
+            continue
+        changes.append(planning.resources_change(isvc=isvc, values=values, target=str(target), org=org,
+                                                 framework=target.framework))
+    return sorted(changes, key=lambda c: (c.org, c.target))
+
+
 def resource_spec_apply(*, spec: ResourceSpec, actor) -> list[dict]:
     """Patch every deployed InferenceService of `spec.model` with the framework defaults
     under the spec's overrides: KServe rolls each to a new revision (a redeploy). Each
     patch is announced before it is sent (the row holds the patch and the predictor before)."""
     gateway = kube.gateway_for(spec.cluster)
-    targets = ServedModel.objects.filter(cluster=spec.cluster, model=spec.model, gone=False,
-                                         kind=ServedModel.Kind.INFERENCE_SERVICE)
-    if not targets.exists():
-        raise RunbookRefused(f"no deployed InferenceService of model {spec.model!r} on {spec.cluster}: "
-                             "sync the registry first")
+    targets = resource_spec_targets(spec)
     applied = []
     for target in targets:
         try:
@@ -212,6 +251,11 @@ def resource_spec_apply(*, spec: ResourceSpec, actor) -> list[dict]:
             applied.append({"target": str(target), "error": str(exc)})
             continue
         patch = planning.resources_patch(isvc, values)
+        if planning.merge_patch_holds(isvc, patch):
+            # It already asks for these resources: a patch would change nothing and start no revision.
+            applied.append({"target": str(target), "unchanged": True, "resources": values.resources(),
+                            "gpu_product": values.gpu_product})
+            continue
         old = ((isvc.get("spec") or {}).get("predictor") or {})
         new = {"resources": values.resources(), "gpu_product": values.gpu_product, "spec": spec.pk,
                "uid": isvc["metadata"]["uid"], "patch": patch}

@@ -4,6 +4,8 @@ deleting the old one, deleting a model stuck deploying. Each needs its own permi
 and leaves an audit record naming the operator."""
 from __future__ import annotations
 
+import re
+
 import kubernetes
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -142,18 +144,23 @@ def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):
     assert not RunbookAction.objects.exists()
 
 
+SPEC = {"model": "zq86d3o", "gpu_count": "1", "gpu_product": A10G, "cpu_request": "2", "cpu_limit": "4",
+        "memory_request": "8Gi", "memory_limit": "8Gi"}
+ADD = "/admin/capacity/resourcespec/add/"
+
+
 def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world, client,
                                                                           django_capture_on_commit_callbacks):
     handle, crd, core = world
     the_model(handle)
-    add = "/admin/capacity/resourcespec/add/"
-    values = {"cluster": handle.cluster.pk, "model": "zq86d3o", "gpu_count": "1", "gpu_product": A10G,
-              "cpu_request": "2", "cpu_limit": "4", "memory_request": "8Gi", "memory_limit": "8Gi"}
+    values = {"cluster": handle.cluster.pk, **SPEC}
     operator(client)
-    assert client.post(add, values).status_code == 403                # needs add_resourcespec
+    assert client.post(ADD, values).status_code == 403                # needs add_resourcespec, preview included
+    assert client.post(ADD, {**values, "confirm": "yes"}).status_code == 403
     user = operator(client, "add_resourcespec")
+    assert client.post(ADD, values).templates[0].name == "capacity/resourcespec_preview.html"
     with django_capture_on_commit_callbacks(execute=True):   # the patches follow the spec's commit
-        response = client.post(add, values)
+        response = client.post(ADD, {**values, "confirm": "yes"})
     assert response.status_code == 302, response.content[:2000]
     isvc = crd.get_namespaced_custom_object("serving.kserve.io", "v1beta1", NS, "inferenceservices", "zq86d3o")
     resources = isvc["spec"]["predictor"]["model"]["resources"]
@@ -165,6 +172,133 @@ def test_saving_a_resource_spec_redeploys_the_model_with_it_and_records_it(world
     audit = RunbookAction.objects.get()
     assert (audit.action, audit.actor, audit.new["resources"]["limits"]["cpu"]) == ("resource_spec_apply", user, "4")
     assert audit.state == "done" and audit.old["resources"] != audit.new["resources"]
+
+
+# --- a spec over several orgs: previewed, then confirmed ---------------------------------------------
+OTHER_NS = "org-globex"
+
+
+def two_orgs_scenario() -> list[dict]:
+    """The same model deployed by two orgs: acme's asks for the generator's 8 CPUs / 64Gi, globex's
+    already for exactly what SPEC sets."""
+    globex = inference_service(OTHER_NS, "zq86d3o", product=A10G, gpus=1, min_replicas=1, max_replicas=1)
+    globex["spec"]["predictor"]["model"]["resources"] = {
+        "requests": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}}
+    return scenario() + [namespace(OTHER_NS, org="globex"), globex]
+
+
+@pytest.fixture
+def two_orgs(sim_cluster_factory):
+    handle = sim_cluster_factory(two_orgs_scenario())
+    handle.advance(120)
+    Org.objects.create(slug="acme", cluster=handle.cluster, namespace=NS)
+    Org.objects.create(slug="globex", cluster=handle.cluster, namespace=OTHER_NS)
+    services.registry_sync(cluster=handle.cluster)
+    api = kubernetes.config.new_client_from_config(config_file=handle.kubeconfig_path)
+    yield handle, kubernetes.client.CustomObjectsApi(api)
+    api.close()
+
+
+def isvc_state(crd) -> dict[str, tuple]:
+    """What a patch would change on each version of the model: its generation and resources."""
+    state = {}
+    for ns in (NS, OTHER_NS):
+        isvc = crd.get_namespaced_custom_object("serving.kserve.io", "v1beta1", ns, "inferenceservices", "zq86d3o")
+        state[ns] = (isvc["metadata"]["generation"], isvc["spec"]["predictor"]["model"]["resources"])
+    return state
+
+
+def test_a_spec_over_two_orgs_is_previewed_per_org_and_model_and_nothing_is_written(two_orgs, client):
+    handle, crd = two_orgs
+    before = isvc_state(crd)
+    operator(client, "add_resourcespec")
+    page = client.post(ADD, {"cluster": handle.cluster.pk, **SPEC})
+    assert page.status_code == 200 and page.templates[0].name == "capacity/resourcespec_preview.html"
+
+    # Per org, per deployed version: what changes, old → new, as the operator reads it.
+    orgs = {group["org"]: group["models"] for group in page.context["orgs"]}
+    assert set(orgs) == {"acme", "globex"}
+    (acme,), (globex,) = orgs["acme"], orgs["globex"]
+    assert (acme["change"].target, acme["change"].redeploys) == (f"{NS}/zq86d3o", True)
+    assert {a["resource"]: (a["request"], a["limit"], a["changed"]) for a in acme["amounts"]} == {
+        "cpu": ("8 → 2", "8 → 4", True), "memory": ("64Gi → 8Gi", "64Gi → 8Gi", True),
+        "nvidia.com/gpu": ("1 → 1", "1 → 1", False)}
+    assert acme["gpu_product"] == f"{A10G} → {A10G}"
+    assert (globex["change"].target, globex["change"].redeploys) == (f"{OTHER_NS}/zq86d3o", False)
+    text = " ".join(page.content.decode().split())
+    assert "Saving this spec would redeploy 1 of the 2 deployed version(s) of the model, in 1 org(s)" in text
+    assert "Nothing has been saved or changed yet." in text
+    assert "64Gi → 8Gi" in text and "already has these resources: left as it is" in text
+
+    # Nothing written: no spec, no audit, neither InferenceService touched, no new revision.
+    handle.advance(5)
+    assert not ResourceSpec.objects.exists() and not RunbookAction.objects.exists()
+    assert not AuditEntry.objects.exists()
+    assert isvc_state(crd) == before and revisions(crd) == ["zq86d3o-predictor-00001"]
+
+    # "No, change the spec" opens the form holding the values previewed.
+    back = client.get(page.context["back_url"]).content.decode()
+    assert 'name="cpu_request" value="2"' in back and 'name="model" value="zq86d3o"' in back
+
+
+@pytest.mark.django_db(transaction=True)
+def test_confirming_the_preview_redeploys_what_it_showed_audits_it_and_says_so(two_orgs, client):
+    handle, crd = two_orgs
+    before = isvc_state(crd)
+    user = operator(client, "add_resourcespec")
+    values = {"cluster": handle.cluster.pk, **SPEC}
+    preview = client.post(ADD, values)
+    form = {name: value for name, value in _hidden_inputs(preview.content.decode())}
+    assert form.pop("confirm") == "yes" and form == {k: str(v) for k, v in values.items()}
+
+    done = client.post(ADD, {**form, "confirm": "yes"}, follow=True)
+    messages = [str(m) for m in done.context["messages"]]
+    assert "redeploying 1 version(s) of zq86d3o; 1 already had these resources (left as they are)" in messages
+    # Messages read as written: the model's name is not capitalised by the panel.
+    assert "redeploying 1 version(s) of zq86d3o" in done.content.decode()
+    after = isvc_state(crd)
+    assert after[NS][1]["requests"] == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    assert after[NS][0] > before[NS][0]
+    assert after[OTHER_NS] == before[OTHER_NS]                         # globex's was left as it is: no write
+    action = RunbookAction.objects.get()                                 # one change, one action, one audit entry
+    assert (action.action, action.actor, action.target, action.state) == (
+        "resource_spec_apply", user, f"{NS}/zq86d3o", "done")
+    (entry,) = AuditEntry.objects.filter(app="runbook")
+    assert (entry.action, entry.actor, entry.target) == ("resource_spec_apply", user, f"{NS}/zq86d3o")
+    assert entry.old["resources"]["requests"]["cpu"] == "8" and entry.new["resources"]["requests"]["cpu"] == "2"
+    spec = ResourceSpec.objects.get()
+    assert [(a["target"], a.get("unchanged", False)) for a in spec.applied] == [
+        (f"{NS}/zq86d3o", False), (f"{OTHER_NS}/zq86d3o", True)]
+
+
+def _hidden_inputs(html: str) -> list[tuple[str, str]]:
+    form = html[html.index('<form method="post">', html.index('id="preview-table"')):]
+    return [(m.group(1), m.group(2)) for m in re.finditer(r'<input type="hidden" name="([^"]+)" value="([^"]*)"',
+                                                           form[:form.index("</form>")])
+            if m.group(1) != "csrfmiddlewaretoken"]
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("cpu_request", "NaN", "'NaN' is not a positive Kubernetes quantity"),
+    ("cpu_limit", "inf", "'inf' is not a positive Kubernetes quantity"),
+    ("memory_request", "-8Gi", "'-8Gi' is not a positive Kubernetes quantity"),
+    ("memory_limit", "0", "'0' is not a positive Kubernetes quantity"),
+    ("gpu_count", "1000", "at most 16 GPUs per pod, got 1000"),
+    ("gpu_count", "-1", "Ensure this value is greater than or equal to 0."),
+    ("model", "no-such-model", "no deployed InferenceService of model 'no-such-model'"),
+])
+def test_bad_input_is_refused_by_field_before_any_preview_and_changes_nothing(two_orgs, client, field, value, error):
+    handle, crd = two_orgs
+    before = isvc_state(crd)
+    operator(client, "add_resourcespec")
+    for confirm in ({}, {"confirm": "yes"}):
+        page = client.post(ADD, {"cluster": handle.cluster.pk, **SPEC, field: value, **confirm})
+        assert page.status_code == 200 and 'id="preview-table"' not in page.content.decode()
+        assert any(error in message for message in page.context["adminform"].form.errors[field]), \
+            page.context["adminform"].form.errors
+    assert not ResourceSpec.objects.exists() and not RunbookAction.objects.exists()
+    assert isvc_state(crd) == before
 
 
 def test_a_model_stuck_deploying_is_deleted_with_what_it_left_on_confirmation(world, client):
