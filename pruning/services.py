@@ -26,10 +26,12 @@ from datetime import datetime, timedelta
 from django.conf import settings as dj_settings
 from django.db import transaction
 
+from audit.services import audit
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, describe_failure, is_transient
 from clusters.prometheus import PrometheusGateway
 from config import clock
+from config.actors import actor_label_current
 from orgs import selectors as org_selectors
 
 from . import actions, planning, reads, selectors
@@ -371,16 +373,34 @@ def _record(run: PruneRun, d: planning.Decision, params: PruneParams) -> PruneDe
         result=PruneDecision.Result.DRY_RUN if prune and params.run_mode == PruneRun.Mode.DRY_RUN else "")
 
 
-def _save_outcome(d: PruneDecision, **fields) -> bool:
+def _save_outcome(d: PruneDecision, *, run: PruneRun | None = None, **fields) -> bool:
     """Move an `acting` decision to its outcome: one conditional UPDATE, so a worker and
     the reconcile never both decide it. A worker that saw its own write succeed may
-    correct a `failed` the reconcile wrote while the write was still on its way."""
+    correct a `failed` the reconcile wrote while the write was still on its way. The
+    scale-down that took effect is audited in the same transaction, so once."""
     allowed = [PruneDecision.Result.ACTING]
-    if fields.get("result") == PruneDecision.Result.SUCCEEDED:
+    succeeded = fields.get("result") == PruneDecision.Result.SUCCEEDED
+    if succeeded:
         allowed.append(PruneDecision.Result.FAILED)
-    done = PruneDecision.objects.filter(pk=d.pk, result__in=allowed).update(**fields)
-    d.refresh_from_db()
+    with transaction.atomic():
+        done = PruneDecision.objects.filter(pk=d.pk, result__in=allowed).update(**fields)
+        d.refresh_from_db()
+        if done and succeeded:
+            _scale_down_audit(d, run or d.run)
     return bool(done)
+
+
+def _workload(d: PruneDecision) -> str:
+    return f"{d.owner_kind} {d.namespace}/{d.owner_name}"
+
+
+def _scale_down_audit(d: PruneDecision, run: PruneRun) -> None:
+    util = "" if d.max_utilization is None else f", at most {d.max_utilization:g}% used"
+    audit(app="pruning", action="workload_scale_to_zero", at=d.acted_at or clock.now(),
+          actor_label=actor_label_current() or run.actor,
+          cause=f"idle GPUs ({d.reason or 'idle'}{util}); prune run #{run.pk}", target=_workload(d),
+          cluster_id=run.cluster_id, subject=("prune_decision", d.pk), old=d.restore_state or {},
+          new=d.applied_state or {})
 
 
 def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: PruneParams,
@@ -423,7 +443,7 @@ def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: Pru
             log.warning("prune of %s %s/%s: %s", d.owner_kind, d.namespace, d.owner_name, d.error or exc)
             return
         # Announced once: unless the reconcile, taking over a slow write, already did.
-        if _save_outcome(d, result=PruneDecision.Result.SUCCEEDED, acted_at=now) and not d.event_sent:
+        if _save_outcome(d, run=run, result=PruneDecision.Result.SUCCEEDED, acted_at=now) and not d.event_sent:
             _announce(gateway, run, d, params, owner, now)
         return
     _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
@@ -459,7 +479,7 @@ def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRu
         d.refresh_from_db()
         return False
     if outcome == actions.APPLIED:
-        if _save_outcome(d, result=PruneDecision.Result.SUCCEEDED, acted_at=now, error=""):
+        if _save_outcome(d, run=run, result=PruneDecision.Result.SUCCEEDED, acted_at=now, error=""):
             params = PruneParams(**_params_fields(run.parameters)) if run.parameters else None
             _announce(gateway, run, d, params, owner, now, note=f" (confirmed from the cluster: {cause})")
         return True
@@ -616,5 +636,11 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
                                               f"(prune run {decision.run_id})")
         except KubeError as exc:
             decision.error = f"restored, but the Event failed: {exc}"
-    decision.save(update_fields=["restore", "restored_by", "restored_at", "error"])
+    with transaction.atomic():
+        decision.save(update_fields=["restore", "restored_by", "restored_at", "error"])
+        if restored:
+            audit(app="pruning", action="workload_restore", at=now, actor_label=actor_label_current() or actor,
+                  cause=f"restore of what prune run #{decision.run_id} scaled to zero", target=_workload(decision),
+                  cluster_id=decision.run.cluster_id, subject=("prune_decision", decision.pk),
+                  old=decision.applied_state or {}, new=decision.restore_state or {})
     return decision

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.db import transaction
 
+from audit.services import audit
 from capacity.binpack import planning
 from capacity.binpack.models import BinpackRun
 from clusters import kube
@@ -91,6 +93,18 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
     return "written"
 
 
+def _run_audit(run: BinpackRun, written: list[planning.CostChange]) -> None:
+    """One entry per run that patched pods: each pod's deletion cost before and after (the
+    first `_RECORDED_CHANGES`; the count says how many in all)."""
+    shown = written[:_RECORDED_CHANGES]
+    more = f" ({len(written) - len(shown)} more not listed)" if len(written) > len(shown) else ""
+    audit(app="binpack", action="pod_deletion_costs_write", at=run.finished_at, actor=run.actor,
+          actor_label=run.actor_label, cause=f"binpack run #{run.pk} ({run.get_trigger_display()})",
+          target=f"{len(written)} pod(s) of cluster {run.cluster}{more}", cluster=run.cluster,
+          subject=("binpack_run", run.pk), old={f"{c.namespace}/{c.name}": c.old for c in shown},
+          new={f"{c.namespace}/{c.name}": c.new for c in shown})
+
+
 def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = BinpackRun.Trigger.SCHEDULE,
                              dry_run: bool = False, override_manual: bool | None = None,
                              gateway: kube.KubeGateway | None = None) -> tuple[BinpackRun, planning.BinpackPlan]:
@@ -117,16 +131,21 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
                      over_budget=plan.over_budget, plan_seconds=plan_seconds, formula=plan.formula,
                      changes=[c.as_dict() for c in plan.changes[:_RECORDED_CHANGES]])
     errors: list[str] = []
+    written: list[planning.CostChange] = []
     if not dry_run:
         for change in plan.changes:
             result = _apply_one(gateway, change, errors)
             if result == "written":
                 run.written += 1
+                written.append(change)
             elif result == "stale":
                 run.stale += 1
     run.errors = errors
     run.finished_at = clock.now()
-    run.save()
+    with transaction.atomic():
+        run.save()
+        if written:
+            _run_audit(run, written)
     if errors:
         logger.warning("binpack on %s: %d write(s) failed, first: %s", cluster, len(errors), errors[0])
     return run, plan

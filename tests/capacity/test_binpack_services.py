@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.utils.html import escape
 
+from audit.models import AuditEntry
 from capacity.binpack import planning as bp
 from clusters import labels
 from capacity.binpack.services import pod_deletion_costs_apply
@@ -98,9 +99,16 @@ def test_costs_order_pods_so_the_emptiest_node_drains_first_and_rerun_writes_not
         assert bp.parse_cost(str(value)) == value
     assert cost_of(core, "web") is None                          # CPU node: not ours to cost
 
+    # The run is audited once, each pod's cost before and after.
+    (entry,) = AuditEntry.objects.filter(app="binpack")
+    assert (entry.subject_type, entry.subject_id, entry.cluster) == ("binpack_run", run.pk, handle.cluster)
+    assert entry.old == {f"{NS}/{n}": None for n in costs} and entry.new == {f"{NS}/{n}": v for n, v in costs.items()}
+    assert entry.target == f"4 pod(s) of cluster {handle.cluster}" and f"binpack run #{run.pk}" in entry.cause
+
     again, _ = pod_deletion_costs_apply(cluster=handle.cluster)
     assert again.planned == again.written == 0 and again.unchanged == 4
     assert patches(handle) == 4                                  # nothing rewritten
+    assert AuditEntry.objects.filter(app="binpack").count() == 1  # nothing patched: nothing to audit
 
 
 def test_only_pods_whose_cost_changes_are_patched(world):
@@ -223,6 +231,7 @@ def test_admin_action_needs_its_permission_and_records_the_operator(world, clien
     assert cost_of(core, "a-2") is not None
     run = BinpackRun.objects.get()
     assert (run.actor, run.trigger, run.written) == (operator, "admin", 4)
+    assert AuditEntry.objects.get(app="binpack").actor == operator
 
 
 def test_the_beat_task_costs_every_cluster(world, celery_eager):

@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_fixtures import to_exported_scheme
 
+from audit.models import AuditEntry
 from clusters.prometheus import PrometheusGateway
 from pruning.query import FilterError
 from pruning.models import PruneDecision, PruneRun
@@ -63,6 +64,13 @@ def test_every_kind_is_scaled_to_zero_restored_and_announced(world: World):
     # Both were seen, and seen busy: the multi-GPU pod's one busy GPU kept it.
     assert run.busy_pods == 2
     assert run.status == "succeeded" and run.acted == 5 and run.failed == 0
+    # Each workload scaled down is audited once: what it had, what the prune set, and why.
+    scaled = {e.target: e for e in AuditEntry.objects.filter(app="pruning", action="workload_scale_to_zero")}
+    assert set(scaled) == {"Deployment team-a/web", "ReplicaSet team-a/bare", "StatefulSet team-a/db",
+                           "Notebook team-b/nb", "InferenceService team-b/llm"}
+    web = scaled["Deployment team-a/web"]
+    assert (web.old, web.new, web.actor_label) == ({"replicas": 2}, {"replicas": 0}, "test")
+    assert web.cause.startswith("idle GPUs (idle") and f"prune run #{run.pk}" in web.cause
 
     apps, custom = k8s.AppsV1Api(world.api), k8s.CustomObjectsApi(world.api)
     assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 0
@@ -97,6 +105,9 @@ def test_every_kind_is_scaled_to_zero_restored_and_announced(world: World):
                                               now=world.now()).restore == "restored"
     assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 2
     assert apps.read_namespaced_replica_set("bare", "team-a").spec.replicas == 1
+    restored = AuditEntry.objects.get(app="pruning", action="workload_restore", target="Deployment team-a/web")
+    assert (restored.old, restored.new, restored.actor_label) == ({"replicas": 0}, {"replicas": 2}, "alice")
+    assert AuditEntry.objects.filter(app="pruning", action="workload_restore").count() == 5
     assert apps.read_namespaced_stateful_set("db", "team-a").spec.replicas == 1
     nb = custom.get_namespaced_custom_object("kubeflow.org", "v1", "team-b", "notebooks", "nb")
     assert "kubeflow-resource-stopped" not in (nb["metadata"].get("annotations") or {})
@@ -206,6 +217,7 @@ def test_restore_leaves_an_owner_changed_since_alone(world: World):
     assert prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice",
                                   now=world.now()).restore == "changed"
     assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 1
+    assert not AuditEntry.objects.filter(action="workload_restore").exists()     # nothing was put back
 
 
 def test_idle_pods_gathered_in_one_namespace_cost_three_lists_whatever_their_number(world: World):
