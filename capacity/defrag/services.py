@@ -151,8 +151,9 @@ def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None,
 
 
 def _loaded(job: DefragJob) -> DefragJob:
-    """Remember the state and version the step decides from (the compare of compare-and-set)."""
-    job.__dict__["_cas"] = (job.state, job.version)
+    """Remember what the step decides from (the compare of compare-and-set): the state, the
+    version and the operator's abort request as the step saw it."""
+    job.__dict__["_cas"] = (job.state, job.version, job.abort_requested_at)
     job.__dict__["_pending_log"] = []
     return job
 
@@ -164,12 +165,15 @@ def _commit(job: DefragJob, *, fields: Iterable[str] = (), orphans: Iterable[Def
 
     One conditional UPDATE: it applies only if the row still has the state and version
     this step loaded; otherwise nothing is written (audits and orphan records included)
-    and `StaleJob` is raised, so two runners never record one side effect twice."""
-    state, version = job.__dict__.get("_cas") or (job.state, job.version)
+    and `StaleJob` is raised, so two runners never record one side effect twice. An abort
+    asked for after the step loaded the job also fails the compare: the step decides again,
+    with the abort in view, so nothing (a job_safe, a drain) is recorded over it."""
+    state, version, abort_asked = job.__dict__.get("_cas") or (job.state, job.version, job.abort_requested_at)
     names = set(fields) | {"error", "next_check_at"}
     values = {name: getattr(job, name) for name in names}
     with transaction.atomic():
-        updated = DefragJob.objects.filter(pk=job.pk, state=state, version=version).update(
+        updated = DefragJob.objects.filter(pk=job.pk, state=state, version=version,
+                                           abort_requested_at=abort_asked).update(
             version=version + 1, updated_at=timezone.now(), **values)
         if not updated:
             raise StaleJob(f"defrag job {job.pk} changed since it was loaded ({state}, v{version})")
