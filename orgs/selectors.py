@@ -54,12 +54,22 @@ class ExemptOrgRow:
     org: str
     namespace: str
     dormant: bool
+    why: str = ""
 
 
-def orgs_exempt_from_scale_to_zero(*, cluster) -> list[ExemptOrgRow]:
-    """Orgs whose workloads are kept warm whatever their activity: scale to zero disallowed."""
-    return [ExemptOrgRow(*row) for row in Org.objects.filter(cluster=cluster, scale_to_zero_allowed=False)
-            .order_by("slug").values_list("slug", "namespace", "dormant")]
+def orgs_exempt_from_scale_to_zero(*, cluster, now: datetime) -> list[ExemptOrgRow]:
+    """Orgs whose workloads are kept warm whatever their activity, and why: scale to zero
+    turned off, or an operator's exemption or snooze still in force at `now`."""
+    rows = Org.objects.filter(cluster=cluster).filter(
+        Q(scale_to_zero_allowed=False) | Q(exempt=True) | Q(snoozed_until__gt=now)).order_by("slug")
+    out = []
+    for org in rows:
+        reasons = [] if org.scale_to_zero_allowed else ["scale to zero turned off"]
+        hold = org.hold()
+        if hold is not None and hold.active(now):
+            reasons.append(hold.describe(now))
+        out.append(ExemptOrgRow(org.slug, org.namespace, org.dormant, "; ".join(reasons)))
+    return out
 
 
 def _template_gpus(pod_spec: dict | None) -> int:

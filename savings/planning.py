@@ -75,6 +75,7 @@ class ExemptOrg:
     org: str
     dormant: bool
     gpus_held: int | None   # GPUs its pods hold now; None when the cluster could not be read
+    why: str = ""           # scale to zero turned off, or the operator's exemption or snooze
 
 
 @dataclass(frozen=True)

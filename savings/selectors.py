@@ -32,7 +32,7 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
                     gpus=len(a["gpus"] or ()), acted_at=a["acted_at"], restored_at=a["restored_at"])
         for a in prune_actions_freeing(cluster=cluster, since=since))
     drains = tuple(NodeDrain(**d) for d in defrag_drains(cluster=cluster, until=now))
-    exempt_rows = org_selectors.orgs_exempt_from_scale_to_zero(cluster=cluster)
+    exempt_rows = org_selectors.orgs_exempt_from_scale_to_zero(cluster=cluster, now=now)
 
     gpus_per_replica = node_gpus = None
     schedulable: frozenset[str] = frozenset()
@@ -54,6 +54,7 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
     except KubeError as exc:
         error = str(exc)
     exempt = tuple(ExemptOrg(org=r.org, dormant=r.dormant,
-                             gpus_held=None if held is None else held.get(r.namespace, 0)) for r in exempt_rows)
+                             gpus_held=None if held is None else held.get(r.namespace, 0), why=r.why)
+                   for r in exempt_rows)
     return Facts(floor_changes=changes, gpus_per_replica=gpus_per_replica, prune_actions=prunes, drains=drains,
                  node_gpus=node_gpus, nodes_schedulable=schedulable, exempt=exempt, cluster_error=error)

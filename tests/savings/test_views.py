@@ -60,6 +60,9 @@ def world(sim_cluster_factory):
     Org.objects.create(slug="beta", cluster=cluster, namespace="org-b", last_activity_at=now)
     Org.objects.create(slug="gamma", cluster=cluster, namespace="org-c", last_activity_at=now - timedelta(days=3),
                        dormant=True, scale_to_zero_allowed=False)
+    # delta is snoozed by an operator for a day: held warm too, and the page says why.
+    Org.objects.create(slug="delta", cluster=cluster, namespace="org-d", last_activity_at=now,
+                       snoozed_until=now + timedelta(days=1), exemption_reason="quarter close")
     # acme dormant for 3 h: its pynode's floor 1 → 0, then back to 1 (1 replica × 2 GPUs).
     AuditEntry.objects.create(app="orgs", at=now - timedelta(hours=5), action="scale_to_zero_applied", org=acme,
                                cause="switch #1: became dormant (dormancy sweep)",
@@ -160,7 +163,9 @@ def test_page_shows_totals_nodes_exempt_orgs_and_a_stacked_chart(world, client, 
     assert re.search(r'id="nodes-freed"><strong>1</strong> node\(s\).*<strong>1</strong> still out', html)
     assert "node h100-2 (defrag job #" in html
     # gamma is exempt and dormant; its Deployment's pod holds 3 GPUs now.
-    assert re.search(r"<td>gamma</td><td>yes</td><td class=\"num\">3</td>", html)
+    assert re.search(r"<td>gamma</td><td>scale to zero turned off</td><td>yes</td><td class=\"num\">3</td>", html)
+    assert re.search(r"<td>delta</td><td>snoozed for [^<]*: quarter close</td><td>no</td><td class=\"num\">0</td>",
+                     html)
     assert "vendor/chartjs/chart.umd.min.js" in html
 
 
