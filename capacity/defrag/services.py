@@ -35,6 +35,7 @@ from clusters.selectors import snapshot_take
 from clusters.services import cluster_lock
 from clusters.snapshot import NodeView, PodView
 from config import clock
+from config.schedule import SCHEDULES
 from config.actors import actor_label_current
 from config.celery import task_send
 
@@ -86,6 +87,8 @@ ERROR_RETRY_SECONDS = 5.0
 # killed worker's job is free again within 30 s, and with the 10 s resume beat
 # (config/schedule.py) it is stepped again within 40 s, well inside a minute.
 LEASE_SECONDS = 30.0
+# How soon the resume beat hands a due job no worker holds to a worker (config/schedule.py).
+RESUME_PROMISE = "{} s".format(next(p.every_seconds for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume"))
 # Bounds of what an operator may ask for (seconds): a poll below 0.1 s only loads the API
 # server; a day is longer than any defrag is worth waiting for.
 POLL_RANGE = (0.1, 3600.0)
@@ -319,8 +322,20 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
 def _enqueue(job: DefragJob) -> None:
     """Hand the job to a worker once this transaction commits: by the task's name, since
     tasks import services and never the reverse (the task keeps its acks_late and
-    reject_on_worker_lost; `task_send` queues it as `.delay()` does)."""
-    transaction.on_commit(lambda: task_send(DEFRAG_JOB_RUN_TASK, args=(job.pk,)))
+    reject_on_worker_lost; `task_send` queues it as `.delay()` does).
+
+    The job row is the intent: if the broker cannot take the message, the job is still
+    recorded and the resume beat hands it to a worker; the job's log says so, and the
+    operator's page is not an error page for a job that will run."""
+    def send() -> None:
+        try:
+            task_send(DEFRAG_JOB_RUN_TASK, args=(job.pk,))
+        except Exception as exc:  # noqa: BLE001 - any broker failure; the row holds the intent
+            log.warning("defrag job %s: could not queue its step (%s); the resume beat picks it up", job.pk, exc)
+            _log_write(job.pk, [f"Could not hand the job to a worker now ({type(exc).__name__}: {exc}); "
+                                f"the resume beat picks it up within {RESUME_PROMISE}."])
+
+    transaction.on_commit(send)
 
 
 # ---- one step --------------------------------------------------------------------------------

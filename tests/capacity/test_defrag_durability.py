@@ -337,3 +337,27 @@ def test_a_start_and_an_abort_each_queue_the_step_task_for_a_worker_once_committ
         ("capacity.tasks.defrag_job_run", [job.pk], app.conf.task_default_priority)] * 2
     registered = app.tasks["capacity.tasks.defrag_job_run"]
     assert registered.acks_late and registered.reject_on_worker_lost
+
+
+def test_a_start_the_broker_cannot_take_is_recorded_said_in_its_log_and_left_to_the_resume_beat(
+        defrag_world, django_capture_on_commit_callbacks, monkeypatch):
+    """The job row is the intent: a broker that refuses the message does not make the start
+    an error (the operator would retry and meet "already has a live job"); the job's log says
+    it waits for the resume beat, and that beat's query finds it due."""
+    from capacity.defrag import services as defrag_services
+    from capacity.defrag.services import defrag_discover, defrag_job_start
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(defrag_services, "task_send", broker_down)
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=world.gateway)
+    with django_capture_on_commit_callbacks(execute=True):
+        job = defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, now=world.now())
+    job.refresh_from_db()
+    assert job.state == JobState.CONFIRMED
+    assert job.log[-1] == ("Could not hand the job to a worker now (ConnectionRefusedError: [Errno 111] Connection "
+                           f"refused); the resume beat picks it up within {defrag_services.RESUME_PROMISE}.")
+    assert job.pk in defrag_jobs_due(now=world.now())
