@@ -1,12 +1,11 @@
 from django.contrib import admin
 
 from audit.models import AuditEntry
-from config.actors import actor_describe
-from config.admin_display import JsonAsTablesMixin
+from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, actor_display
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
     """The audit trail, read only: nothing here is added, changed or deleted by hand."""
 
     list_display = ("at", "app", "action", "target", "cause", "by", "cluster", "org")
@@ -16,15 +15,4 @@ class AuditEntryAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     readonly_fields = ("at", "app", "action", "target", "cause", "actor", "actor_label", "cluster", "org",
                        "subject_type", "subject_id", "old", "new")
 
-    @admin.display(description="by", ordering="actor")
-    def by(self, entry: AuditEntry) -> str:
-        return actor_describe(entry.actor, entry.actor_label)
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+    by = actor_display("actor", "actor_label", "by", ordering="actor")

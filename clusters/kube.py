@@ -136,6 +136,12 @@ class WatchEvent(NamedTuple):
     resource_version: str
 
 
+def _query_given(*params: tuple[str, Any]) -> list[tuple[str, Any]]:
+    """The query parameters of a list or watch that were given (an empty selector, a zero
+    limit or timeout means "not asked for" and is left out of the URL)."""
+    return [(name, value) for name, value in params if value]
+
+
 def _retry_after_seconds(headers: Any) -> float | None:
     value = headers.get("Retry-After") if headers else None
     if not value:
@@ -329,15 +335,8 @@ class KubeGateway:
                   limit: int | None = None, continue_token: str | None = None,
                   resource_version: str | None = None) -> dict:
         """One raw page: the List object with `items` and `metadata.continue`."""
-        query: list[tuple[str, Any]] = []
-        if label_selector:
-            query.append(("labelSelector", label_selector))
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        if limit:
-            query.append(("limit", limit))
-        if continue_token:
-            query.append(("continue", continue_token))
+        query = _query_given(("labelSelector", label_selector), ("fieldSelector", field_selector),
+                             ("limit", limit), ("continue", continue_token))
         if resource_version is not None:
             query.append(("resourceVersion", resource_version))
         return self._send("list", resource, "GET", resource.path(namespace), query=query)
@@ -479,14 +478,9 @@ class KubeGateway:
                     item.setdefault("apiVersion", resource.api_version)
                     item.setdefault("kind", resource.kind)
                     yield WatchEvent("ADDED", item, (item.get("metadata") or {}).get("resourceVersion", rv))
-            query: list[tuple[str, Any]] = [("watch", "true"), ("resourceVersion", rv),
-                                            ("allowWatchBookmarks", "true")]
-            if label_selector:
-                query.append(("labelSelector", label_selector))
-            if field_selector:
-                query.append(("fieldSelector", field_selector))
-            if timeout_seconds:
-                query.append(("timeoutSeconds", timeout_seconds))
+            query = [("watch", "true"), ("resourceVersion", rv), ("allowWatchBookmarks", "true"),
+                     *_query_given(("labelSelector", label_selector), ("fieldSelector", field_selector),
+                                   ("timeoutSeconds", timeout_seconds))]
             try:
                 stream = self._send("watch", resource, "GET", resource.path(namespace), query=query,
                                     stream=True, timeout=(timeout_seconds or 0) + self.request_timeout)

@@ -3,7 +3,8 @@
 `json_table(value)` renders a mapping as a two-column table, a list of mappings as a table
 with one column per key, a list of plain values as a list, nested values recursively.
 `JsonAsTablesMixin` makes a ModelAdmin show each of its read-only JSON fields that way
-(the field keeps its label and help text; it is never editable through it)."""
+(the field keeps its label and help text; it is never editable through it).
+`actor_display` shows who acted; `ReadOnlyAdminMixin` keeps service-written rows read only."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,6 +13,8 @@ from django.contrib import admin
 from django.db.models import JSONField
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+
+from config.actors import actor_describe
 
 EMPTY = "—"
 MAX_ROWS = 200   # rows shown of a long list; the rest is counted, not rendered
@@ -100,3 +103,28 @@ def json_table_display(field_name: str, description: str = ""):
 
     return show
 
+
+
+def actor_display(user_field: str, label_field: str, description: str = "by", ordering: str | None = None):
+    """An admin display method naming who acted: the user of `user_field` (or the label kept in
+    `label_field` once that user is gone), or the schedule."""
+
+    @admin.display(description=description, ordering=ordering)
+    def show(self, obj) -> str:
+        return actor_describe(getattr(obj, user_field), getattr(obj, label_field))
+
+    return show
+
+
+class ReadOnlyAdminMixin:
+    """Rows written only by services: the panel shows them and never adds, changes or deletes one.
+    (`obj` is optional so the same methods serve a ModelAdmin and an inline.)"""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

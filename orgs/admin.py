@@ -14,8 +14,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from config import clock
-from config.actors import actor_describe
-from config.admin_display import JsonAsTablesMixin
+from config.admin_display import JsonAsTablesMixin, actor_display
 from orgs import planning, services
 from orgs.models import ActivityToken, DormancySwitch, Org, WorkloadExemption
 
@@ -88,9 +87,12 @@ class DormancySwitchInline(JsonAsTablesMixin, admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.display(description="by")
-    def by(self, switch: DormancySwitch) -> str:
-        return actor_describe(switch.actor, switch.actor_label)
+    by = actor_display("actor", "actor_label", "by")
+
+
+@admin.display(description="exemption")
+def exemption_state(self, exemption: WorkloadExemption) -> str:
+    return exemption.hold().describe(clock.now())
 
 
 class WorkloadExemptionInline(admin.TabularInline):
@@ -106,13 +108,8 @@ class WorkloadExemptionInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.display(description="exemption")
-    def state(self, exemption: WorkloadExemption) -> str:
-        return exemption.hold().describe(clock.now())
-
-    @admin.display(description="set by")
-    def set_by(self, exemption: WorkloadExemption) -> str:
-        return actor_describe(exemption.created_by, exemption.actor_label)
+    state = exemption_state
+    set_by = actor_display("created_by", "actor_label", "set by")
 
 
 @admin.register(Org)
@@ -309,13 +306,8 @@ class WorkloadExemptionAdmin(admin.ModelAdmin):
     fields = ("org", "kind", "name", "hold", "until_time", "reason")
     autocomplete_fields = ("org",)
 
-    @admin.display(description="exemption")
-    def state(self, exemption: WorkloadExemption) -> str:
-        return exemption.hold().describe(clock.now())
-
-    @admin.display(description="set by")
-    def set_by(self, exemption: WorkloadExemption) -> str:
-        return actor_describe(exemption.created_by, exemption.actor_label)
+    state = exemption_state
+    set_by = actor_display("created_by", "actor_label", "set by")
 
     def get_fields(self, request, obj=None):
         if obj is not None:

@@ -5,12 +5,13 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
+from config.admin_display import ReadOnlyAdminMixin
 from savings.models import SavingsCluster
 from savings.views import CLUSTER_CONTENTS_PERMISSION
 
 
 @admin.register(SavingsCluster)
-class SavingsClusterAdmin(admin.ModelAdmin):
+class SavingsClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("name", "savings_page", "savings_csv")
     list_display_links = None
 
@@ -22,15 +23,6 @@ class SavingsClusterAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None):
         return self._allowed(request)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="savings")
     def savings_page(self, cluster):

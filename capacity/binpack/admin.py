@@ -7,8 +7,7 @@ from django.utils.html import format_html, format_html_join
 from capacity.binpack.planning import COST_ORDER, FORMULA
 from capacity.binpack.models import BinpackCluster, BinpackRun
 from clusters.errors import KubeError
-from config.actors import actor_describe
-from config.admin_display import json_table_display
+from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table_display
 
 
 @admin.register(BinpackRun)
@@ -23,9 +22,7 @@ class BinpackRunAdmin(admin.ModelAdmin):
     readonly_fields = fields
     errors_shown = json_table_display("errors", "errors")
 
-    @admin.display(description="by", ordering="actor")
-    def by(self, run: BinpackRun) -> str:
-        return actor_describe(run.actor, run.actor_label)
+    by = actor_display("actor", "actor_label", "by", ordering="actor")
 
     @admin.display(description="changes and why")
     def changes_explained(self, run: BinpackRun):
@@ -54,18 +51,9 @@ class BinpackRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(BinpackCluster)
-class BinpackClusterAdmin(admin.ModelAdmin):
+class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("name", "last_run", "last_written")
     actions = ["run_binpack", "dry_run_binpack"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_view_permission(self, request, obj=None):
         return request.user.has_perm("capacity.view_binpackrun") or request.user.has_perm("capacity.run_binpack")

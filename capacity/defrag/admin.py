@@ -16,30 +16,19 @@ from clusters import kube
 from clusters.errors import KubeError, NotFound
 from clusters.selectors import cluster_find, clusters_all
 from config.actors import actor_describe
-from config.admin_display import JsonAsTablesMixin, json_table
+from config.admin_display import JsonAsTablesMixin, actor_display, json_table
 
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
-from capacity.defrag.services import (
-    POLL_RANGE,
-    TIMEOUT_RANGE,
-    DefragError,
-    defrag_discover,
-    defrag_job_abort,
-    defrag_job_drain,
-    defrag_job_start,
-    eviction_retry_seconds,
-    node_return_to_service,
-    RETURNABLE_STATES,
-)
+from capacity.defrag import services
 
 
 class DefragStartForm(forms.Form):
     """The two numbers an operator may set when confirming; Django's fields refuse NaN and
     infinities, the bounds refuse zero, negatives and absurdly long waits."""
-    timeout = forms.IntegerField(label="timeout", min_value=TIMEOUT_RANGE[0], max_value=TIMEOUT_RANGE[1],
-                                 required=False)
-    poll_interval = forms.FloatField(label="poll_interval", min_value=POLL_RANGE[0], max_value=POLL_RANGE[1],
-                                     required=False)
+    timeout = forms.IntegerField(label="timeout", min_value=services.TIMEOUT_RANGE[0],
+                                 max_value=services.TIMEOUT_RANGE[1], required=False)
+    poll_interval = forms.FloatField(label="poll_interval", min_value=services.POLL_RANGE[0],
+                                     max_value=services.POLL_RANGE[1], required=False)
 
     def errors_named(self) -> list[str]:
         return [f"{name}: {error}" for name, errors in self.errors.items() for error in errors]
@@ -75,9 +64,7 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     change_form_template = "capacity/defragjob_change_form.html"
     change_list_template = "capacity/defragjob_change_list.html"
 
-    @admin.display(description="asked by", ordering="requested_by")
-    def asked_by(self, job: DefragJob) -> str:
-        return actor_describe(job.requested_by, job.requested_by_label)
+    asked_by = actor_display("requested_by", "requested_by_label", "asked by", ordering="requested_by")
 
     def has_add_permission(self, request):
         return False  # jobs start from the report page ("defrag this node"), never from a blank form
@@ -104,7 +91,7 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         # the drain and abort pages, each with its confirmation.
         extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"),
                  "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
-                 "returnable_states": RETURNABLE_STATES, "show_save": False,
+                 "returnable_states": services.RETURNABLE_STATES, "show_save": False,
                  "show_save_and_continue": False, "show_save_and_add_another": False,
                  "audit_entries": self._audit_rows(object_id), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
@@ -135,8 +122,8 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         context = {**self.admin_site.each_context(request), "opts": self.model._meta, "cluster": cluster,
                    "node": node_name, "title": f"Defrag node {node_name}?"}
         try:
-            plan = defrag_discover(cluster=cluster, node_name=node_name)
-        except (DefragError, KubeError) as exc:
+            plan = services.defrag_discover(cluster=cluster, node_name=node_name)
+        except (services.DefragError, KubeError) as exc:
             messages.error(request, f"Cannot defrag {node_name!r}: {exc}")
             return HttpResponseRedirect(reverse("admin:capacity_defragjob_changelist"))
         if request.method == "POST" and request.POST.get("confirm") == "yes":
@@ -149,10 +136,10 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                     messages.error(request, f"Not started: {error}")
             else:
                 try:
-                    job = defrag_job_start(cluster=cluster, node_name=node_name, plan=plan, actor=request.user,
-                                           timeout_seconds=form.cleaned_data["timeout"],
-                                           poll_interval_seconds=form.cleaned_data["poll_interval"])
-                except DefragError as exc:
+                    job = services.defrag_job_start(cluster=cluster, node_name=node_name, plan=plan,
+                                                    actor=request.user, timeout_seconds=form.cleaned_data["timeout"],
+                                                    poll_interval_seconds=form.cleaned_data["poll_interval"])
+                except services.DefragError as exc:
                     messages.error(request, str(exc))
                 else:
                     messages.success(request, f"Defrag job #{job.pk} confirmed on {node_name}: a worker starts it")
@@ -166,8 +153,9 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             raise PermissionDenied("draining needs the 'Can drain (evict and delete) a defragged node' permission")
         if request.method == "POST" and request.POST.get("confirm") == job.node_name:
             try:
-                defrag_job_drain(job=job, actor=request.user, delete_node=request.POST.get("delete_node") == "on")
-            except DefragError as exc:
+                services.defrag_job_drain(job=job, actor=request.user,
+                                          delete_node=request.POST.get("delete_node") == "on")
+            except services.DefragError as exc:
                 messages.error(request, str(exc))
             else:
                 messages.success(request, f"Drain of {job.node_name} requested: a worker evicts its orphans")
@@ -176,7 +164,7 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             messages.error(request, "Type the node name exactly to confirm the drain.")
         return TemplateResponse(request, "capacity/defrag_drain_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
-            "retry": f"{eviction_retry_seconds(job):g}",
+            "retry": f"{services.eviction_retry_seconds(job):g}",
             "orphans": job.orphans.filter(state="orphaned"), "title": f"Drain node {job.node_name}?"})
 
     def abort_view(self, request, pk: int):
@@ -189,8 +177,8 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                 messages.error(request, "Tick the box that says capacity drops to delete the orphans anyway.")
                 return HttpResponseRedirect(reverse("admin:capacity_defragjob_abort", args=[job.pk]))
             try:
-                defrag_job_abort(job=job, actor=request.user, orphans=choice)
-            except DefragError as exc:
+                services.defrag_job_abort(job=job, actor=request.user, orphans=choice)
+            except services.DefragError as exc:
                 messages.error(request, str(exc))
             else:
                 messages.success(request, {
@@ -217,8 +205,9 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                                    "service (uncordon it)' permission")
         if request.method == "POST" and request.POST.get("confirm") == job.node_name:
             try:
-                done = node_return_to_service(cluster=job.cluster, node=job.node_name, actor=request.user, job=job)
-            except (DefragError, KubeError) as exc:
+                done = services.node_return_to_service(cluster=job.cluster, node=job.node_name,
+                                                       actor=request.user, job=job)
+            except (services.DefragError, KubeError) as exc:
                 messages.error(request, f"Nothing changed: {exc}")
             else:
                 messages.success(request, done.message)

@@ -20,7 +20,7 @@ from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 from capacity.runbook import services
 from clusters.errors import KubeError
 from config import clock
-from config.admin_display import JsonAsTablesMixin
+from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin
 
 NOT_GRACEFUL = ("This is NOT graceful: the old revision's pods stop at once, with the requests they are "
                 "serving, so the Pending revision can get their GPUs. It is the easiest way to update a "
@@ -339,7 +339,7 @@ class ResourceSpecAdmin(admin.ModelAdmin):
 
 
 @admin.register(RunbookAction)
-class RunbookActionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class RunbookActionAdmin(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("at", "actor", "action", "target", "cluster", "outcome")
     list_display_links = ("at",)
     list_filter = ("state", "action", "cluster")
@@ -349,12 +349,3 @@ class RunbookActionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     @admin.display(description="state and outcome", ordering="state")
     def outcome(self, obj):
         return format_html('<span class="runbook-{}">{}</span>', obj.state, action_state(obj))
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
