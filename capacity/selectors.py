@@ -4,6 +4,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.conf import settings
+
 from audit.selectors import entries_filter
 from clusters import kube
 from clusters.selectors import snapshot_take
@@ -38,7 +40,8 @@ def fragmentation_for(*, cluster: Cluster, now: datetime, pool: str | None = Non
                       gateway: kube.KubeGateway | None = None) -> FragmentationView:
     """The GPU map of a cluster: 2 API calls (nodes, pods) however big the cluster."""
     snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now)
-    return fragmentation_view(snapshot, held_nodes=defrag_jobs_live_by_node(cluster=cluster), pool=pool)
+    return fragmentation_view(snapshot, held_nodes=defrag_jobs_live_by_node(cluster=cluster), pool=pool,
+                              scoring=settings.CAPACITY_SCHEDULER_SCORING)
 
 
 def defrag_job_progress(*, job: DefragJob) -> dict:

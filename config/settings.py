@@ -257,6 +257,15 @@ if not 1 <= CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS <= 86400:
 CAPACITY_MAP_CACHE_SECONDS = env.int("CAPACITY_MAP_CACHE_SECONDS", default=15)
 if not 0 <= CAPACITY_MAP_CACHE_SECONDS <= 300:
     raise ImproperlyConfigured(f"CAPACITY_MAP_CACHE_SECONDS must be 0..300 seconds, got {CAPACITY_MAP_CACHE_SECONDS}")
+# How the cluster's kube-scheduler scores nodes (NodeResourcesFit scoringStrategy type): the
+# defrag advice places each replacement where that scheduler would. LeastAllocated is
+# kube-scheduler's default (spreads onto the emptiest node, often an empty one: emptying a
+# node then frees nothing); MostAllocated for clusters configured to bin-pack. The values
+# are capacity.defrag.planning.Scoring's.
+CAPACITY_SCHEDULER_SCORING = env.str("CAPACITY_SCHEDULER_SCORING", default="LeastAllocated")
+if CAPACITY_SCHEDULER_SCORING not in ("LeastAllocated", "MostAllocated"):
+    raise ImproperlyConfigured(f"CAPACITY_SCHEDULER_SCORING must be LeastAllocated (kube-scheduler's default) or "
+                               f"MostAllocated (a bin-packing scheduler), not {CAPACITY_SCHEDULER_SCORING!r}")
 
 # --- Capacity: binpack deletion costs and the model-serving runbook --------------------
 # Pods sharing a value of this label form one group, ranked as a whole (Kthena's own

@@ -20,7 +20,16 @@ from clusters.labels import (
 )
 from clusters.snapshot import ClusterSnapshot, PodView
 
-from capacity.defrag.planning import DefragAdvice, Freeing, FreeingStep, Role, defrag_advice, node_pool, pod_classify
+from capacity.defrag.planning import (
+    DefragAdvice,
+    Freeing,
+    FreeingStep,
+    Role,
+    Scoring,
+    defrag_advice,
+    node_pool,
+    pod_classify,
+)
 
 # ---- where to defrag: the fragmentation view --------------------------------------------
 
@@ -79,7 +88,7 @@ class FragmentationView:
 
 
 def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, int] | None = None,
-                       pool: str | None = None) -> FragmentationView:
+                       pool: str | None = None, scoring: str = Scoring.LEAST_ALLOCATED) -> FragmentationView:
     """GPUs per node, the GPU map cells, and where to defrag.
 
     Where to defrag is `defrag_advice` over the whole snapshot (replacements may land in
@@ -116,7 +125,7 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
                             total=node.gpus_allocatable, used=used, cordoned=node.unschedulable,
                             held_by_job=held_nodes.get(node.name), cells=tuple(cells), gpu_pods=len(holders),
                             blockers=blockers))
-    advice = defrag_advice(snapshot, held_nodes=held_nodes)
+    advice = defrag_advice(snapshot, held_nodes=held_nodes, scoring=scoring)
     if pool:
         advice = advice.only({r.name for r in rows})
     return FragmentationView(rows=tuple(rows), advice=advice, pools=_pool_totals(rows))

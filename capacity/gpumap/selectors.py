@@ -85,7 +85,8 @@ def fragmentation_recent(*, cluster: Cluster, now: datetime, pool: str | None = 
     else:
         with gc_paused():   # decoded JSON, views and map rows: many small objects, none cyclic
             snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now)
-            whole = ClusterView(view=fragmentation_view(snapshot, held_nodes=held), taken_at=now)
+            whole = ClusterView(view=fragmentation_view(snapshot, held_nodes=held, scoring=settings.CAPACITY_SCHEDULER_SCORING),
+                                taken_at=now)
         if ttl:
             _cache_set(identity, {"cluster": identity, "held": held, "last_action": last_action,
                                   "taken_at": now, "view": whole.view}, ttl)

@@ -72,10 +72,12 @@ def test_dashboard_shows_gpus_orgs_jobs_and_prune_runs(sim_cluster_factory, clie
     assert 'href="/savings/clusters/sim/"' in html
 
 
-def test_the_advice_says_how_many_nodes_can_be_freed_together(sim_cluster_factory, client, staff):
-    """Six half-full nodes: each alone could be emptied into the others, but together only
-    three; the empty node is never where their pods are planned to go."""
+def test_the_advice_says_how_many_nodes_can_be_freed_together(sim_cluster_factory, client, staff, settings):
+    """Six half-full nodes on a bin-packing cluster: each alone could be emptied into the
+    others, but together only three; the empty node is never where their pods are planned to go."""
+    settings.CAPACITY_SCHEDULER_SCORING = "MostAllocated"
     objects = [make_node(n) for n in ("a", "b", "c", "d", "e", "f", "spare")]
+    objects.append({"apiVersion": "simcluster.io/v1alpha1", "kind": "Simulation", "spec": {"placement": "most-allocated"}})
     objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}})
     objects += [running(make_model_pod(f"{n}-{i}", revision=f"m{n}{i}-00001", node=n, gpus=2))
                 for n in "abcdef" for i in range(2)]

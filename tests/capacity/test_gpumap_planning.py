@@ -22,7 +22,7 @@ def test_where_to_defrag_is_what_freeing_the_nodes_one_after_the_other_frees():
         make_model_pod("b1", revision="mid-00001", node="b", gpus=5),   # b: 3 free; 5 fit into c's 6
         make_model_pod("c1", revision="small-00001", node="c", gpus=2),  # c: 6 free; 2 fit into b's 3
     ]
-    view = fragmentation_view(snapshot(nodes, pods))
+    view = fragmentation_view(snapshot(nodes, pods), scoring="MostAllocated")
     # b and c each fit alone into the other, not both: c (fewer GPUs) first, then b needs its room.
     assert [(c.node, c.outcome_label) for c in view.candidates] == [
         ("c", "frees a whole node (#1 together)"), ("b", "instead of an earlier one, not as well"),
