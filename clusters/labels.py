@@ -30,9 +30,21 @@ KNATIVE_SERVICE_LABEL = "serving.knative.dev/service"
 REVISION_LABEL = "serving.knative.dev/revision"
 REVISION_UID_LABEL = "serving.knative.dev/revisionUID"
 RELEASE_LABEL = "serving.knative.dev/release"  # the Knative release an install was made from
+# The autoscaling annotations, on a Revision (or its Service's template) and its PodAutoscaler;
+# Knative still reads the camelCase spellings of older releases.
+MIN_SCALE = "autoscaling.knative.dev/min-scale"
+MIN_SCALE_LEGACY = "autoscaling.knative.dev/minScale"
+INITIAL_SCALE = "autoscaling.knative.dev/initial-scale"
+INITIAL_SCALE_LEGACY = "autoscaling.knative.dev/initialScale"
+TARGET_CONCURRENCY = "autoscaling.knative.dev/target"
 
 # ---- KServe -----------------------------------------------------------------------------------
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
+DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"  # "Serverless" (Knative) or raw Deployments
+KSERVE_STOP_ANNOTATION = "serving.kserve.io/stop"  # "true": KServe (>= 0.15) scales the model to zero
+
+# ---- Kubeflow: a Notebook with this annotation is stopped (its StatefulSet at zero) -------------
+NOTEBOOK_STOP_ANNOTATION = "kubeflow-resource-stopped"
 
 # ---- Kthena (Volcano model serving): scale-down compares the sums of a group's pod costs ------
 KTHENA_NAME_LABEL = "modelserving.volcano.sh/name"
@@ -47,3 +59,7 @@ REDEPLOY_ANNOTATION = "capacity.io/redeployed-at"  # the runbook's "redeploy": a
 BINPACK_MARKER = "capacity.io/binpack-deletion-cost"  # the cost binpack wrote: a different cost was set by hand
 BINPACK_OPT_OUT = "capacity.io/binpack"  # "false" on a workload: binpack leaves its pods alone
 SERVING_GROUP_LABEL = "capacity.io/serving-group"  # binpack's default group label (BINPACK_GROUP_LABEL)
+PRUNE_OPT_OUT = "capacity.io/prune"  # "false" on a workload: the pruner leaves it alone
+# The owner's own floors, recorded by the dormancy switch before it sets its "0" and given back on restore.
+OWNER_MIN_SCALE = "capacity.io/owner-min-scale"
+OWNER_INITIAL_SCALE = "capacity.io/owner-initial-scale"

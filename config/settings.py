@@ -11,6 +11,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from clusters.labels import SERVING_GROUP_LABEL  # plain constants, no Django import
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -270,7 +272,7 @@ if CAPACITY_SCHEDULER_SCORING not in ("LeastAllocated", "MostAllocated"):
 # --- Capacity: binpack deletion costs and the model-serving runbook --------------------
 # Pods sharing a value of this label form one group, ranked as a whole (Kthena's own
 # ModelServing pods are grouped by modelserving.volcano.sh/group-name regardless).
-BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default="capacity.io/serving-group")
+BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default=SERVING_GROUP_LABEL)
 # Overwrite costs an operator set by hand (pods without our marker annotation).
 BINPACK_OVERRIDE_MANUAL = env.bool("BINPACK_OVERRIDE_MANUAL", default=False)
 BINPACK_MAX_WRITES = env.int("BINPACK_MAX_WRITES", default=10_000)  # pods patched per run

@@ -38,18 +38,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-MIN_SCALE = "autoscaling.knative.dev/min-scale"
-MIN_SCALE_LEGACY = "autoscaling.knative.dev/minScale"
-OWNER_MIN_SCALE = "capacity.io/owner-min-scale"
-INITIAL_SCALE = "autoscaling.knative.dev/initial-scale"
-INITIAL_SCALE_LEGACY = "autoscaling.knative.dev/initialScale"
-OWNER_INITIAL_SCALE = "capacity.io/owner-initial-scale"
+from clusters.labels import (
+    COMPONENT_LABEL, DEPLOYMENT_MODE, INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE, MIN_SCALE_LEGACY, ORG_LABEL,
+    OWNER_INITIAL_SCALE, OWNER_MIN_SCALE, PYNODE_COMPONENT,
+)
+
 AUTOSCALER_CONFIG = "knative-serving/config-autoscaler"
 # Knative reads its ConfigMap flags with Go's strconv.ParseBool.
 _GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-PYNODE_SELECTOR = "capacity.io/component=pynode"
-ORG_LABEL = "capacity.io/org"
-DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+PYNODE_SELECTOR = f"{COMPONENT_LABEL}={PYNODE_COMPONENT}"
 RAW_MODES = {"Standard", "RawDeployment"}
 
 ENABLED, DISABLED = "enabled", "disabled"

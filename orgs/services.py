@@ -22,7 +22,7 @@ from django.utils.text import slugify
 
 from django.db.models import Exists, OuterRef, Q
 
-from clusters import discovery, kube
+from clusters import discovery, kube, labels
 from clusters.selectors import clusters_with_orgs
 from clusters.errors import Conflict, KubeError, NotFound, is_transient
 from config import clock
@@ -356,7 +356,7 @@ def workloads_read(gateway: kube.KubeGateway, *, namespace: str | None, cluster:
             setattr(by_namespace.setdefault(ns, Workloads()), attr, group)
     for workloads in by_namespace.values():
         workloads.pynodes = [k for k in workloads.knative_services
-                             if (k["metadata"].get("labels") or {}).get("capacity.io/component") == "pynode"]
+                             if (k["metadata"].get("labels") or {}).get(labels.COMPONENT_LABEL) == labels.PYNODE_COMPONENT]
     return ClusterWorkloads(by_namespace=by_namespace, unserved=tuple(unserved), unreadable=unreadable)
 
 
@@ -667,11 +667,11 @@ class SyncResult:
 def orgs_sync(*, cluster: Cluster, now: datetime) -> SyncResult:
     """Create or update an Org for every namespace labelled `capacity.io/org=<slug>`."""
     result = SyncResult()
-    for ns in kube.gateway_for(cluster).list(kube.NAMESPACES, label_selector=planning.ORG_LABEL):
+    for ns in kube.gateway_for(cluster).list(kube.NAMESPACES, label_selector=labels.ORG_LABEL):
         namespace = ns["metadata"]["name"]
-        slug = (ns["metadata"].get("labels") or {}).get(planning.ORG_LABEL, "")
+        slug = (ns["metadata"].get("labels") or {}).get(labels.ORG_LABEL, "")
         if not slug or slugify(slug) != slug:
-            result.errors.append(f"namespace {namespace}: label {planning.ORG_LABEL}={slug!r} is not a valid slug "
+            result.errors.append(f"namespace {namespace}: label {labels.ORG_LABEL}={slug!r} is not a valid slug "
                                  "(lowercase letters, digits, hyphens)")
             continue
         org = Org.objects.filter(slug=slug).first()

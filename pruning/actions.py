@@ -10,13 +10,14 @@ from __future__ import annotations
 from datetime import datetime
 
 from clusters import kube
+from clusters.labels import MIN_SCALE
 
 from .planning import (
     KSERVE_STOP_ANNOTATION, M_KNATIVE_MIN_SCALE, M_KSERVE_STOP, M_MIN_REPLICAS, M_NOTEBOOK, M_SCALE,
     NOTEBOOK_STOP_ANNOTATION, OPT_OUT_ANNOTATION,
 )
 
-MIN_SCALE_ANNOTATION = "autoscaling.knative.dev/min-scale"
+MIN_SCALE_ANNOTATION = MIN_SCALE
 RESOURCES = {
     "Deployment": kube.DEPLOYMENTS, "ReplicaSet": kube.REPLICASETS, "StatefulSet": kube.STATEFULSETS,
     "Notebook": kube.NOTEBOOKS, "InferenceService": kube.INFERENCESERVICES, "Service": kube.KNATIVE_SERVICES,

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from clusters.labels import (
+    ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
+)
+
 from .query import GpuSeries
 
-OPT_OUT_ANNOTATION = "capacity.io/prune"
-ISVC_LABEL = "serving.kserve.io/inferenceservice"
-NOTEBOOK_STOP_ANNOTATION = "kubeflow-resource-stopped"
-KSERVE_STOP_ANNOTATION = "serving.kserve.io/stop"
+OPT_OUT_ANNOTATION = PRUNE_OPT_OUT
 
 # Decisions
 PRUNE = "prune"
@@ -199,7 +200,7 @@ def resolve_owner(pod: PodView, view: ClusterView) -> tuple[Owner | None, str]:
         return None, R_OWNER_GONE
     if dep.owner and dep.owner[0] == "Revision":
         rev = view.objects.get(("Revision", ns, dep.owner[1]))
-        svc_name = rev.labels.get("serving.knative.dev/service") if rev else None
+        svc_name = rev.labels.get(KNATIVE_SERVICE_LABEL) if rev else None
         svc = view.objects.get(("Service", ns, svc_name)) if svc_name else None
         return (Owner("Service", ns, svc.name, svc.uid), "") if svc else (None, R_OWNER_GONE)
     return Owner("Deployment", ns, dep.name, dep.uid), ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from clusters import kube
+from clusters.labels import GPU_RESOURCE
 from clusters.selectors import namespace_version
 
 from .planning import ObjectView, PodView
@@ -28,7 +29,7 @@ def _gpus(pod: dict) -> int:
     total = 0
     for c in (pod.get("spec") or {}).get("containers") or ():
         res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
+        value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
         try:
             total += int(value or 0)
         except (TypeError, ValueError):
