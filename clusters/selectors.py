@@ -3,14 +3,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.conf import settings
 from django.db.models import QuerySet
 
 from clusters import kube
 from clusters.errors import NotFound
 from clusters.labels import APP_VERSION_LABEL
 from clusters.models import Cluster
-from clusters.services import cluster_sync_default
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
 
 # Objects per LIST page for a whole-cluster snapshot. The API server answers a page in
@@ -22,20 +20,6 @@ from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
 # 1,161 unpaged (the snapshot itself keeps 75). 1,000 stays near the smallest peak with
 # half the round trips of kubectl's 500 (each one a network hop on a real cluster).
 SNAPSHOT_PAGE_SIZE = 1000
-
-
-def cluster_get(*, name: str | None = None) -> Cluster:
-    """The named cluster, or the default one (made from the environment on first use)."""
-    if name is None or name == settings.DEFAULT_CLUSTER_NAME:
-        default = cluster_sync_default()
-        if default is not None:
-            return default
-        name = name or settings.DEFAULT_CLUSTER_NAME
-    try:
-        return Cluster.objects.get(name=name)
-    except Cluster.DoesNotExist:
-        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
-        raise Cluster.DoesNotExist(f"no cluster named {name!r} (known: {known})") from None
 
 
 def clusters_all() -> QuerySet[Cluster]:

@@ -35,6 +35,22 @@ def cluster_sync_default() -> Cluster | None:
     return cluster
 
 
+def cluster_resolve(*, name: str | None = None) -> Cluster:
+    """The named cluster, or the default one. The default is first brought in line with the
+    environment (KUBECONFIG / KUBE_CONTEXT / in-cluster), which may create or update its row:
+    a write, hence a service. An unknown name raises `Cluster.DoesNotExist` naming the known ones."""
+    if name is None or name == settings.DEFAULT_CLUSTER_NAME:
+        default = cluster_sync_default()
+        if default is not None:
+            return default
+        name = name or settings.DEFAULT_CLUSTER_NAME
+    try:
+        return Cluster.objects.get(name=name)
+    except Cluster.DoesNotExist:
+        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
+        raise Cluster.DoesNotExist(f"no cluster named {name!r} (known: {known})") from None
+
+
 def cluster_lock(*, cluster: Cluster) -> None:
     """Lock the cluster's row until the surrounding transaction ends: a writer that counts
     what runs on the cluster before adding to it (defrag's per-cluster job limit) holds it

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from django.conf import settings
 
-from clusters import kube
+from clusters import kube, labels
 from clusters.errors import ConfigError, KubeError, NotFound
 from clusters.models import Cluster
-from clusters.selectors import cluster_get
+from clusters.services import cluster_resolve
 from config import clock
 from orgs.models import Org
 from simcluster.control import SimControl, SimControlError
@@ -120,7 +120,7 @@ def demo_cluster_require(*, command: str) -> SimCluster:
             f"{command} runs only beside the demo started by `make demo` (DEMO_MODE is not set): it moves "
             "clocks and simulated load, which a real deployment must never do")
     try:
-        cluster = cluster_get()
+        cluster = cluster_resolve()
         gateway = kube.gateway_for(cluster)
     except (Cluster.DoesNotExist, ConfigError) as exc:
         raise DemoRefused(f"{command}: the demo's cluster is not reachable: {exc}") from None
@@ -212,7 +212,7 @@ def demo_model_load_set(*, sim: SimCluster, model: str, busy: bool) -> LoadResul
     revision = gateway.get(kube.REVISIONS, revision_name, namespace=namespace)
     annotations = (revision.get("metadata") or {}).get("annotations") or {}
     try:
-        target = float(annotations.get("autoscaling.knative.dev/target") or DEFAULT_TARGET_CONCURRENCY)
+        target = float(annotations.get(labels.TARGET_CONCURRENCY) or DEFAULT_TARGET_CONCURRENCY)
     except ValueError:
         target = DEFAULT_TARGET_CONCURRENCY
     utilization = BUSY_UTILIZATION if busy else IDLE_UTILIZATION

@@ -28,7 +28,7 @@ class Command(CliActorMixin, BaseCommand):
         from capacity.binpack.planning import COST_ORDER
         from capacity.binpack.services import pod_deletion_costs_apply
         from capacity.binpack.models import BinpackRun
-        from clusters.selectors import cluster_get
+        from clusters.services import cluster_resolve
 
         explain = []
         for value in opts["explain"]:
@@ -37,7 +37,7 @@ class Command(CliActorMixin, BaseCommand):
                 raise CommandError(f"--explain wants NAMESPACE/POD, got {value!r}")
             explain.append((namespace, name))
         try:
-            cluster = cluster_get(name=opts["cluster"])
+            cluster = cluster_resolve(name=opts["cluster"])
         except ObjectDoesNotExist as exc:
             raise CommandError(str(exc)) from None
         try:

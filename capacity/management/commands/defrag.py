@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
-from clusters.selectors import cluster_get
+from clusters.services import cluster_resolve
 from config import clock
 from config.actors import acting_as, cli_label
 
@@ -115,7 +115,7 @@ class Command(BaseCommand):
         self.seq, self.last_line = 0, None
         self.folder = LogFolder()
         try:
-            cluster_row = cluster_get(name=cluster)
+            cluster_row = cluster_resolve(name=cluster)
         except Exception as exc:  # Cluster.DoesNotExist names the known clusters
             raise CommandError(str(exc)) from None
         with acting_as(cli_label()):

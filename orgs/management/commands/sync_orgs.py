@@ -2,7 +2,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
-from clusters.selectors import cluster_get
+from clusters.services import cluster_resolve
 from config import clock
 from config.actors import CliActorMixin
 from orgs.services import orgs_sync
@@ -16,7 +16,7 @@ class Command(CliActorMixin, BaseCommand):
 
     def handle(self, *args, cluster=None, **options):
         try:
-            target = cluster_get(name=cluster)
+            target = cluster_resolve(name=cluster)
             result = orgs_sync(cluster=target, now=clock.now())
         except (ObjectDoesNotExist, KubeError) as exc:
             raise CommandError(str(exc)) from None

@@ -103,13 +103,13 @@ class Command(BaseCommand):
         from clusters.kube import gateway_for
         from django.core.exceptions import ObjectDoesNotExist
 
-        from clusters.selectors import cluster_get
+        from clusters.services import cluster_resolve
         from config import clock
         from pruning.services import PruneParamError, PruneParams, prometheus_for, prune_run_execute
 
         _check_flags(opts)
         try:
-            cluster = cluster_get(name=opts["cluster"])
+            cluster = cluster_resolve(name=opts["cluster"])
         except ObjectDoesNotExist as exc:
             raise CommandError(str(exc)) from None
         try:
