@@ -63,8 +63,14 @@ def parse_label_selector(selector: str | None) -> Predicate | None:
         else:
             raise bad_request(f"unable to parse requirement: {requirement.strip()!r} in label selector {selector!r}")
 
+    if len(checks) == 1:
+        return checks[0]   # the usual selector: one requirement, asked of every object of a LIST
+
     def matches(labels: dict) -> bool:
-        return all(check(labels) for check in checks)
+        for check in checks:
+            if not check(labels):
+                return False
+        return True
 
     return matches
 
@@ -98,8 +104,28 @@ def selector_from_match_labels(selector: dict | None) -> Predicate:
     return matches
 
 
+def _field_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else str(value)
+
+
 def _field_getter(path: str) -> Callable[[dict], str]:
     parts = path.split(".")
+    if len(parts) == 2:
+        # Most selectable fields are two levels deep (spec.nodeName, status.phase): asked
+        # of every object of a LIST, so no loop per object.
+        outer, inner = parts
+
+        def get_two(obj: dict) -> str:
+            value = obj.get(outer)
+            if not isinstance(value, dict):
+                return ""
+            return _field_value(value.get(inner))
+
+        return get_two
 
     def get(obj: dict) -> str:
         value = obj
@@ -177,7 +203,13 @@ def parse_field_selector(selector: str | None, plural: str) -> tuple[Predicate |
             exact[field] = value
             checks.append(lambda obj, g=getter, v=value: g(obj) == v)
 
+    if len(checks) == 1:
+        return checks[0], exact
+
     def matches(obj: dict) -> bool:
-        return all(check(obj) for check in checks)
+        for check in checks:
+            if not check(obj):
+                return False
+        return True
 
     return matches, exact

@@ -54,6 +54,9 @@ class ExpiredView(Exception):
 _VIEW_CACHE_SIZE = 64
 
 
+_NO_LABELS: dict = {}
+
+
 def _obj_key(obj: dict) -> tuple[str, str]:
     meta = obj["metadata"]
     return meta.get("namespace", ""), meta["name"]
@@ -82,6 +85,8 @@ class Store:
         # Uids of objects erased from this store: the garbage collector's "owner is gone".
         self.removed_uids: set[str] = set()
         self.write_listeners: list[Callable[[WatchEvent], None]] = []
+        # id(stored version) -> (that version, its JSON): see `encode_items`.
+        self._encoded: dict[int, tuple[dict, bytes]] = {}
 
     # ---- reads ---------------------------------------------------------------------
     @property
@@ -172,6 +177,19 @@ class Store:
                 keys = heapq.merge(current, gone) if gone else current
             items: list[dict] = []
             last_key = None
+            if not changed and not limit and name is None:
+                # A whole read of the current state (every unpaged LIST): only the filters per object.
+                if label_match is None and field_match is None:
+                    items = [objects[key] for key in keys]
+                else:
+                    for key in keys:
+                        obj = objects[key]
+                        if label_match is not None and not label_match(obj["metadata"].get("labels") or _NO_LABELS):
+                            continue
+                        if field_match is not None and not field_match(obj):
+                            continue
+                        items.append(obj)
+                return ListPage(items, rv, None, None)
             for key in keys:
                 obj = changed[key] if key in changed else objects.get(key)
                 if obj is None:
@@ -181,7 +199,7 @@ class Store:
                 last_key = key
                 if name is not None and key[1] != name:
                     continue
-                if label_match and not label_match(obj["metadata"].get("labels") or {}):
+                if label_match and not label_match(obj["metadata"].get("labels") or _NO_LABELS):
                     continue
                 if field_match and not field_match(obj):
                     continue
@@ -226,6 +244,36 @@ class Store:
                     versions.setdefault(_obj_key(event.obj), event.old if event.type != "ADDED" else None)
             view[0] = self._rv
         return versions
+
+    def encode_items(self, rtype: ResourceType, items: list[dict]) -> list[bytes]:
+        """The JSON of each of `items` (objects this store returned), encoded once per
+        stored version and then reused, as kube-apiserver's watch cache keeps each object's
+        serialized form (its cachingObject): a LIST copies bytes instead of re-encoding
+        every object of a type that clients read again and again. Stored versions are
+        immutable snapshots, so a version's bytes never go stale; a write drops the bytes
+        of the version it replaces. Versions read from the past (a paged LIST at an older
+        resourceVersion) are encoded but not kept."""
+        cache = self._encoded
+        dumps = orjson.dumps
+        out: list[bytes] = []
+        append = out.append
+        misses: list[tuple[int, dict]] = []
+        for obj in items:
+            entry = cache.get(id(obj))
+            if entry is not None and entry[0] is obj:
+                append(entry[1])
+            else:
+                misses.append((len(out), obj))
+                append(b"")
+        if misses:
+            for at, obj in misses:
+                out[at] = dumps(obj)
+            objects = self._objects[rtype.key]
+            with self.lock:
+                for at, obj in misses:
+                    if objects.get(_obj_key(obj)) is obj:
+                        cache[id(obj)] = (obj, out[at])
+        return out
 
     # ---- writes --------------------------------------------------------------------
     def _now(self) -> str:
@@ -355,7 +403,10 @@ class Store:
             return self._remove(rtype, new)
         meta["resourceVersion"] = self._next_rv()
         key = (meta.get("namespace", ""), meta["name"])
+        replaced = self._objects[rtype.key].get(key)
         self._objects[rtype.key][key] = new
+        if replaced is not None:
+            self._encoded.pop(id(replaced), None)
         self._index(rtype, new, old)
         self._record("MODIFIED", rtype, new, old)
         return new
@@ -383,6 +434,7 @@ class Store:
         if current is None:
             raise errors.not_found(rtype.plural, meta["name"], rtype.group)
         self._unindex(rtype, current)
+        self._encoded.pop(id(current), None)
         self._by_uid.pop(meta.get("uid"), None)
         self.removed_uids.add(meta.get("uid"))
         final = copy(obj)

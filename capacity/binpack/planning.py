@@ -64,7 +64,7 @@ from clusters.labels import (
     KTHENA_NAME_LABEL,
     SERVING_GROUP_LABEL,
 )
-from clusters.snapshot import ClusterSnapshot, PodView
+from clusters.snapshot import ClusterSnapshot, PodView, gc_paused
 FORMULA = "cost = (node shared with other workloads ? 256 : 0) + pods on node (max 255), times 1024, + crc32(node) % 1024"
 # What a cost orders, and what it does not: the ReplicaSet controller deletes Pending,
 # unready and younger pods before it compares costs (shared/KUBERNETES.md).
@@ -238,12 +238,6 @@ class BinpackOptions:
     opted_out_owners: frozenset[str] = field(default_factory=frozenset)
 
 
-def _opted_out(pod: PodView, options: BinpackOptions) -> bool:
-    if str(pod.annotations.get(BINPACK_OPT_OUT, pod.labels.get(BINPACK_OPT_OUT, ""))).lower() == "false":
-        return True
-    return any(o.uid in options.opted_out_owners for o in pod.owners)
-
-
 def _workload(pod: PodView) -> str | None:
     """The set of pods one controller compares costs within."""
     if pod.labels.get(KTHENA_NAME_LABEL):
@@ -260,49 +254,75 @@ def _group(pod: PodView, options: BinpackOptions) -> str | None:
     return pod.labels.get(options.group_label) or None
 
 
-def _hand_set(pod: PodView) -> str | None:
-    """The pod's cost when someone other than us set it (no marker, or not the marker's value)."""
-    current = pod.annotations.get(DELETION_COST)
-    marker = pod.annotations.get(BINPACK_MARKER)
-    return current if current is not None and marker != current else None
-
-
 def binpack_plan(snapshot: ClusterSnapshot, *, options: BinpackOptions | None = None) -> BinpackPlan:
-    options = options or BinpackOptions()
+    # A plan allocates a few objects per pod (records, bases, reasons), enough to set off
+    # the cyclic garbage collector's full passes, and each walks the whole snapshot: at
+    # 50,000 pods those passes were half the planning time. The plan holds no cycles.
+    with gc_paused():
+        return _plan(snapshot, options or BinpackOptions())
+
+
+def _plan(snapshot: ClusterSnapshot, options: BinpackOptions) -> BinpackPlan:
     gpu_nodes = sorted(n.name for n in snapshot.nodes if n.gpus_allocatable > 0)
 
-    # First each pod's workload, group and cost, the cost each workload's pods will carry
-    # on each node (ours, or a hand-set one that stays) and each group's sum: the
-    # controller deletes from the cheapest node (or group) first, and each pod's basis
-    # says where its own falls.
+    # One pass over the pods in snapshot order reads what planning needs of each (its
+    # workload, group, opt-out and the annotations it carries) into a small record per
+    # node, in the order `pods_on` gives. At fleet size (50,000 pods) visiting the pods
+    # node by node instead touched them in random memory order, several times each, and
+    # planning grew twice as fast as the cluster.
+    on_gpu = set(gpu_nodes)
+    pods_by_node: dict[str, list[tuple]] = {name: [] for name in on_gpu}
+    gpus_used: dict[str, int] = dict.fromkeys(on_gpu, 0)
+    opted_out_owners = options.opted_out_owners
+    for pod in snapshot.pods:
+        node_name = pod.node_name
+        if node_name not in on_gpu or not pod.live:
+            continue
+        gpus_used[node_name] += pod.gpus       # what `snapshot.gpus_requested` counts: every live pod
+        controller = pod.controller
+        if controller is not None and controller.kind in _SKIP_OWNER_KINDS:
+            continue
+        workload = _workload(pod)
+        if workload is None:
+            pods_by_node[node_name].append((pod, None, None, False, None, None))
+            continue
+        annotations = pod.annotations
+        out = str(annotations.get(BINPACK_OPT_OUT, pod.labels.get(BINPACK_OPT_OUT, ""))).lower() == "false" or \
+            (bool(opted_out_owners) and any(o.uid in opted_out_owners for o in pod.owners))
+        pods_by_node[node_name].append((pod, workload, _group(pod, options), out,
+                                        annotations.get(DELETION_COST), annotations.get(BINPACK_MARKER)))
+
+    # Then the cost each workload's pods will carry on each node (ours, or a hand-set one
+    # that stays) and each group's sum: the controller deletes from the cheapest node (or
+    # group) first, and each pod's basis says where its own falls.
     per_node = []
     workload_costs: dict[str, dict[str, int]] = defaultdict(dict)
     group_sums: dict[tuple[str, str], list[int]] = defaultdict(list)
     for node_name in gpu_nodes:
-        pods = [p for p in snapshot.pods_on(node_name)
-                if p.live and ((c := p.controller) is None or c.kind not in _SKIP_OWNER_KINDS)]
-        workloads = [_workload(p) for p in pods]
+        pods = pods_by_node[node_name]
+        count = len(pods)
         per_workload: dict[str | None, int] = defaultdict(int)
-        for w in workloads:
-            per_workload[w] += 1
-        ours = {w: pod_cost(others=len(pods) - n, own=n, node_name=node_name)
+        for record in pods:
+            per_workload[record[1]] += 1
+        tie = node_tie(node_name)
+        ours = {w: ((256 if count - n else 0) + min(count, _CAP)) * 1024 + tie
                 for w, n in per_workload.items() if w is not None}
         records = []
-        for pod, workload in zip(pods, workloads):
+        for record in pods:
+            _pod, workload, group, out, current, marker = record
             if workload is None:
                 continue      # no controller reads its cost
-            out = _opted_out(pod, options)
-            group = _group(pod, options)
-            records.append((pod, workload, group, out))
+            records.append(record)
             if out:
                 continue
-            hand = _hand_set(pod)
+            hand = current if current is not None and marker != current else None
             value = ours[workload] if hand is None or options.override_manual else parse_cost(hand) or 0
-            known = workload_costs[workload].get(node_name)
-            workload_costs[workload][node_name] = value if known is None else min(known, value)
+            costs = workload_costs[workload]
+            known = costs.get(node_name)
+            costs[node_name] = value if known is None else min(known, value)
             if group:     # Kthena sums a hand-set cost with ours (an invalid value counts as 0)
                 group_sums[(workload, group)].append(value)
-        per_node.append((node_name, len(pods), per_workload, ours, records))
+        per_node.append((node_name, count, per_workload, ours, records))
     ordered = {w: sorted(costs.values()) for w, costs in workload_costs.items()}
     ranks = _rank_groups(group_sums)
     group_rank = {(g.workload, g.group): g for g in ranks}
@@ -319,11 +339,9 @@ def binpack_plan(snapshot: ClusterSnapshot, *, options: BinpackOptions | None = 
     bases: dict[tuple[str, str], CostBasis] = {}
     for node_name, count, per_workload, ours, records in per_node:
         node = snapshot.node(node_name)
-        used = snapshot.gpus_requested(node_name)
+        used = gpus_used[node_name]
         shared: dict[tuple[str, str | None], CostBasis] = {}
-        for pod, workload, group, out in records:
-            current = pod.annotations.get(DELETION_COST)
-            marker = pod.annotations.get(BINPACK_MARKER)
+        for pod, workload, group, out, current, marker in records:
             is_ours = marker is not None and marker == current
             manual = current is not None and not is_ours
             if out:
