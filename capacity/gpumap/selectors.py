@@ -19,7 +19,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from django.conf import settings
 from django.core.cache import cache
@@ -30,7 +30,13 @@ from clusters.selectors import snapshot_take
 from clusters.snapshot import gc_paused
 
 from audit.selectors import entries_filter
-from capacity.gpumap.planning import FragmentationView, fragmentation_pool, fragmentation_view
+from capacity.gpumap.planning import (
+    FragmentationView,
+    GpuSummary,
+    fragmentation_pool,
+    fragmentation_view,
+    gpu_summary,
+)
 from capacity.selectors import defrag_jobs_live_by_node
 
 if TYPE_CHECKING:
@@ -39,13 +45,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CACHE_PREFIX = "capacity:gpu-view:"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class ClusterView:
-    """A fragmentation view and when the cluster was read for it (the product's clock)."""
+class Reading(Generic[T]):
+    """What the pages draw from a reading of the cluster, and when it was read (the product's clock)."""
 
-    view: FragmentationView
+    value: T
     taken_at: datetime
 
     def age_seconds(self, now: datetime) -> int:
@@ -59,8 +66,8 @@ def _identity(cluster: Cluster) -> str:
                                      cluster.in_cluster))
 
 
-def _cache_key(identity: str) -> str:
-    return CACHE_PREFIX + hashlib.sha256(identity.encode()).hexdigest()
+def _cache_key(identity: str, part: str) -> str:
+    return f"{CACHE_PREFIX}{part}:{hashlib.sha256(identity.encode()).hexdigest()}"
 
 
 def _defrag_state(cluster: Cluster) -> tuple[dict[str, int], int]:
@@ -71,41 +78,54 @@ def _defrag_state(cluster: Cluster) -> tuple[dict[str, int], int]:
 
 
 def fragmentation_recent(*, cluster: Cluster, now: datetime, pool: str | None = None,
-                         gateway: kube.KubeGateway | None = None) -> ClusterView:
-    """The cluster's fragmentation view (one pool's if `pool`), drawn at most
-    `CAPACITY_MAP_CACHE_SECONDS` ago, with the time it was drawn. Raises the gateway's
-    errors when the cluster has to be read and cannot be."""
+                         gateway: kube.KubeGateway | None = None) -> Reading[FragmentationView]:
+    """The GPU map's view of the cluster (one pool's if `pool`), drawn at most
+    `CAPACITY_MAP_CACHE_SECONDS` ago. Raises the gateway's errors when the cluster has to
+    be read and cannot be."""
+    whole = _recent(cluster, now, "view", gateway)
+    return Reading(fragmentation_pool(whole.value, pool), whole.taken_at) if pool else whole
+
+
+def gpu_summary_recent(*, cluster: Cluster, now: datetime,
+                       gateway: kube.KubeGateway | None = None) -> Reading[GpuSummary]:
+    """The dashboard's totals and best candidates, from the same reading as the GPU map (kept
+    apart: a few hundred bytes to load instead of the whole map)."""
+    return _recent(cluster, now, "summary", gateway)
+
+
+def _recent(cluster: Cluster, now: datetime, part: str, gateway: kube.KubeGateway | None) -> Reading:
     ttl = settings.CAPACITY_MAP_CACHE_SECONDS
     identity = _identity(cluster)
     held, last_action = _defrag_state(cluster)
-    kept = _cache_get(identity) if ttl else None
-    if (kept is not None and kept.get("cluster") == identity and kept.get("held") == held
-            and kept.get("last_action") == last_action and 0 <= (now - kept["taken_at"]).total_seconds() < ttl):
-        whole = ClusterView(view=kept["view"], taken_at=kept["taken_at"])
-    else:
-        with gc_paused():   # decoded JSON, views and map rows: many small objects, none cyclic
-            snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now)
-            whole = ClusterView(view=fragmentation_view(snapshot, held_nodes=held, scoring=settings.CAPACITY_SCHEDULER_SCORING),
-                                taken_at=now)
-        if ttl:
-            _cache_set(identity, {"cluster": identity, "held": held, "last_action": last_action,
-                                  "taken_at": now, "view": whole.view}, ttl)
-    if pool:
-        return ClusterView(view=fragmentation_pool(whole.view, pool), taken_at=whole.taken_at)
-    return whole
+    scoring = settings.CAPACITY_SCHEDULER_SCORING
+    drawn_with = {"cluster": identity, "held": held, "last_action": last_action, "scoring": scoring}
+    if ttl:
+        kept = _cache_get(_cache_key(identity, part))
+        if (kept is not None and all(kept.get(k) == v for k, v in drawn_with.items())
+                and 0 <= (now - kept["taken_at"]).total_seconds() < ttl):
+            return Reading(kept[part], kept["taken_at"])
+    with gc_paused():   # decoded JSON, views and map rows: many small objects, none cyclic
+        snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now)
+        drawn = {"view": fragmentation_view(snapshot, held_nodes=held, scoring=scoring)}
+        drawn["summary"] = gpu_summary(drawn["view"])
+    if ttl:
+        for name, value in drawn.items():
+            _cache_set(_cache_key(identity, name), {**drawn_with, "taken_at": now, name: value}, ttl)
+    return Reading(drawn[part], now)
 
 
-def _cache_get(identity: str) -> dict | None:
+def _cache_get(key: str) -> dict | None:
     try:
-        kept = cache.get(_cache_key(identity))
+        with gc_paused():   # unpickling a 5,000-node map is ~100,000 objects, none cyclic
+            kept = cache.get(key)
     except Exception as exc:  # noqa: BLE001 - any cache failure: read the cluster instead
         logger.warning("GPU view cache unavailable (%s); reading the cluster", exc)
         return None
     return kept if isinstance(kept, dict) else None
 
 
-def _cache_set(identity: str, value: dict, ttl: int) -> None:
+def _cache_set(key: str, value: dict, ttl: int) -> None:
     try:
-        cache.set(_cache_key(identity), value, timeout=ttl + 5)   # freshness is checked on read
+        cache.set(key, value, timeout=ttl + 5)   # freshness is checked on read
     except Exception as exc:  # noqa: BLE001 - the page is drawn; only the next one reads again
         logger.warning("GPU view cache unavailable (%s); not kept", exc)

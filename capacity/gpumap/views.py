@@ -23,8 +23,8 @@ from pruning.selectors import prune_runs_recent
 
 from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
-from capacity.gpumap.planning import GpuCell, NodeRow, gpu_summary
-from capacity.gpumap.selectors import ClusterView, fragmentation_recent
+from capacity.gpumap.planning import GpuCell, NodeRow
+from capacity.gpumap.selectors import Reading, fragmentation_recent, gpu_summary_recent
 from capacity.selectors import defrag_jobs_newest_by_node
 
 CELL = 18  # px per GPU cell in the map
@@ -64,7 +64,7 @@ def _cells_svg(row: NodeRow) -> str:
     return mark_safe("".join(parts))   # noqa: S308 - the only outside text, colour and title, is escaped
 
 
-def _data_age(read: ClusterView, now) -> dict:
+def _data_age(read: Reading, now) -> dict:
     """What the page says of its data's age: seconds, the UTC time of the reading, and how
     long a reading serves."""
     return {"data_age": read.age_seconds(now), "data_taken_at": read.taken_at,
@@ -82,7 +82,7 @@ def gpu_map(request, cluster: str):
         read = fragmentation_recent(cluster=cluster_row, now=now, pool=pool)
     except KubeError as exc:
         return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
-    view = read.view
+    view = read.value
     page = Paginator(view.rows, NODES_PER_PAGE).get_page(request.GET.get("page"))
     width = max((len(r.cells) for r in page.object_list), default=8)
     rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r)} for i, r in enumerate(page.object_list)]
@@ -116,8 +116,8 @@ def dashboard(request, cluster: str):
                "refresh_seconds": REFRESH_SECONDS, "title": f"Dashboard — {cluster_row.name}"}
     now = clock.now()
     try:
-        read = fragmentation_recent(cluster=cluster_row, now=now)
-        context["gpus"] = gpu_summary(read.view)
+        read = gpu_summary_recent(cluster=cluster_row, now=now)
+        context["gpus"] = read.value
         context.update(_data_age(read, now))
     except KubeError as exc:
         context["error"] = str(exc)

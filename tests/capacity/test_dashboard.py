@@ -263,4 +263,4 @@ def test_the_cluster_is_read_when_the_cache_is_down(sim_cluster_factory, setting
                                    "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}}
     handle = sim_cluster_factory(objects(), name="sim")
     read = fragmentation_recent(cluster=handle.cluster, now=T0)
-    assert [r.name for r in read.view.rows] == ["a1", "h1", "h2"] and read.taken_at == T0
+    assert [r.name for r in read.value.rows] == ["a1", "h1", "h2"] and read.taken_at == T0
