@@ -47,7 +47,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "pruning")]
 NODES, PODS = 5000, 50000
 MIB, GIB = 1024 ** 2, 1024 ** 3
 WINDOW = timedelta(minutes=30)          # PRUNER_DURATION_MINUTES' default: the history Prometheus holds
-WORKER_SHARE_GIB = 1.0                  # what one worker process may hold at 50k pods (a snapshot), reserved
+# Reserved per worker process: a pool process peaked at 698-742 MiB at 50k pods (one run of
+# this bench, 4 clusters); a cluster's simulated API server grows ~20% from its loaded size
+# once listed and patched (0.65 -> 0.77-0.80 GiB), its Prometheus to 180-194 MiB once queried.
+WORKER_SHARE_GIB = 0.75
+CLUSTER_GROWTH, PROMETHEUS_QUERIED = 1.25, 200 * 1024 ** 2
 SWEEP_SHARE = 10                        # one org in ten goes dormant per sweep
 CYCLE_LIMIT_S = 1200.0
 QUEUES = "beat,sweep,apply,long"
@@ -420,12 +424,13 @@ def main(argv=None) -> int:
         print(f"fleet bench: {args.nodes:,} nodes / {args.pods:,} pods per cluster; memory for the bench "
               f"{args.memory_gib:g} GiB; {os.cpu_count()} CPU(s)", flush=True)
         first = fleet.cluster_start(0, prometheus=prune, now=history_end)
-        per_cluster = first["sim_rss"] + first["prom_rss"]
+        per_cluster = first["sim_rss"] * CLUSTER_GROWTH + (PROMETHEUS_QUERIED if prune else 0)
         reserved = WORKER_SHARE_GIB * max(workers) * GIB
         fits = int((args.memory_gib * GIB - reserved) // per_cluster)
         count = min(args.max_clusters, max(1, fits)) if args.clusters == "auto" else int(args.clusters)
-        print(f"  one cluster holds {per_cluster / GIB:.2f} GiB (simcluster {first['sim_rss'] / GIB:.2f} + "
-              f"Prometheus {first['prom_rss'] / GIB:.2f}); {args.memory_gib:g} GiB less {reserved / GIB:.0f} GiB "
+        print(f"  one cluster will hold {per_cluster / GIB:.2f} GiB (simcluster {first['sim_rss'] / GIB:.2f} loaded, "
+              f"x{CLUSTER_GROWTH} once worked; Prometheus {PROMETHEUS_QUERIED / MIB:.0f} MiB once queried); "
+              f"{args.memory_gib:g} GiB less {reserved / GIB:.1f} GiB "
               f"for {max(workers)} worker processes fits {fits}; running {count}", flush=True)
         for index in range(1, count):
             fleet.cluster_start(index, prometheus=prune, now=history_end)
@@ -460,6 +465,20 @@ def main(argv=None) -> int:
                 # measured is the steady one (holding, drift repairs only).
                 warm = fan_out(worker, jobs[0][1], jobs[0][2], len(clusters))
                 print(f"  (reconcile's first apply of every org, untimed: {warm['cycle']:.1f} s)", flush=True)
+                # Untimed too: binpack until its costs hold (a run patches at most BINPACK_MAX_WRITES
+                # pods, a first costing of 50,000 pods takes several), so that every worker count
+                # measures the same steady cycle: read, plan, patch only what changed.
+                from capacity.binpack.models import BinpackRun
+
+                for round_ in range(1, 8):
+                    since_pk = BinpackRun.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+                    warm = fan_out(worker, "capacity.binpack.tasks.binpack_all_clusters",
+                                   "capacity.binpack.tasks.binpack_cluster", len(clusters))
+                    written = list(BinpackRun.objects.filter(pk__gt=since_pk).values_list("written", flat=True))
+                    print(f"  (binpack costing round {round_}, untimed: {warm['cycle']:.1f} s, "
+                          f"pods patched per cluster {written})", flush=True)
+                    if not any(written):
+                        break
             result = sweep_cycle(worker, clusters)
             results[("sweep", processes)] = result
             print(f"  sweep: {result['cycle']:.1f} s ({result['note']})", flush=True)
@@ -483,7 +502,7 @@ def main(argv=None) -> int:
         from pruning.models import PruneRun
 
         writes = list(BinpackRun.objects.order_by("pk").values_list("written", flat=True))
-        prunes = list(PruneRun.objects.order_by("pk").values_list("pods_seen", "idle_candidates", "planned",
+        prunes = list(PruneRun.objects.filter(cluster=clusters[0]).order_by("pk").values_list("pods_seen", "idle_candidates", "planned",
                                                                    "kube_api_calls"))
         print(f"\nfleet: {len(clusters)} clusters x {args.nodes:,} nodes / {args.pods:,} pods; {os.cpu_count()} CPU(s); "
               f"cycle = queueing the fan-out to its last task done (one run each)")
@@ -502,11 +521,13 @@ def main(argv=None) -> int:
             f"{name} " + "/".join(f"{results[(name, w)]['slowest']:.1f}" for w in workers) for name in names))
         failed = {name: [results[(name, w)]["errors"] for w in workers] for name in names
                   if any(results[(name, w)]["errors"] for w in workers)}
+        print("  GPU map: every cluster's map rendered by W web processes, the cache off; its interval is the "
+              "age a map may have (CAPACITY_MAP_CACHE_SECONDS)")
         print(f"  failed tasks: {failed or 'none'}; binpack pods patched per run, in order: {writes} "
               f"(BINPACK_MAX_WRITES={dj.BINPACK_MAX_WRITES})")
         if prune:
             print(f"  prune runs (dry run), first cluster's: pods with GPU data / idle / owners planned / API calls "
-                  f"{prunes[:len(workers) * len(clusters):len(clusters)]}")
+                  f"{prunes}")
         print("  memory after the cycles: simcluster " + ", ".join(
             f"{rss(c['pid']) / GIB:.2f}" for c in fleet.clusters) + " GiB" + (
             "; Prometheus peak " + ", ".join(f"{rss(s.proc.pid, 'VmHWM') / MIB:.0f}" for s in fleet.proms)
