@@ -14,6 +14,9 @@ from datetime import datetime, timedelta
 from clusters.labels import (
     ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
 )
+# A candidate pod is the cluster snapshot's pod view, read one by one or from a filtered
+# list (only the pods Prometheus saw idle); the objects of the owner walk have their own view.
+from clusters.snapshot import PodView
 
 from .query import GpuSeries
 
@@ -68,19 +71,6 @@ API_VERSIONS = {
 
 
 @dataclass(frozen=True)
-class PodView:
-    namespace: str
-    name: str
-    uid: str
-    phase: str
-    created: datetime
-    deleting: bool
-    gpus: int                      # nvidia.com/gpu requested by its containers
-    labels: dict
-    owner: tuple[str, str] | None  # controller ownerReference (kind, name)
-
-
-@dataclass(frozen=True)
 class ObjectView:
     """An object the owner walk passes through (ReplicaSet, Deployment, Notebook…)."""
     kind: str
@@ -96,7 +86,7 @@ class ObjectView:
 
 @dataclass(frozen=True)
 class ClusterView:
-    pods: dict            # (namespace, name) -> PodView
+    pods: dict            # (namespace, name) -> clusters.snapshot.PodView
     objects: dict         # (kind, namespace, name) -> ObjectView
     kserve_stop_supported: bool = True
 
@@ -178,9 +168,10 @@ def resolve_owner(pod: PodView, view: ClusterView) -> tuple[Owner | None, str]:
     if isvc:
         obj = view.objects.get(("InferenceService", ns, isvc))
         return (Owner("InferenceService", ns, isvc, obj.uid), "") if obj else (None, R_OWNER_GONE)
-    if pod.owner is None:
+    controller = pod.controller
+    if controller is None:
         return None, R_NO_OWNER
-    kind, name = pod.owner
+    kind, name = controller.kind, controller.name
     if kind not in ("ReplicaSet", "StatefulSet"):
         return None, R_UNSUPPORTED
     obj = view.objects.get((kind, ns, name))
@@ -233,11 +224,13 @@ def _idle_reason(pod: PodView | None, series: list[GpuSeries], s: PruneSettings,
     """Why a pod whose GPUs all stayed under the threshold is still not idle ('' = idle)."""
     if pod is None:
         return R_POD_GONE
-    if pod.deleting:
+    if pod.terminating:
         return R_DELETING
     if pod.phase == "Pending":
         return R_PENDING
-    if now - pod.created < timedelta(seconds=s.window_seconds + s.grace_seconds):
+    # A pod without a creation time cannot be shown to have lived through the window.
+    if not pod.created_at or now - datetime.fromisoformat(pod.created_at) < timedelta(
+            seconds=s.window_seconds + s.grace_seconds):
         return R_YOUNG
     if len(series) < max(pod.gpus, 1):
         return R_MISSING_GPU

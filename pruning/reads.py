@@ -20,10 +20,12 @@ from datetime import datetime
 
 from clusters import kube
 from clusters.errors import NotFound
+from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
+from clusters.snapshot import PodView
 
-from .planning import ISVC_LABEL, ClusterView, ObjectView
+from .planning import ClusterView, ObjectView
 from .query import IdleAnswer, IdleQuery, parse_candidates, parse_followup
-from .selectors import kserve_stop_supported, object_view, pod_view
+from .selectors import kserve_stop_supported, object_view
 
 # The cost model, in units of one GET of one object. Measured on the simulated cluster at
 # 10,000 pods: a pod GET took 0.7–1.4 ms, an unpaged LIST of all 10,000 pods 0.29–0.47 s
@@ -140,7 +142,7 @@ def _pods_read(gateway: kube.KubeGateway, wanted: frozenset, plan: ReadPlan) -> 
                 meta = raw.get("metadata") or {}
                 key = (meta.get("namespace", ""), meta.get("name", ""))
                 if key in wanted:
-                    pods[key] = pod_view(raw)
+                    pods[key] = PodView.from_object(raw)
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return pods
@@ -149,10 +151,10 @@ def _pods_read(gateway: kube.KubeGateway, wanted: frozenset, plan: ReadPlan) -> 
             meta = raw.get("metadata") or {}
             key = (ns, meta.get("name", ""))
             if key in wanted:
-                pods[key] = pod_view(raw)
+                pods[key] = PodView.from_object(raw)
     for ns, name in sorted(plan.get_pods):
         try:
-            pods[(ns, name)] = pod_view(gateway.get(kube.PODS, name, namespace=ns))
+            pods[(ns, name)] = PodView.from_object(gateway.get(kube.PODS, name, namespace=ns))
         except NotFound:
             pass   # gone since Prometheus saw it: planning says so
     return pods
@@ -183,9 +185,10 @@ def cluster_view_read(gateway: kube.KubeGateway, *, pods: Iterable[tuple[str, st
         if isvc:
             fetch(kube.INFERENCESERVICES, "InferenceService", ns, isvc)
             continue
-        if pod.owner is None:
+        controller = pod.controller
+        if controller is None:
             continue
-        kind, name = pod.owner
+        kind, name = controller.kind, controller.name
         if kind == "ReplicaSet":
             rs = fetch(kube.REPLICASETS, kind, ns, name)
             if rs is None or not rs.owner or rs.owner[0] != "Deployment":
@@ -193,7 +196,7 @@ def cluster_view_read(gateway: kube.KubeGateway, *, pods: Iterable[tuple[str, st
             dep = fetch(kube.DEPLOYMENTS, "Deployment", ns, rs.owner[1])
             if dep is not None and dep.owner and dep.owner[0] == "Revision":
                 rev = fetch(kube.REVISIONS, "Revision", ns, dep.owner[1])
-                service = rev.labels.get("serving.knative.dev/service") if rev else None
+                service = rev.labels.get(KNATIVE_SERVICE_LABEL) if rev else None
                 if service:
                     fetch(kube.KNATIVE_SERVICES, "Service", ns, service)
         elif kind == "StatefulSet":

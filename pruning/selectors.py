@@ -5,17 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from clusters import kube
-from clusters.labels import GPU_RESOURCE
 from clusters.selectors import namespace_version
 
-from .planning import ObjectView, PodView
+from .planning import ObjectView
 
 KSERVE_NAMESPACE = "kserve"
 KSERVE_STOP_SINCE = (0, 15)  # serving.kserve.io/stop is honoured from KServe 0.15 on
-
-
-def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
 def _controller(meta: dict) -> tuple[str, str] | None:
@@ -23,28 +18,6 @@ def _controller(meta: dict) -> tuple[str, str] | None:
         if ref.get("controller"):
             return ref.get("kind", ""), ref.get("name", "")
     return None
-
-
-def _gpus(pod: dict) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or ():
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
-        try:
-            total += int(value or 0)
-        except (TypeError, ValueError):
-            pass
-    return total
-
-
-def pod_view(pod: dict) -> PodView:
-    meta = pod.get("metadata") or {}
-    return PodView(
-        namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
-        phase=(pod.get("status") or {}).get("phase", ""),
-        created=_time(meta.get("creationTimestamp")),
-        deleting=bool(meta.get("deletionTimestamp")), gpus=_gpus(pod),
-        labels=meta.get("labels") or {}, owner=_controller(meta))
 
 
 def object_view(obj: dict) -> ObjectView:

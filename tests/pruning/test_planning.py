@@ -3,6 +3,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from clusters.snapshot import OwnerRef, PodView
 from pruning import planning as p
 from pruning.query import GpuSeries
 
@@ -12,7 +13,10 @@ OLD = NOW - timedelta(hours=2)
 
 def make_pod(name, ns="team-a", *, gpus=1, owner=("ReplicaSet", "rs"), phase="Running",
              created=OLD, deleting=False, labels=None):
-    return p.PodView(ns, name, f"uid-{name}", phase, created, deleting, gpus, labels or {}, owner)
+    owners = (OwnerRef("apps/v1", owner[0], owner[1], f"uid-{owner[1]}", True),) if owner else ()
+    return PodView(namespace=ns, name=name, uid=f"uid-{name}", node_name="node-1", phase=phase,
+                   labels=labels or {}, annotations={}, gpus=gpus, owners=owners, terminating=deleting,
+                   created_at=created.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 def make_obj(kind, name, ns="team-a", *, owner=None, annotations=None, labels=None,
