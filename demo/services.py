@@ -221,7 +221,7 @@ def demo_model_load_set(*, sim: SimCluster, model: str, busy: bool) -> LoadResul
     sim.set_load(namespace, revision_name, concurrency)
     patched = []
     for pod in gateway.list(kube.PODS, namespace=namespace,
-                            label_selector=f"serving.knative.dev/revision={revision_name}"):
+                            label_selector=f"{labels.REVISION_LABEL}={revision_name}"):
         if (pod.get("status") or {}).get("phase") != "Running":
             continue
         pod_name = pod["metadata"]["name"]
