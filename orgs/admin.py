@@ -91,7 +91,7 @@ class DormancySwitchInline(JsonAsTablesMixin, admin.TabularInline):
 
 
 @admin.display(description="exemption")
-def exemption_state(self, exemption: WorkloadExemption) -> str:
+def workload_exemption_state(self, exemption: WorkloadExemption) -> str:
     return exemption.hold().describe(clock.now())
 
 
@@ -108,7 +108,7 @@ class WorkloadExemptionInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
-    state = exemption_state
+    state = workload_exemption_state
     set_by = actor_display("created_by", "actor_label", "set by")
 
 
@@ -306,7 +306,7 @@ class WorkloadExemptionAdmin(admin.ModelAdmin):
     fields = ("org", "kind", "name", "hold", "until_time", "reason")
     autocomplete_fields = ("org",)
 
-    state = exemption_state
+    state = workload_exemption_state
     set_by = actor_display("created_by", "actor_label", "set by")
 
     def get_fields(self, request, obj=None):
