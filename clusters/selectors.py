@@ -6,7 +6,7 @@ from datetime import datetime
 from django.db.models import QuerySet
 
 from clusters import kube
-from clusters.errors import NotFound
+from clusters.errors import Gone, NotFound
 from clusters.labels import APP_VERSION_LABEL
 from clusters.models import Cluster
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
@@ -62,7 +62,15 @@ def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, *, na
     views: list = []
     token = None
     while True:
-        page = gateway.list_page(resource, namespace=namespace, limit=page_size, continue_token=token)
+        try:
+            page = gateway.list_page(resource, namespace=namespace, limit=page_size, continue_token=token)
+        except Gone:
+            if token is None:
+                raise
+            # The list's version was compacted away between two pages (410 Expired): read
+            # it all again in one LIST, as client-go's pager does (FullListIfExpired).
+            views, token, page_size = [], None, None
+            continue
         views.extend([view(o) for o in page.get("items") or ()])
         token = (page.get("metadata") or {}).get("continue")
         if not token:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from clusters import kube
 from clusters.labels import GPU_RESOURCE
 from clusters.selectors import snapshot_take
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
@@ -114,3 +115,32 @@ def test_a_paged_snapshot_is_the_whole_cluster_read_a_page_at_a_time(sim_cluster
     assert paged.nodes == whole.nodes and paged.pods == whole.pods
     assert len(paged.pods) == 21 and paged.gpus_free("n3") == 2 and len(paged.pods_owned_by("rs-6")) == 3
     assert gc.isenabled()
+
+
+class _CompactingBetweenPages:
+    """The real gateway; after the first page of pods, a pod is changed and the server's
+    history compacted past the list's version (etcd compaction, every 5 min upstream)."""
+
+    def __init__(self, gateway, sim):
+        self.gateway, self.sim, self.compacted = gateway, sim, False
+
+    def list_page(self, resource, **options):
+        page = self.gateway.list_page(resource, **options)
+        if resource is kube.PODS and not self.compacted:
+            self.compacted = True
+            changed = self.gateway.patch(kube.PODS, "p0-0", {"metadata": {"labels": {"seen": "late"}}},
+                                         namespace="ns")
+            self.sim.store.compact(int(changed["metadata"]["resourceVersion"]))
+        return page
+
+
+@pytest.mark.django_db
+def test_a_snapshot_whose_pages_expire_is_read_again_in_one_list(sim_cluster_factory):
+    handle = sim_cluster_factory(gpu_cluster(nodes=7, pods_per_node=3))
+    gateway = handle.gateway
+    gateway.calls.clear()
+    snapshot = snapshot_take(_CompactingBetweenPages(gateway, handle.sim), now=NOW, page_size=5)
+    assert len(snapshot.pods) == 21 and len({p.name for p in snapshot.pods}) == 21   # none twice, none lost
+    assert next(p for p in snapshot.pods if p.name == "p0-0").labels["seen"] == "late"
+    # first page, the expired continue (410), then one full LIST
+    assert gateway.calls[("list", "pods")] == 3 and gateway.errors[("list", "pods")] == 1
