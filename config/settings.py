@@ -150,6 +150,10 @@ if REDIS_URL:
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# The panel's theme (django-admin-interface) is kept per process, not in Redis: a Redis that
+# is down must not turn every panel page into an error page while operators need the panel.
+CACHES["admin_interface"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                             "LOCATION": "admin-interface", "TIMEOUT": 300}
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):

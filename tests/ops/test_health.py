@@ -62,3 +62,23 @@ def test_readyz_fails_when_the_broker_is_down(db, client, settings):
     assert checks["broker"]["status"] == "error"
     assert "Connection" in checks["broker"]["error"] or "refused" in checks["broker"]["error"]
     assert checks["database"] == {"status": "ok"}
+
+
+@pytest.mark.django_db
+def test_the_panel_answers_while_redis_is_down(admin_client, settings):
+    """Operators need the panel most when something is down: its theme is kept per
+    process (the admin_interface cache), not in Redis."""
+    import socket
+
+    from config import settings as product_settings
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead_port = sock.getsockname()[1]
+    settings.CACHES = {**product_settings.CACHES,
+                       "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": f"redis://127.0.0.1:{dead_port}/0",
+                                   "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2}}}
+    for page in ("/admin/", "/admin/orgs/org/"):
+        response = admin_client.get(page)
+        assert response.status_code == 200, page
