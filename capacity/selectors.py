@@ -1,17 +1,12 @@
-"""Reads for defrag jobs and the GPU map."""
+"""Reads for defrag jobs and runbook actions (the GPU map reads through capacity/gpumap/selectors.py)."""
 from __future__ import annotations
 
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.conf import settings
-
 from audit.selectors import entries_filter
-from clusters import kube
-from clusters.selectors import snapshot_take
 
 from capacity.defrag.models import LIVE_STATES, DefragJob
-from capacity.gpumap.planning import FragmentationView, fragmentation_view
 from capacity.runbook.models import RunbookAction
 
 if TYPE_CHECKING:
@@ -34,14 +29,6 @@ def defrag_jobs_newest_by_node(*, cluster: Cluster) -> dict[str, DefragJob]:
     for job in DefragJob.objects.filter(cluster=cluster).order_by("node_name", "-created_at", "-pk"):
         newest.setdefault(job.node_name, job)
     return newest
-
-
-def fragmentation_for(*, cluster: Cluster, now: datetime, pool: str | None = None,
-                      gateway: kube.KubeGateway | None = None) -> FragmentationView:
-    """The GPU map of a cluster: 2 API calls (nodes, pods) however big the cluster."""
-    snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now)
-    return fragmentation_view(snapshot, held_nodes=defrag_jobs_live_by_node(cluster=cluster), pool=pool,
-                              scoring=settings.CAPACITY_SCHEDULER_SCORING)
 
 
 def defrag_job_progress(*, job: DefragJob) -> dict:
