@@ -1,23 +1,35 @@
 """Defrag job costs on the simulated cluster (prints figures; not a test).
 
-1. API calls per check (step 5) against the number of model pods on the node: must be flat.
-   Discovery and orphaning are shown too (they grow with the pods, once per job).
+    .venv/bin/python bench/defrag_calls.py [--scales 1,5] [--runs 5]
+
+1. Per scale (16 model pods on the node at 1x, 80 at 5x), min/median/max of --runs:
+   - discovery (`defrag_discover`), against its floor: the reads it cannot do without,
+     GET of the node and one LIST of the pods on it (urllib + orjson, no client);
+   - one check of a waiting job (step 5), against its floor: GET of the revision's
+     PodAutoscaler and of its ReplicaSet, the two objects the check compares;
+   - API calls per check: must stay flat as the pods grow (growth 1.00x).
 2. Delay, on the simulated clock, between the safety condition becoming true and the job
    reporting it, when polling every P seconds (target: within one interval).
 3. Wall-clock delay between a PodAutoscaler change and the worker's watch waking (target < 1 s).
 
-    .venv/bin/python bench/defrag_calls.py
+Everything runs in a temporary folder (SQLite, kubeconfigs), removed at exit.
 """
 from __future__ import annotations
 
+import argparse
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
+
+import orjson
 
 import _django
 
 _django.setup("defrag-bench", extra_paths=["tests/capacity"])
+
+from _runs import Report, bench_arguments, scales_of, timed  # noqa: E402
 
 from capacity.defrag.models import JobState  # noqa: E402
 from capacity.defrag.planning import revision_satisfied  # noqa: E402
@@ -26,6 +38,7 @@ from clusters.kube import NODES, PODAUTOSCALERS, KubeGateway  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
 from defrag_builders import make_model_pod, make_node  # noqa: E402
 from simcluster.control import SimControl  # noqa: E402
+from simcluster.kubeconfig import ADMIN_TOKEN  # noqa: E402
 from simcluster.resources import PODS  # noqa: E402
 from simcluster.store import copy  # noqa: E402
 from simcluster.testing import ClusterServer  # noqa: E402
@@ -82,29 +95,55 @@ def add_ready_replica(server) -> None:
         store.create(PODS, ready(pod))
 
 
-def calls_per_check(tmp: Path) -> None:
-    print("1. API calls per check against model pods on the node")
-    print(f"{'pods':>6} {'discovery':>10} {'orphaning':>10} {'per check':>10}")
-    for index, n in enumerate((1, 4, 16, 64, 128)):
-        server, cluster, gateway = world(n, tmp, index)
-        try:
-            now = server.sim.clock.now
+def raw_get(url: str) -> dict:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request) as response:
+        return orjson.loads(response.read())
+
+
+BASE_PODS = 16
+
+
+def check_costs(scale: int, runs: int, report: Report, tmp: Path) -> None:
+    n = BASE_PODS * scale
+    server, cluster, gateway = world(n, tmp, scale)
+    try:
+        now = server.sim.clock.now
+        base = str(server.url)
+        discovery_floor = timed(lambda: (raw_get(f"{base}/api/v1/nodes/n1"),
+                                         raw_get(f"{base}/api/v1/pods?fieldSelector=spec.nodeName%3Dn1")), runs)
+        before = gateway.calls_total()
+        plan = defrag_discover(cluster=cluster, node_name="n1", gateway=gateway)
+        discovery_calls = gateway.calls_total() - before
+        report.add(scale, "discovery", timed(lambda: defrag_discover(cluster=cluster, node_name="n1",
+                                                                     gateway=gateway), runs),
+                   floor="GET node + LIST its pods", floor_samples=discovery_floor,
+                   note=f"{n} model pods, {discovery_calls} calls")
+        job = defrag_job_start(cluster=cluster, node_name="n1", plan=plan, now=now(), enqueue=False,
+                               poll_interval_seconds=1.0)
+        job = defrag_job_step(job=job, gateway=gateway, now=now())            # record
+        job = defrag_job_step(job=job, gateway=gateway, now=now())            # cordon
+        job = defrag_job_step(job=job, gateway=gateway, now=now())            # orphan
+        assert job.state == JobState.WAITING, job.state
+        rs_name = f"{REV}-deployment-{HASH}"
+        check_floor = timed(lambda: (
+            raw_get(f"{base}/apis/autoscaling.internal.knative.dev/v1alpha1/namespaces/{NS}/podautoscalers/{REV}"),
+            raw_get(f"{base}/apis/apps/v1/namespaces/{NS}/replicasets/{rs_name}")), runs)
+        calls, checks = [], []
+        control = SimControl(server.url)
+        for _ in range(runs):
+            control.advance(1.0)   # one poll interval on the simulated clock: the check is due
             before = gateway.calls_total()
-            plan = defrag_discover(cluster=cluster, node_name="n1", gateway=gateway)
-            discovery = gateway.calls_total() - before
-            job = defrag_job_start(cluster=cluster, node_name="n1", plan=plan, now=now(), enqueue=False,
-                                   poll_interval_seconds=1.0)
-            job = defrag_job_step(job=job, gateway=gateway, now=now())            # record
-            job = defrag_job_step(job=job, gateway=gateway, now=now())            # cordon
-            before = gateway.calls_total()
-            job = defrag_job_step(job=job, gateway=gateway, now=now())            # orphan
-            orphaning = gateway.calls_total() - before
+            began = time.perf_counter()
+            job = defrag_job_step(job=job, gateway=gateway, now=now())        # one check
+            checks.append(time.perf_counter() - began)
+            calls.append(gateway.calls_total() - before)
             assert job.state == JobState.WAITING, job.state
-            before = gateway.calls_total()
-            defrag_job_step(job=job, gateway=gateway, now=now())                  # one check
-            print(f"{n:>6} {discovery:>10} {orphaning:>10} {gateway.calls_total() - before:>10}")
-        finally:
-            server.stop()
+        report.add(scale, "one check (waiting job)", checks, floor="GET PodAutoscaler + ReplicaSet",
+                   floor_samples=check_floor, note=f"{n} model pods")
+        report.add(scale, "API calls per check", calls, unit="calls", note="must stay flat")
+    finally:
+        server.stop()
 
 
 def poll_delay(tmp: Path) -> None:
@@ -182,8 +221,17 @@ def watch_delay(tmp: Path) -> None:
         server.stop()
 
 
-if __name__ == "__main__":
-    with tempfile.TemporaryDirectory() as tmpdir:
-        calls_per_check(Path(tmpdir))
+def main() -> None:
+    parser = bench_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    args = parser.parse_args()
+    report = Report("defrag_calls", runs=args.runs)
+    with tempfile.TemporaryDirectory(prefix="defrag-bench-") as tmpdir:
+        for scale in scales_of(args):
+            check_costs(scale, args.runs, report, Path(tmpdir))
+        report.print()
         poll_delay(Path(tmpdir))
         watch_delay(Path(tmpdir))
+
+
+if __name__ == "__main__":
+    main()
