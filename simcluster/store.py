@@ -179,11 +179,14 @@ class Store:
             last_key = None
             if not changed and not limit and name is None:
                 # A whole read of the current state (every unpaged LIST): only the filters per object.
+                get = objects.get
                 if label_match is None and field_match is None:
-                    items = [objects[key] for key in keys]
+                    items = [obj for key in keys if (obj := get(key)) is not None]
                 else:
                     for key in keys:
-                        obj = objects[key]
+                        obj = get(key)
+                        if obj is None:
+                            continue
                         if label_match is not None and not label_match(obj["metadata"].get("labels") or _NO_LABELS):
                             continue
                         if field_match is not None and not field_match(obj):
