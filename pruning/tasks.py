@@ -40,9 +40,21 @@ def prune_cluster(cluster_id: int) -> int | None:
 
     from .services import PruneParams, prometheus_for, prune_run_execute
 
+    from .models import PruneRun
+
     cluster = cluster_find(pk=cluster_id)
     if cluster is None:
         log.warning("prune: cluster %s no longer exists", cluster_id)
+        return None
+    # One run acts on a cluster at a time. A run still `running` holds its lease, or lost its
+    # worker and waits for the reconcile to settle what it was doing (an `acting` scale-down
+    # is settled from the cluster): a second run now could scale the same owner down again
+    # and have both counted. This pass is skipped; the next scheduled one runs.
+    busy = (PruneRun.objects.filter(cluster=cluster, status=PruneRun.Status.RUNNING)
+            .values_list("pk", flat=True).first())
+    if busy is not None:
+        log.warning("prune: cluster %s: run %s is still running or being completed; this pass is skipped",
+                    cluster.name, busy)
         return None
     params = PruneParams.from_settings(run_mode=getattr(settings, "PRUNER_RUN_MODE", "dry-run"))
     run = prune_run_execute(kube_gateway=gateway_for(cluster), prometheus=prometheus_for(cluster=cluster),
