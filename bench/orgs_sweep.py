@@ -104,6 +104,7 @@ from config import clock  # noqa: E402
 from config.celery import app as celery_app  # noqa: E402
 from orgs import services  # noqa: E402
 from orgs.models import DormancySwitch, Org  # noqa: E402
+from clusters.labels import OWNER_MIN_SCALE  # noqa: E402
 from orgs.planning import MIN_SCALE  # noqa: E402
 
 BARE_UPDATE = ("UPDATE orgs_org SET dormant = TRUE, dormant_since = %s "
@@ -221,11 +222,16 @@ def small_scenario() -> list[dict]:
 
 
 def min_scales(gw) -> dict[str, str | None]:
-    """Every object scale to zero may write, with the min-scale it holds."""
+    """Every object scale to zero may write, with the min-scale it holds (and, for a pynode,
+    the owner's value the product wrote down)."""
     state = {}
     for ksvc in gw.list(kube.KNATIVE_SERVICES):
         annotations = ksvc["spec"]["template"]["metadata"].get("annotations") or {}
-        state[f"ksvc {ksvc['metadata']['namespace']}/{ksvc['metadata']['name']}"] = annotations.get(MIN_SCALE)
+        # The owner's own value, written down on the Service the first time the switch
+        # changes or takes over its min-scale, is state the switch changes too.
+        recorded = (ksvc["metadata"].get("annotations") or {}).get(OWNER_MIN_SCALE)
+        state[f"ksvc {ksvc['metadata']['namespace']}/{ksvc['metadata']['name']}"] = (
+            annotations.get(MIN_SCALE), recorded)
     for resource, kind in ((kube.REVISIONS, "revision"), (kube.PODAUTOSCALERS, "podautoscaler")):
         for obj in gw.list(resource):
             annotations = obj["metadata"].get("annotations") or {}
