@@ -1,18 +1,14 @@
 """Celery tasks: load rows by id, call one service; retries live here."""
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
-from clusters.selectors import cluster_find, clusters_with_orgs
+from clusters.fanout import cluster_for_task, clusters_fan_out
+from clusters.selectors import clusters_with_orgs
 from config import clock
 from config.retries import RetryTransient
 from orgs import services
-
-from orgs.services import HIGH_PRIORITY, NORMAL_PRIORITY  # noqa: F401 - the priority lanes, named where they are used
-
-log = logging.getLogger(__name__)
+from orgs.services import HIGH_PRIORITY, NORMAL_PRIORITY  # noqa: F401 - the apply's priority lanes, re-exported
 
 
 class ApplyIncomplete(Exception):
@@ -44,10 +40,8 @@ def dormancy_sweep() -> dict:
 def scale_to_zero_reconcile() -> int:
     """Every 10 minutes: one reconcile task per cluster an org runs on (queue `sweep`), so
     one slow cluster's read never delays another's repair. The number of clusters queued."""
-    ids = sorted(clusters_with_orgs().values_list("pk", flat=True))
-    for pk in ids:
-        scale_to_zero_reconcile_cluster.delay(pk)
-    return len(ids)
+    return clusters_fan_out(scale_to_zero_reconcile_cluster,
+                            sorted(clusters_with_orgs().values_list("pk", flat=True)))
 
 
 @shared_task
@@ -62,10 +56,7 @@ def scale_to_zero_reconcile_cluster(cluster_id: int) -> dict | None:
 def scale_to_zero_retry() -> int:
     """Every minute: one retry task per cluster holding an org whose wanted setting is not
     the applied one (one query when none is). The number of clusters queued."""
-    ids = services.clusters_with_unapplied_orgs(now=clock.now())
-    for pk in ids:
-        scale_to_zero_retry_cluster.delay(pk)
-    return len(ids)
+    return clusters_fan_out(scale_to_zero_retry_cluster, services.clusters_with_unapplied_orgs(now=clock.now()))
 
 
 @shared_task
@@ -80,10 +71,7 @@ def scale_to_zero_retry_cluster(cluster_id: int) -> dict | None:
 
 
 def _cluster(cluster_id: int):
-    cluster = cluster_find(pk=cluster_id)
-    if cluster is None:
-        log.warning("cluster %s no longer exists", cluster_id)
-    return cluster
+    return cluster_for_task(cluster_id, job="scale to zero")
 
 
 def _summary(outcomes: list[services.ApplyOutcome]) -> dict:

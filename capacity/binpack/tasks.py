@@ -4,31 +4,23 @@ A transient failure (no answer, 5xx, 429) is retried with back-off; a refusal (4
 422) fails the task with its reason, recorded on the run (config.retries)."""
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
 from capacity.binpack.services import pod_deletion_costs_apply
-from clusters.selectors import cluster_find, clusters_all
+from clusters.fanout import cluster_for_task, clusters_fan_out
 from config.retries import RetryTransient
-
-log = logging.getLogger(__name__)
 
 
 @shared_task(name="capacity.binpack.tasks.binpack_all_clusters")
 def binpack_all_clusters() -> int:
-    ids = list(clusters_all().values_list("pk", flat=True))
-    for pk in ids:
-        binpack_cluster.delay(pk)
-    return len(ids)
+    return clusters_fan_out(binpack_cluster)
 
 
 @shared_task(name="capacity.binpack.tasks.binpack_cluster", base=RetryTransient, retry_backoff=30,
              retry_backoff_max=300, max_retries=3)
 def binpack_cluster(cluster_id: int) -> dict | None:
-    cluster = cluster_find(pk=cluster_id)
+    cluster = cluster_for_task(cluster_id, job="binpack")
     if cluster is None:
-        log.warning("binpack: cluster %s no longer exists", cluster_id)
         return None
     run, _ = pod_deletion_costs_apply(cluster=cluster, actor=None)
     return {"run": run.pk, "planned": run.planned, "written": run.written, "stale": run.stale,

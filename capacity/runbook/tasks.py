@@ -5,33 +5,25 @@ A transient failure (no answer, 5xx, 429) is retried with back-off; a refusal (4
 422) fails the task with its reason (config.retries)."""
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
 from capacity.runbook.services import registry_sync, runbook_actions_settle
 from capacity.selectors import clusters_with_lapsed_runbook_actions
-from clusters.selectors import cluster_find, clusters_all
+from clusters.fanout import cluster_for_task, clusters_fan_out
 from config import clock
 from config.retries import RetryTransient
-
-log = logging.getLogger(__name__)
 
 
 @shared_task(name="capacity.runbook.tasks.registry_sync_all_clusters")
 def registry_sync_all_clusters() -> int:
-    ids = list(clusters_all().values_list("pk", flat=True))
-    for pk in ids:
-        registry_sync_cluster.delay(pk)
-    return len(ids)
+    return clusters_fan_out(registry_sync_cluster)
 
 
 @shared_task(name="capacity.runbook.tasks.registry_sync_cluster", base=RetryTransient, retry_backoff=30,
              retry_backoff_max=600, max_retries=3)
 def registry_sync_cluster(cluster_id: int) -> int | None:
-    cluster = cluster_find(pk=cluster_id)
+    cluster = cluster_for_task(cluster_id, job="registry sync")
     if cluster is None:
-        log.warning("registry sync: cluster %s no longer exists", cluster_id)
         return None
     # IMPORTANT: settle before the sync, so a model a settled delete removed is seen gone.
     runbook_actions_settle(cluster=cluster)
@@ -42,16 +34,14 @@ def registry_sync_cluster(cluster_id: int) -> int | None:
 def runbook_actions_settle_all() -> int:
     """Queue a settle for each cluster holding a runbook action whose process died (its
     `acting` lease lapsed); one indexed query when there is none."""
-    ids = clusters_with_lapsed_runbook_actions(now=clock.now())
-    for pk in ids:
-        runbook_actions_settle_cluster.delay(pk)
-    return len(ids)
+    return clusters_fan_out(runbook_actions_settle_cluster,
+                            clusters_with_lapsed_runbook_actions(now=clock.now()))
 
 
 @shared_task(name="capacity.runbook.tasks.runbook_actions_settle_cluster", base=RetryTransient, retry_backoff=10,
              retry_backoff_max=120, max_retries=3)
 def runbook_actions_settle_cluster(cluster_id: int) -> int | None:
-    cluster = cluster_find(pk=cluster_id)
+    cluster = cluster_for_task(cluster_id, job="runbook settle")
     if cluster is None:
         return None
     return len(runbook_actions_settle(cluster=cluster))
