@@ -310,6 +310,11 @@ def main() -> int:
             metrics = ("OFF: no `prometheus` binary (apt-get install prometheus); the pruner has no GPU "
                        "data and finds nothing idle")
         subprocess.run([*manage, "sync_orgs"], cwd=ROOT, env=env, check=False)
+        if broker == redis_url and not keep:
+            # Messages an earlier demo left on Redis (a worker killed with its task
+            # unacknowledged) name rows of a database that is gone: a fresh demo starts
+            # with its queues empty, as the filesystem broker's are.
+            run(PY, "-m", "celery", "-A", "config", "purge", "-f", "-Q", ",".join(queues.ALL + (queues.LEGACY,)))
         web = start("web", *manage, "runserver", f"127.0.0.1:{web_port}", "--noreload")
         # Two workers, not one per queue (config/queues.py): the demo is one cluster on a
         # laptop, where four workers would cost ~400 MB and a slower start for no gain. The
