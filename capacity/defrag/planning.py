@@ -645,7 +645,7 @@ def _where(moves: Iterable[Move]) -> str:
     per_node: dict[str, int] = {}
     for move in moves:
         per_node[move.to] = per_node.get(move.to, 0) + move.gpus
-    return ", ".join(f"{node} ({gpus})" for node, gpus in per_node.items())
+    return ", ".join(f"{node} ({_plural(gpus, 'GPU', 'GPUs')})" for node, gpus in per_node.items())
 
 
 def _gpus(requests: Iterable[tuple[str, int]]) -> int:

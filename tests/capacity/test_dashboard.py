@@ -93,7 +93,7 @@ def test_the_advice_says_how_many_nodes_can_be_freed_together(sim_cluster_factor
     gpu_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
     assert advice in re.search(r'<p id="map-advice">(.*?)</p>', gpu_map, re.S).group(1)
     whys = [row[6] for row in cells(gpu_map, "map-candidates")]
-    assert whys[0] == "its 2 pods (4 GPUs) fit on f (4)"
+    assert whys[0] == "its 2 pods (4 GPUs) fit on f (4 GPUs)"
     assert not any("spare" in why for why in whys)
 
 

@@ -379,11 +379,11 @@ def test_under_spreading_the_advice_names_the_empty_node_and_what_the_operator_c
     assert (a.outcome, a.frees_whole_node, a.moves) == (F, False, ())
     assert a.outcome_label == "frees nothing: its pods would fill an empty node"
     assert a.why == (
-        "its pod would go to empty node y (1) under the scheduler's LeastAllocated scoring (kube-scheduler's "
+        "its pod would go to empty node y (1 GPU) under the scheduler's LeastAllocated scoring (kube-scheduler's "
         "default spreads onto the emptiest node): no whole node freed. To free it, set the scheduler's "
         "NodeResourcesFit scoringStrategy to MostAllocated (and CAPACITY_SCHEDULER_SCORING=MostAllocated here), "
         "or cordon the 2 empty nodes y, z while the job runs and return them to service after; then its pods "
-        "would go to b (1)")
+        "would go to b (1 GPU)")
     # Packing the same cluster: the pod goes to the fullest node and a is freed.
     packed = advice_for({"a": [1], "b": [6], "z": "empty", "y": "empty"}, scoring=MOST)
     assert packed.steps[0].node == "a" and packed.steps[0].moves == (Move(pod="org-a/a-0", gpus=1, to="b"),)
@@ -393,8 +393,8 @@ def test_a_node_contended_by_spreading_says_its_pods_would_go_to_the_empty_node(
     advice = advice_for({"a": [2], "b": [2], "x": "blocked16:1", "z": "empty"}, scoring=LEAST)
     a, b = advice.steps
     assert a.moves == (Move(pod="org-a/a-0", gpus=2, to="x"),)
-    assert b.why.startswith("on its own its pods (2 GPUs) would fit on x (2), but with the 1 node before it freed "
-                            "too, its pod would go to empty node z (2) under the scheduler's LeastAllocated scoring")
+    assert b.why.startswith("on its own its pods (2 GPUs) would fit on x (2 GPUs), but with the 1 node before it freed "
+                            "too, its pod would go to empty node z (2 GPUs) under the scheduler's LeastAllocated scoring")
 
 
 @pytest.mark.parametrize("value", ["leastallocated", "Spread", "RequestedToCapacityRatio", ""])
@@ -416,19 +416,19 @@ def test_the_product_does_not_start_with_an_unknown_scheduler_scoring(value):
 
 @pytest.mark.parametrize("layout, whys", [
     pytest.param({"a": [4], "b": [4], "z": "empty"}, {
-        "a": "its 1 pod (4 GPUs) fits on b (4)",
-        "b": "on its own its pods (4 GPUs) would fit on a (4), but a (freed before it) uses that room: it can be "
+        "a": "its 1 pod (4 GPUs) fits on b (4 GPUs)",
+        "b": "on its own its pods (4 GPUs) would fit on a (4 GPUs), but a (freed before it) uses that room: it can be "
              "freed instead, not as well; it would also hold replacements from a"}, id="contended"),
     pytest.param({"a": [7], "b": [7], "z": "empty"}, {
         "a": "cannot be freed without using an empty node: its pods need 7 GPUs (other non-empty nodes have 1 free "
-             "GPU(s), at most 1 on one); they would go to z (7)"}, id="needs the empty node"),
+             "GPU(s), at most 1 on one); they would go to z (7 GPUs)"}, id="needs the empty node"),
     pytest.param({"a": [8], "b": [1]}, {
         "a": "its pods need 8 GPUs and fit nowhere, not even on an empty node (other non-empty nodes have 7 free "
              "GPU(s), at most 7 on one)"}, id="no room"),
     pytest.param({"a": [1], "b": [2], "x": "blocked:1"}, {
-        "a": "its 1 pod (1 GPU) fits on b (1)",
+        "a": "its 1 pod (1 GPU) fits on b (1 GPU)",
         "b": "with the 1 node before it freed too, its 2 pods (3 GPUs, 1 of them replacements from a) fit on "
-             "x (3)"}, id="a node freed later takes the replacements it received along"),
+             "x (3 GPUs)"}, id="a node freed later takes the replacements it received along"),
 ])
 def test_why_names_where_the_pods_go_and_what_takes_the_room(layout, whys):
     steps = {s.node: s for s in advice_for(layout).steps}
@@ -486,6 +486,6 @@ def test_the_advice_puts_a_replacement_where_the_clusters_scheduler_does(scoring
         landed = api.read_namespaced_pod("a-1", "org-a").spec.node_name
     if scoring == LEAST:
         assert (a.outcome, landed) == (F, "y")
-        assert a.why.startswith("its pod would go to empty node y (1) under the scheduler's LeastAllocated scoring")
+        assert a.why.startswith("its pod would go to empty node y (1 GPU) under the scheduler's LeastAllocated scoring")
     else:
         assert (a.outcome, [m.to for m in a.moves], landed) == (T, ["b"], "b")

@@ -203,7 +203,7 @@ def test_without_kserve_the_sweep_scales_pynodes_to_zero_and_the_wake_brings_the
     call_command("record_activity", "acme")
     sim.advance(60)
 
-    assert "it was dormant and is awake: acme: scale to zero disabled applied (switch)" in capsys.readouterr().out
+    assert "acme: activity recorded; it was dormant and is awake: scale to zero disabled applied (switch)" in capsys.readouterr().out
     assert ksvc_min_scale(gw, "pynode") == "1"
     assert len(running_pods(gw, "acme", "serving.knative.dev/service=pynode")) == 1, "back"
     call_command("reconcile_scale_to_zero")

@@ -267,8 +267,8 @@ def test_record_activity_command(cluster, orgs, celery_eager, capsys):
     make_idle("acme")
     services.dormancy_sweep(now=clock.now())
     call_command("record_activity", "acme")
-    assert "it was dormant and is awake: acme: scale to zero disabled applied (switch): 3 workload(s) patched" \
-        in capsys.readouterr().out
+    assert ("acme: activity recorded; it was dormant and is awake: scale to zero disabled applied (switch): "
+            "3 workload(s) patched") in capsys.readouterr().out
     assert ksvc_min_scale(cluster.gateway, "pynode") == "1"
     with pytest.raises(CommandError, match="no org with slug 'nobody'"):
         call_command("record_activity", "nobody")

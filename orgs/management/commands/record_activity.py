@@ -32,4 +32,5 @@ class Command(CliActorMixin, BaseCommand):
         if not outcome.complete:
             raise CommandError(f"{org}: activity recorded and the org is marked active, but {outcome.summary()}; "
                                "the retry task tries again every minute")
-        self.stdout.write(f"{org}: activity recorded; it was dormant and is awake: {outcome.summary()}")
+        applied = outcome.summary().removeprefix(f"{org}: ")   # the line names the org once
+        self.stdout.write(f"{org}: activity recorded; it was dormant and is awake: {applied}")
