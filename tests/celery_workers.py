@@ -42,6 +42,34 @@ def broker_url(redis_url):
     client.close()
 
 
+@pytest.fixture
+def workers_broker(broker_url):
+    """This process queues to the workers' broker too (as the panel does, on commit), with
+    the transport options config/settings.py gives a Redis broker: priority lanes 0..9 and
+    the visibility timeout."""
+    from config.celery import app
+
+    conf = app.conf
+    old = conf.broker_url, conf.broker_transport_options
+    conf.broker_url = broker_url
+    conf.broker_transport_options = {"priority_steps": list(range(10)), "visibility_timeout": 300}
+    _forget_connections(app)
+    try:
+        yield broker_url
+    finally:
+        conf.broker_url, conf.broker_transport_options = old
+        _forget_connections(app)
+
+
+def _forget_connections(app) -> None:
+    """Celery caches its connection and producer pools: drop them so the next message
+    goes to the broker now configured (what Celery itself does after a fork)."""
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
+
+
 def database_url() -> str:
     db = django_settings.DATABASES["default"]
     assert db["ENGINE"].endswith("postgresql"), "the worker test runs on PostgreSQL"

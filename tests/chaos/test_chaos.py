@@ -13,38 +13,13 @@ import pytest
 
 from clusters.services import schedules_install
 from config.celery import app
-from tests.celery_workers import broker_url, celery_processes  # noqa: F401 - fixtures
+from tests.celery_workers import broker_url, celery_processes, workers_broker  # noqa: F401 - fixtures
 
 from .driver import BEAT_TASKS, GAP_BOUND_S, PRUNER_ENV, ChaosDriver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SUMMARY_FILE_ENV = "CHAOS_SUMMARY_FILE"   # where `python -m tests.chaos` reads the table back
-
-
-@pytest.fixture
-def workers_broker(broker_url):  # noqa: F811 - the fixture imported above
-    """This process queues to the workers' broker too, as the panel does (on commit)."""
-    conf = app.conf
-    old = conf.broker_url, conf.broker_transport_options
-    conf.broker_url = broker_url
-    # The options the workers get from config/settings.py for a Redis broker (priority lanes).
-    conf.broker_transport_options = {"priority_steps": list(range(10)), "visibility_timeout": 300}
-    _forget_connections()
-    try:
-        yield broker_url
-    finally:
-        conf.broker_url, conf.broker_transport_options = old
-        _forget_connections()
-
-
-def _forget_connections() -> None:
-    """Celery caches its connection and producer pools: drop them so the next message
-    goes to the broker now configured (what Celery itself does after a fork)."""
-    app._pool = None
-    amqp = app.__dict__.get("amqp")
-    if amqp is not None:
-        amqp._producer_pool = None
 
 
 def test_chaos_scenarios_keep_every_invariant(sim_cluster_factory, celery_processes, workers_broker, settings,

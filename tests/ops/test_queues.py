@@ -19,7 +19,7 @@ from config.schedule import SCHEDULES
 from orgs import services
 from orgs.models import Org
 from orgs.planning import MIN_SCALE
-from tests.celery_workers import broker_url, celery_processes, wait_for  # noqa: F401 - fixtures
+from tests.celery_workers import broker_url, celery_processes, wait_for, workers_broker  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 PRIORITY_SEP = "\x06\x16"   # how kombu's Redis transport names a queue's priority lane: <queue><sep><step>
@@ -58,29 +58,6 @@ def test_the_readme_deploy_compose_and_demo_name_every_queue():
     deploy = (ROOT / "deploy" / "worker.yaml").read_text()
     for name in queues.ALL:
         assert f"-Q {name}" in compose.replace(",", " -Q ") and f"-Q {name}" in deploy.replace(",", " -Q "), name
-
-
-@pytest.fixture
-def workers_broker(broker_url):  # noqa: F811 - the fixture imported above
-    """This process queues to the workers' broker, with the transport options
-    config/settings.py gives a Redis broker (priority lanes 0..9, visibility timeout)."""
-    conf = app.conf
-    old = conf.broker_url, conf.broker_transport_options
-    conf.broker_url = broker_url
-    conf.broker_transport_options = {"priority_steps": list(range(10)), "visibility_timeout": 300}
-    _forget_connections()
-    try:
-        yield broker_url
-    finally:
-        conf.broker_url, conf.broker_transport_options = old
-        _forget_connections()
-
-
-def _forget_connections() -> None:
-    app._pool = None
-    amqp = app.__dict__.get("amqp")
-    if amqp is not None:
-        amqp._producer_pool = None
 
 
 def scenario() -> list[dict]:
