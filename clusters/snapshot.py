@@ -138,13 +138,16 @@ class PodView:
     @classmethod
     def from_object(cls, obj: dict) -> "PodView":
         # Called once per pod of a cluster (50,000 at fleet size): plain loops, no
-        # generators, and the common case (no owner, no unschedulable condition) kept cheap.
+        # generators, positional arguments, and the common cases (no GPU asked for, no
+        # owner, no unschedulable condition) kept cheap.
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
         gpus = 0
         for container in spec.get("containers") or ():
             resources = container.get("resources")
             if resources:
-                gpus += _gpus(resources.get("requests")) or _gpus(resources.get("limits"))
+                requests, limits = resources.get("requests"), resources.get("limits")
+                if (requests and requests.get(GPU_RESOURCE)) or (limits and limits.get(GPU_RESOURCE)):
+                    gpus += _gpus(requests) or _gpus(limits)
         refs = meta.get("ownerReferences")
         owners = tuple([OwnerRef(o.get("apiVersion", ""), o.get("kind", ""), o.get("name", ""), o.get("uid", ""),
                                  bool(o.get("controller"))) for o in refs]) if refs else ()
@@ -154,11 +157,10 @@ class PodView:
                 if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
                     unschedulable = condition.get("message") or ""
                 break
-        return cls(namespace=meta.get("namespace", ""), name=meta["name"], uid=meta.get("uid", ""),
-                   node_name=spec.get("nodeName"), phase=status.get("phase", "Pending"),
-                   labels=_frozen(meta.get("labels")), annotations=_frozen(meta.get("annotations")), gpus=gpus,
-                   owners=owners, terminating=bool(meta.get("deletionTimestamp")),
-                   created_at=meta.get("creationTimestamp", ""), unschedulable_message=unschedulable)
+        return cls(meta.get("namespace", ""), meta["name"], meta.get("uid", ""), spec.get("nodeName"),
+                   status.get("phase", "Pending"), _frozen(meta.get("labels")), _frozen(meta.get("annotations")),
+                   gpus, owners, bool(meta.get("deletionTimestamp")), meta.get("creationTimestamp", ""),
+                   unschedulable)
 
 
 @dataclass(frozen=True)
@@ -196,8 +198,10 @@ class ClusterSnapshot:
         for pod in pods:
             if pod.node_name:
                 by_node.setdefault(pod.node_name, []).append(pod)
-            if pod.controller is not None:
-                by_owner.setdefault(pod.controller.uid, []).append(pod)
+            for owner in pod.owners:   # the controller, as `PodView.controller` finds it
+                if owner.controller:
+                    by_owner.setdefault(owner.uid, []).append(pod)
+                    break
         return cls(taken_at=taken_at, nodes=nodes, pods=pods,
                    _by_node=MappingProxyType({k: tuple(v) for k, v in by_node.items()}),
                    _by_owner=MappingProxyType({k: tuple(v) for k, v in by_owner.items()}),

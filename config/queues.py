@@ -5,8 +5,10 @@ Four queues, so that work of one kind never waits behind work of another:
 - `beat`: what beat fires itself. These tasks read the database and queue per-cluster
   work; none talks to a cluster, so a fan-out is never stuck behind a slow API server.
 - `sweep`: one cluster's periodic read and repair (the scale-to-zero reconcile and retry,
-  API discovery, the model registry sync). One task per cluster: a slow cluster holds
-  one worker slot, the other clusters' sweeps go on in the others.
+  API discovery, the model registry sync) and the GPU map's background refresh (a page
+  found its reading older than CAPACITY_MAP_CACHE_SECONDS; one at a time per cluster).
+  One task per cluster: a slow cluster holds one worker slot, the other clusters' sweeps
+  go on in the others.
 - `apply`: scale to zero enabled or disabled on one org. A wake is queued at a higher
   priority (orgs.services.HIGH_PRIORITY) and jumps the sleeps an hourly sweep queued,
   and never waits behind a cluster's reconcile read.
@@ -27,7 +29,8 @@ QUEUES: tuple[tuple[str, str, str], ...] = (
     (BEAT, "the tasks beat fires: fan-outs (one task per cluster, per job), the dormancy sweep, "
            "skip-row expiry",
      "database only, never a cluster's API: a fan-out is never stuck behind a slow cluster"),
-    (SWEEP, "per cluster: scale-to-zero reconcile and retry, API discovery, model registry sync",
+    (SWEEP, "per cluster: scale-to-zero reconcile and retry, API discovery, model registry sync, "
+            "the GPU map's background refresh",
      "one task per cluster: one slow cluster holds one worker slot, not every cluster's sweep"),
     (APPLY, "scale to zero on one org (wake and sleep); a wake at a higher priority",
      "a wake jumps the sleeps a sweep queued and never waits behind a reconcile read"),
@@ -57,6 +60,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
         "orgs.tasks.scale_to_zero_retry_cluster",
         "clusters.tasks.discovery_refresh_cluster",
         "capacity.runbook.tasks.registry_sync_cluster",
+        "capacity.gpumap.tasks.gpu_view_refresh",
     ),
     APPLY: (
         "orgs.tasks.org_scale_to_zero_apply",

@@ -3,7 +3,8 @@
 The dashboard shows GPUs by product, fragmentation, dormant orgs, defrag jobs and the last
 prune runs: a paged LIST of nodes and one of pods and a few small queries, whatever the size
 of the cluster, and not even those LISTs while a reading of the cluster younger than
-`CAPACITY_MAP_CACHE_SECONDS` serves it (both pages say how old their data is)."""
+`CAPACITY_MAP_CACHE_SECONDS` serves it, or a little older one while the next is drawn in the
+background (both pages say how old their data is, and when a refresh failed)."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -24,7 +25,13 @@ from pruning.selectors import prune_runs_recent
 from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
 from capacity.gpumap.planning import GpuCell, NodeRow
-from capacity.gpumap.selectors import Reading, fragmentation_recent, gpu_summary_recent
+from capacity.gpumap.selectors import (
+    REFRESH_WAIT_SECONDS,
+    Reading,
+    fragmentation_recent,
+    gpu_summary_recent,
+    read_shared,
+)
 from capacity.selectors import defrag_jobs_newest_by_node
 
 CELL = 18  # px per GPU cell in the map
@@ -65,10 +72,13 @@ def _cells_svg(row: NodeRow) -> str:
 
 
 def _data_age(read: Reading, now) -> dict:
-    """What the page says of its data's age: seconds, the UTC time of the reading, and how
-    long a reading serves."""
+    """What the page says of its data's age: seconds, the UTC time of the reading, how long a
+    reading serves, and for an older one being refreshed, when that was asked for and how
+    the last refresh failed, if it did."""
     return {"data_age": read.age_seconds(now), "data_taken_at": read.taken_at,
-            "data_kept_seconds": settings.CAPACITY_MAP_CACHE_SECONDS}
+            "data_kept_seconds": settings.CAPACITY_MAP_CACHE_SECONDS,
+            "data_refresh_asked_at": read.refresh_asked_at, "data_refresh_failed": read.refresh_failed,
+            "data_refresh_wait": REFRESH_WAIT_SECONDS if read_shared() else 0}
 
 
 @cluster_contents_required

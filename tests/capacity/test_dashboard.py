@@ -159,14 +159,37 @@ def api_calls(handle) -> int:
     return sum(handle.gateway.calls.values())
 
 
+KEPT_10_S = ("one reading of the cluster serves its pages for 10 s (up to 60 s more while the next one is read "
+             "in the background), and is read again at once when a defrag job of the cluster acts.")
+
+
+@pytest.fixture
+def refreshes(monkeypatch):
+    """The background refreshes the pages queue, as (cluster id, identity); `run()` runs
+    them as the sweep worker would, at the product's clock."""
+    from capacity.gpumap import tasks
+
+    class Refreshes(list):
+        def run(self) -> list[bool]:
+            done = [tasks.gpu_view_refresh(*args) for args in self]
+            self.clear()
+            return done
+
+    refreshes = Refreshes()
+    monkeypatch.setattr(tasks.gpu_view_refresh, "delay", lambda *args: refreshes.append(args))
+    return refreshes
+
+
+def h100_cordoned(dashboard: str) -> str:
+    return {r[0]: r[8] for r in cells(dashboard, "gpus-by-product")}["NVIDIA-H100-80GB-HBM3"]
+
+
 def test_a_reading_serves_both_pages_for_its_seconds_and_they_say_how_old_it_is(
-        sim_cluster_factory, client, staff, redis_cache, settings, frozen_now):
+        sim_cluster_factory, client, staff, redis_cache, settings, frozen_now, refreshes):
     settings.CAPACITY_MAP_CACHE_SECONDS = 10
     handle = sim_cluster_factory(objects(), name="sim")
     first = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
-    assert data_age(first) == ("Nodes and pods as of 0 s ago (2026-03-02 14:05:07 UTC): one reading of the cluster "
-                               "serves its pages for 10 s, and is read again at once when a defrag job of the "
-                               "cluster acts.")
+    assert data_age(first) == f"Nodes and pods as of 0 s ago (2026-03-02 14:05:07 UTC): {KEPT_10_S}"
     assert 'id="map-cordoned"' not in first
     # Someone cordons h2 outside the product, and 8 s pass.
     handle.gateway.patch(kube.NODES, "h2", {"spec": {"unschedulable": True}}, patch_type="strategic")
@@ -175,19 +198,77 @@ def test_a_reading_serves_both_pages_for_its_seconds_and_they_say_how_old_it_is(
     kept_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
     kept_dashboard = client.get("/capacity/clusters/sim/").content.decode()
     for page in (kept_map, kept_dashboard):
-        assert data_age(page).startswith("Nodes and pods as of 8 s ago (2026-03-02 14:05:07 UTC)")
+        assert data_age(page) == f"Nodes and pods as of 8 s ago (2026-03-02 14:05:07 UTC): {KEPT_10_S}"
     assert 'id="map-cordoned"' not in kept_map                      # what the cluster was 8 s ago, as it says
-    assert {r[0]: r[8] for r in cells(kept_dashboard, "gpus-by-product")}["NVIDIA-H100-80GB-HBM3"] == "0"
-    assert api_calls(handle) == calls                                 # neither page asked the cluster
-    # 10 s after the reading, the next page reads the cluster again.
+    assert h100_cordoned(kept_dashboard) == "0"
+    assert api_calls(handle) == calls and refreshes == []            # neither page asked the cluster
+    # 10 s after the reading, the pages still show it, say so, and one refresh is queued.
     frozen_now[0] = T0 + timedelta(seconds=10)
-    fresh_dashboard = client.get("/capacity/clusters/sim/").content.decode()
-    assert data_age(fresh_dashboard).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:17 UTC)")
-    assert {r[0]: r[8] for r in cells(fresh_dashboard, "gpus-by-product")}["NVIDIA-H100-80GB-HBM3"] == "1"
+    old_dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    assert data_age(old_dashboard) == (f"Nodes and pods as of 10 s ago (2026-03-02 14:05:07 UTC): {KEPT_10_S} "
+                                       "A newer reading was asked for at 14:05:17 UTC.")
+    assert h100_cordoned(old_dashboard) == "0" and 'id="refresh-failed"' not in old_dashboard
+    frozen_now[0] = T0 + timedelta(seconds=11)
+    old_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert data_age(old_map).endswith("A newer reading was asked for at 14:05:17 UTC.")
+    assert api_calls(handle) == calls                                 # no page waited for the cluster
+    assert [cluster_id for cluster_id, _ in refreshes] == [handle.cluster.pk]   # one refresh, not one per page
+    # The sweep worker draws the new reading; the next pages show it.
+    frozen_now[0] = T0 + timedelta(seconds=12)
+    assert refreshes.run() == [True]
     assert api_calls(handle) > calls
+    frozen_now[0] = T0 + timedelta(seconds=13)
+    fresh_dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    assert data_age(fresh_dashboard) == f"Nodes and pods as of 1 s ago (2026-03-02 14:05:19 UTC): {KEPT_10_S}"
+    assert h100_cordoned(fresh_dashboard) == "1"
     fresh_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
     cordoned = re.search(r'<table id="map-cordoned">(.*?)</table>', fresh_map, re.S).group(1)
     assert re.findall(r"</span> ([^<]+)</td>", cordoned) == ["h2"]
+    assert refreshes == []
+
+
+def test_a_failed_refresh_is_said_and_past_its_wait_the_page_reads_the_cluster_itself(
+        sim_cluster_factory, client, staff, redis_cache, settings, frozen_now, refreshes):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    handle = sim_cluster_factory(objects(), name="sim")
+    assert client.get("/capacity/clusters/sim/").status_code == 200
+    handle.server.stop()
+    frozen_now[0] = T0 + timedelta(seconds=15)
+    assert client.get("/capacity/clusters/sim/").status_code == 200   # the kept reading, a refresh queued
+    frozen_now[0] = T0 + timedelta(seconds=16)
+    assert refreshes.run() == [False]
+    frozen_now[0] = T0 + timedelta(seconds=20)
+    page = client.get("/capacity/clusters/sim/gpu-map/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert data_age(html).startswith("Nodes and pods as of 20 s ago (2026-03-02 14:05:07 UTC)")
+    assert data_age(html).endswith("A newer reading was asked for at 14:05:27 UTC.")   # the next try
+    failed = re.search(r'<p class="errornote" id="refresh-failed">(.*?)</p>', html, re.S).group(1)
+    assert failed.startswith("The last reading of the cluster, at 2026-03-02 14:05:23 UTC, failed: 0 ConnectionError: list nodes /api/v1/nodes: no answer from")
+    assert failed.endswith("This page shows the reading above until one succeeds.")
+    assert 'data-node="h1"' in html
+    # 60 s past its 10, the reading serves no more: the page reads the cluster, and says it cannot.
+    frozen_now[0] = T0 + timedelta(seconds=70)
+    page = client.get("/capacity/clusters/sim/gpu-map/")
+    assert page.status_code == 502 and "Cannot read the cluster" in page.content.decode()
+
+
+def test_without_a_cache_shared_with_the_workers_the_page_reads_the_cluster_itself(
+        sim_cluster_factory, client, staff, settings, frozen_now, refreshes):
+    """A process-local cache (no REDIS_URL): a reading drawn by a worker would never reach the page."""
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": "dashboard-test"}}
+    handle = sim_cluster_factory(objects(), name="sim")
+    page = client.get("/capacity/clusters/sim/").content.decode()
+    assert data_age(page) == ("Nodes and pods as of 0 s ago (2026-03-02 14:05:07 UTC): one reading of the cluster "
+                              "serves its pages for 10 s, and is read again at once when a defrag job of the "
+                              "cluster acts.")
+    calls = api_calls(handle)
+    frozen_now[0] = T0 + timedelta(seconds=10)
+    page = client.get("/capacity/clusters/sim/").content.decode()
+    assert data_age(page).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:17 UTC)")
+    assert api_calls(handle) > calls and refreshes == []
 
 
 def test_with_no_keeping_every_page_reads_the_cluster(sim_cluster_factory, client, staff, redis_cache, settings,
