@@ -57,12 +57,11 @@ CYCLE_LIMIT_S = 1200.0
 QUEUES = "beat,sweep,apply,long"
 
 
-# ---- one simulated cluster (a child process of its own) --------------------------------------
-def cluster_serve(index: int, workdir: Path, nodes: int, pods: int) -> None:
-    """Generate cluster `index`, write its scenario and its GPUs' utilization, then become its
-    simulated API server (exec: the generator's memory is given back)."""
-    import orjson
-
+# ---- a cluster's objects and its GPUs' history ------------------------------------------------
+def cluster_docs(index: int, nodes: int, pods: int) -> tuple[list[dict], list[list]]:
+    """Cluster `index`'s objects as the generator makes them (org namespaces named per cluster,
+    a pynode per org, a `knative-serving` namespace) and its GPUs: [namespace, pod, node,
+    gpu index, utilization, product] each."""
     from simcluster.generate import GPU_INDICES_ANNOTATION, ORG_LABEL, UTILIZATION_ANNOTATION, generate, pynode
 
     # The pods come placed; the Simulation document (placement of new pods) cannot sit in a List.
@@ -90,12 +89,41 @@ def cluster_serve(index: int, workdir: Path, nodes: int, pods: int) -> None:
             for gpu in annotations[GPU_INDICES_ANNOTATION].split(","):
                 gpus.append([d["metadata"]["namespace"], d["metadata"]["name"], node, int(gpu),
                              float(annotations.get(UTILIZATION_ANNOTATION, "50")), products.get(node, "")])
+    return docs, gpus
+
+
+# ---- one simulated cluster (a child process of its own) --------------------------------------
+def cluster_serve(index: int, workdir: Path, nodes: int, pods: int) -> None:
+    """Generate cluster `index`, write its scenario and its GPUs' utilization, then become its
+    simulated API server (exec: the generator's memory is given back)."""
+    import orjson
+
+    docs, gpus = cluster_docs(index, nodes, pods)
     (workdir / "gpus.json").write_bytes(orjson.dumps(gpus))
     (workdir / "scenario.json").write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     del docs, gpus
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-m", "simcluster", "serve", "--scenario", str(workdir / "scenario.json"),
                               "--kubeconfig-out", str(workdir / "kubeconfig")])
+
+
+def prometheus_start(folder: Path, gpus: list[list], now: datetime):
+    """A Prometheus in `folder` holding WINDOW of DCGM utilization history, to `now`, for each
+    GPU of `gpus` (as cluster_docs gives them), backfilled with promtool; started."""
+    from prometheus_fixtures import PrometheusServer, Series, gpu_labels
+
+    times, t = [], now - WINDOW - timedelta(minutes=5)
+    while t <= now:
+        times.append(t)
+        t += timedelta(seconds=60)
+    series = [Series("DCGM_FI_DEV_GPU_UTIL", gpu_labels(ns, pod, gpu, node=node, model=model or "NVIDIA GPU"),
+                     [(m, util) for m in times]) for ns, pod, node, gpu, util, model in gpus]
+    server = PrometheusServer(folder)
+    server.backfill(series)
+    del series
+    (folder / "history.om").unlink(missing_ok=True)   # the blocks hold it now
+    server.start()
+    return server
 
 
 def rss(pid: int, field: str = "VmRSS") -> int:
@@ -157,20 +185,8 @@ class Fleet:
 
     def _prometheus(self, workdir: Path, now: datetime) -> dict:
         import orjson
-        from prometheus_fixtures import PrometheusServer, Series, gpu_labels
 
-        gpus = orjson.loads((workdir / "gpus.json").read_bytes())
-        times, t = [], now - WINDOW - timedelta(minutes=5)
-        while t <= now:
-            times.append(t)
-            t += timedelta(seconds=60)
-        series = [Series("DCGM_FI_DEV_GPU_UTIL", gpu_labels(ns, pod, gpu, node=node, model=model or "NVIDIA GPU"),
-                         [(m, util) for m in times]) for ns, pod, node, gpu, util, model in gpus]
-        server = PrometheusServer(workdir / "prometheus")
-        server.backfill(series)
-        del series, gpus
-        (workdir / "prometheus" / "history.om").unlink(missing_ok=True)   # the blocks hold it now
-        server.start()
+        server = prometheus_start(workdir / "prometheus", orjson.loads((workdir / "gpus.json").read_bytes()), now)
         self.proms.append(server)
         return {"prometheus": server.url, "prom_rss": rss(server.proc.pid)}
 
@@ -355,6 +371,187 @@ def gpu_map_cycle(processes: int, names: list[str]) -> dict:
     return {"cycle": time.monotonic() - began, "errors": 0, "slowest": max(secs), "tasks": len(names)}
 
 
+# ---- the product's side, the cycles, the table (shared with bench/fleet_real.py) --------------
+class Product:
+    """The product as the bench runs it: a database of its own, a free Redis database as its
+    broker, Django set up in this process with the workers' environment. `close` drops both."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.db_name = f"fleet_bench_{os.getpid()}"
+        self.broker_client = None
+        self.database = False
+        self.offset_file = folder / "clock-offset"
+
+    def open(self) -> dict:
+        broker, self.broker_client = redis_claim()
+        self.offset_file.write_text("0")
+        url = database_create(self.db_name)
+        self.database = True
+        env = {
+            "DATABASE_URL": url, "REDIS_URL": broker, "CELERY_BROKER_URL": broker,
+            "DJANGO_SETTINGS_MODULE": "config.settings", "DJANGO_SECRET_KEY": "bench-only-" + "x" * 50,
+            "DJANGO_ALLOWED_HOSTS": "testserver", "DJANGO_HTTPS": "false", "VAR_DIR": str(self.folder / "var"),
+            "CLOCK_OFFSET_FILE": str(self.offset_file), "CAPACITY_MAP_CACHE_SECONDS": "0",
+            "PRUNER_RUN_MODE": "dry-run",
+            "ORGS_ACTIVITY_THROTTLE_SECONDS": "0",   # each wake between worker counts is recorded
+            "KUBE_IN_CLUSTER": "0", "LOG_LEVEL": "INFO", "CELERY_TASK_ALWAYS_EAGER": "0",
+        }
+        os.environ.pop("KUBECONFIG", None)
+        os.environ.update(env)
+        warnings.filterwarnings("ignore", message="No directory at")   # no collected static files: none served
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        from django.contrib.auth.models import User
+
+        User.objects.create_superuser("fleet-bench", password=uuid.uuid4().hex)
+        return env
+
+    def register(self, name: str, kubeconfig: str, prometheus: str):
+        from clusters.models import Cluster
+        from orgs import services
+
+        cluster = Cluster.objects.create(name=name, kubeconfig_path=kubeconfig, prometheus_url=prometheus)
+        synced = services.orgs_sync(cluster=cluster, now=datetime.now(timezone.utc))
+        print(f"  {cluster.name}: {len(synced.created)} orgs", flush=True)
+        return cluster
+
+    def close(self) -> None:
+        if "django" in sys.modules and self.database:
+            from django.db import connections
+
+            connections.close_all()
+        if self.database:
+            try:
+                database_drop(self.db_name)
+            except Exception as exc:  # noqa: BLE001 - say it, remove the rest
+                print(f"  (could not drop database {self.db_name}: {exc})", file=sys.stderr)
+        if self.broker_client is not None:
+            self.broker_client.flushdb()
+            self.broker_client.close()
+
+
+def cycles(product: Product, clusters: list, workers: list[int], *, prune: bool, history_end: datetime,
+           on_worker=None) -> dict:
+    """One cycle of every periodic job over `clusters` per worker count; returns what `report`
+    prints. `on_worker(worker)` runs with each worker started (the caller stops it on error)."""
+    from config.schedule import SCHEDULES
+
+    interval = {p.task: p.every_seconds for p in SCHEDULES}
+    jobs = [("reconcile", "orgs.tasks.scale_to_zero_reconcile", "orgs.tasks.scale_to_zero_reconcile_cluster"),
+            ("discovery", "clusters.tasks.discovery_refresh_all", "clusters.tasks.discovery_refresh_cluster"),
+            ("registry sync", "capacity.runbook.tasks.registry_sync_all_clusters",
+             "capacity.runbook.tasks.registry_sync_cluster"),
+            ("binpack", "capacity.binpack.tasks.binpack_all_clusters", "capacity.binpack.tasks.binpack_cluster")]
+    if prune:
+        jobs.insert(3, ("prune pass", "pruning.tasks.prune_all_clusters", "pruning.tasks.prune_cluster"))
+    intervals = {name: interval[fan] for name, fan, _ in jobs}
+    intervals["sweep"] = interval["orgs.tasks.dormancy_sweep"]
+    intervals["GPU map"] = 10  # CAPACITY_MAP_CACHE_SECONDS' default: how old a map may be
+    results: dict[tuple[str, int], dict] = {}
+    peaks: dict[int, int] = {}
+    offset_file = product.offset_file
+    for processes in workers:
+        print(f"\n-- {processes} worker process(es)", flush=True)
+        worker = Worker(product.folder, {**os.environ}, processes)
+        if on_worker:
+            on_worker(worker)
+        if processes == workers[0]:
+            # Untimed: the first reconcile applies every org for the first time; the cycle
+            # measured is the steady one (holding, drift repairs only).
+            warm = fan_out(worker, jobs[0][1], jobs[0][2], len(clusters))
+            print(f"  (reconcile's first apply of every org, untimed: {warm['cycle']:.1f} s)", flush=True)
+            # Untimed too: binpack until its costs hold (a run patches at most BINPACK_MAX_WRITES
+            # pods, a first costing of 50,000 pods takes several), so that every worker count
+            # measures the same steady cycle: read, plan, patch only what changed.
+            from capacity.binpack.models import BinpackRun
+
+            for round_ in range(1, 8):
+                since_pk = BinpackRun.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+                warm = fan_out(worker, "capacity.binpack.tasks.binpack_all_clusters",
+                               "capacity.binpack.tasks.binpack_cluster", len(clusters))
+                written = list(BinpackRun.objects.filter(pk__gt=since_pk).values_list("written", flat=True))
+                print(f"  (binpack costing round {round_}, untimed: {warm['cycle']:.1f} s, "
+                      f"pods patched per cluster {written})", flush=True)
+                if not any(written):
+                    break
+        result = sweep_cycle(worker, clusters)
+        results[("sweep", processes)] = result
+        print(f"  sweep: {result['cycle']:.1f} s ({result['note']})", flush=True)
+        for name, fan, per in jobs:
+            if name == "prune pass":
+                clock_at(offset_file, history_end)   # the history Prometheus holds ends there
+            result = fan_out(worker, fan, per, len(clusters))
+            offset_file.write_text("0")
+            result["tasks"] = len(clusters)
+            results[(name, processes)] = result
+            print(f"  {name}: {result['cycle']:.1f} s (slowest cluster {result['slowest']:.1f} s, "
+                  f"{result['errors']} failed)", flush=True)
+        peaks[processes] = worker.peak_child_rss()
+        worker.stop()
+        result = gpu_map_cycle(processes, [c.name for c in clusters])
+        results[("GPU map", processes)] = result
+        print(f"  GPU map: {result['cycle']:.1f} s (slowest cluster {result['slowest']:.1f} s)", flush=True)
+    return {"results": results, "peaks": peaks, "intervals": intervals, "workers": workers,
+            "names": ["sweep"] + [name for name, _, _ in jobs] + ["GPU map"], "prune": prune}
+
+
+def report(measured: dict, clusters: list, title: str) -> None:
+    """The table: each job's cycle per worker count against its interval, and the speed-ups."""
+    from django.conf import settings as dj
+
+    from capacity.binpack.models import BinpackRun
+    from pruning.models import PruneRun
+
+    results, workers, names, intervals = (measured[k] for k in ("results", "workers", "names", "intervals"))
+    writes = list(BinpackRun.objects.order_by("pk").values_list("written", flat=True))
+    prunes = list(PruneRun.objects.filter(cluster=clusters[0]).order_by("pk").values_list(
+        "pods_seen", "idle_candidates", "planned", "kube_api_calls"))
+    print(f"\n{title}; {os.cpu_count()} CPU(s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"cycle = queueing the fan-out to its last task done (one run each)")
+    head = f"  {'job':<14} {'interval':>8} " + " ".join(f"{f'{w} worker(s)':>12}" for w in workers) + \
+        "   " + " ".join(f"{f'x{w}/x{workers[0]}':>8}" for w in workers[1:]) + "   within interval"
+    print(head)
+    for name in names:
+        cycles_ = [results[(name, w)]["cycle"] for w in workers]
+        speedups = [cycles_[0] / c for c in cycles_[1:]]
+        within = "yes" if all(c <= intervals[name] for c in cycles_) else \
+            "no: " + ",".join(str(w) for w, c in zip(workers, cycles_) if c > intervals[name]) + " worker(s)"
+        print(f"  {name:<14} {intervals[name]:>7}s " + " ".join(f"{c:>11.1f}s" for c in cycles_) + "   "
+              + " ".join(f"{s:>7.2f}x" for s in speedups) + f"   {within}")
+    print("  slowest single cluster task per job (s): " + "; ".join(
+        f"{name} " + "/".join(f"{results[(name, w)]['slowest']:.1f}" for w in workers) for name in names))
+    failed = {name: [results[(name, w)]["errors"] for w in workers] for name in names
+              if any(results[(name, w)]["errors"] for w in workers)}
+    print("  GPU map: every cluster's map rendered by W web processes, the cache off; its interval is the "
+          "age a map may have (CAPACITY_MAP_CACHE_SECONDS)")
+    print(f"  failed tasks: {failed or 'none'}; binpack pods patched per run, in order: {writes} "
+          f"(BINPACK_MAX_WRITES={dj.BINPACK_MAX_WRITES})")
+    if measured["prune"]:
+        print(f"  prune runs (dry run), first cluster's: pods with GPU data / idle / owners planned / API calls "
+              f"{prunes}")
+    print("  worker process peak " + ", ".join(f"{w}: {measured['peaks'][w] / MIB:.0f} MiB" for w in workers))
+
+
+def worker_counts(text: str) -> list[int]:
+    try:
+        workers = [int(w) for w in text.split(",")]
+        if not workers or any(w < 1 or w > 16 for w in workers):
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--workers must be counts 1..16 separated by commas, got {text!r}") from None
+    return workers
+
+
+def prometheus_check() -> None:
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        raise SystemExit("the prune pass needs prometheus and promtool on PATH (apt-get install prometheus), "
+                         "or --no-prune")
+
+
 # ---- main ------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -370,12 +567,7 @@ def main(argv=None) -> int:
     if args.serve_one:
         cluster_serve(int(args.serve_one[0]), Path(args.serve_one[1]), args.nodes, args.pods)
         return 0
-    try:
-        workers = [int(w) for w in args.workers.split(",")]
-        if not workers or any(w < 1 or w > 16 for w in workers):
-            raise ValueError
-    except ValueError:
-        raise SystemExit(f"--workers must be counts 1..16 separated by commas, got {args.workers!r}") from None
+    workers = worker_counts(args.workers)
     if args.clusters != "auto" and not (args.clusters.isdigit() and 1 <= int(args.clusters) <= args.max_clusters):
         raise SystemExit(f"--clusters must be auto or 1..{args.max_clusters}, got {args.clusters!r}")
     if not (0 < args.memory_gib <= 256):
@@ -383,42 +575,15 @@ def main(argv=None) -> int:
     if not (1 <= args.nodes <= 20000 and 0 <= args.pods <= 200000):
         raise SystemExit(f"--nodes must be 1..20000 and --pods 0..200000, got {args.nodes} and {args.pods}")
     prune = not args.no_prune
-    if prune and not (shutil.which("prometheus") and shutil.which("promtool")):
-        raise SystemExit("the prune pass needs prometheus and promtool on PATH (apt-get install prometheus), "
-                         "or --no-prune")
+    if prune:
+        prometheus_check()
 
-    warnings.filterwarnings("ignore", message="No directory at")   # no collected static files: none served
     folder = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    db_name = f"fleet_bench_{os.getpid()}"
     fleet = Fleet(folder, args.nodes, args.pods)
-    broker_client = None
-    worker = None
+    product = Product(folder)
+    workers_started: list[Worker] = []
     try:
-        broker, broker_client = redis_claim()
-        offset_file = folder / "clock-offset"
-        offset_file.write_text("0")
-        env = {
-            "DATABASE_URL": database_create(db_name), "REDIS_URL": broker, "CELERY_BROKER_URL": broker,
-            "DJANGO_SETTINGS_MODULE": "config.settings", "DJANGO_SECRET_KEY": "bench-only-" + "x" * 50,
-            "DJANGO_ALLOWED_HOSTS": "testserver", "DJANGO_HTTPS": "false", "VAR_DIR": str(folder / "var"),
-            "CLOCK_OFFSET_FILE": str(offset_file), "CAPACITY_MAP_CACHE_SECONDS": "0", "PRUNER_RUN_MODE": "dry-run",
-            "ORGS_ACTIVITY_THROTTLE_SECONDS": "0",   # each wake between worker counts is recorded
-            "KUBE_IN_CLUSTER": "0", "LOG_LEVEL": "INFO", "CELERY_TASK_ALWAYS_EAGER": "0",
-        }
-        os.environ.pop("KUBECONFIG", None)
-        os.environ.update(env)
-        import django
-        from django.core.management import call_command
-
-        django.setup()
-        call_command("migrate", verbosity=0)
-        from django.contrib.auth.models import User
-
-        from clusters.models import Cluster
-        from config.schedule import SCHEDULES
-        from orgs import services
-
-        User.objects.create_superuser("fleet-bench", password=uuid.uuid4().hex)
+        product.open()
         history_end = datetime.now(timezone.utc).replace(microsecond=0)
 
         print(f"fleet bench: {args.nodes:,} nodes / {args.pods:,} pods per cluster; memory for the bench "
@@ -434,120 +599,21 @@ def main(argv=None) -> int:
               f"for {max(workers)} worker processes fits {fits}; running {count}", flush=True)
         for index in range(1, count):
             fleet.cluster_start(index, prometheus=prune, now=history_end)
-        clusters = []
-        for info in fleet.clusters:
-            cluster = Cluster.objects.create(name=info["name"], kubeconfig_path=info["kubeconfig"],
-                                             prometheus_url=info["prometheus"])
-            synced = services.orgs_sync(cluster=cluster, now=datetime.now(timezone.utc))
-            clusters.append(cluster)
-            print(f"  {cluster.name}: {len(synced.created)} orgs", flush=True)
-        interval = {p.task: p.every_seconds for p in SCHEDULES}
-        jobs = [("reconcile", "orgs.tasks.scale_to_zero_reconcile", "orgs.tasks.scale_to_zero_reconcile_cluster"),
-                ("discovery", "clusters.tasks.discovery_refresh_all", "clusters.tasks.discovery_refresh_cluster"),
-                ("registry sync", "capacity.runbook.tasks.registry_sync_all_clusters",
-                 "capacity.runbook.tasks.registry_sync_cluster"),
-                ("binpack", "capacity.binpack.tasks.binpack_all_clusters", "capacity.binpack.tasks.binpack_cluster")]
-        if prune:
-            jobs.insert(3, ("prune pass", "pruning.tasks.prune_all_clusters", "pruning.tasks.prune_cluster"))
-        intervals = {name: interval[fan] for name, fan, _ in jobs}
-        intervals["sweep"] = interval["orgs.tasks.dormancy_sweep"]
-        from django.conf import settings as dj
-
-        intervals["GPU map"] = 10  # CAPACITY_MAP_CACHE_SECONDS' default: how old a map may be
-        results: dict[tuple[str, int], dict] = {}
-        peaks: dict[int, int] = {}
-        worker_env = {**os.environ}
-        for processes in workers:
-            print(f"\n-- {processes} worker process(es)", flush=True)
-            worker = Worker(folder, worker_env, processes)
-            if processes == workers[0]:
-                # Untimed: the first reconcile applies every org for the first time; the cycle
-                # measured is the steady one (holding, drift repairs only).
-                warm = fan_out(worker, jobs[0][1], jobs[0][2], len(clusters))
-                print(f"  (reconcile's first apply of every org, untimed: {warm['cycle']:.1f} s)", flush=True)
-                # Untimed too: binpack until its costs hold (a run patches at most BINPACK_MAX_WRITES
-                # pods, a first costing of 50,000 pods takes several), so that every worker count
-                # measures the same steady cycle: read, plan, patch only what changed.
-                from capacity.binpack.models import BinpackRun
-
-                for round_ in range(1, 8):
-                    since_pk = BinpackRun.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
-                    warm = fan_out(worker, "capacity.binpack.tasks.binpack_all_clusters",
-                                   "capacity.binpack.tasks.binpack_cluster", len(clusters))
-                    written = list(BinpackRun.objects.filter(pk__gt=since_pk).values_list("written", flat=True))
-                    print(f"  (binpack costing round {round_}, untimed: {warm['cycle']:.1f} s, "
-                          f"pods patched per cluster {written})", flush=True)
-                    if not any(written):
-                        break
-            result = sweep_cycle(worker, clusters)
-            results[("sweep", processes)] = result
-            print(f"  sweep: {result['cycle']:.1f} s ({result['note']})", flush=True)
-            for name, fan, per in jobs:
-                if name == "prune pass":
-                    clock_at(offset_file, history_end)   # the history Prometheus holds ends there
-                result = fan_out(worker, fan, per, len(clusters))
-                offset_file.write_text("0")
-                result["tasks"] = len(clusters)
-                results[(name, processes)] = result
-                print(f"  {name}: {result['cycle']:.1f} s (slowest cluster {result['slowest']:.1f} s, "
-                      f"{result['errors']} failed)", flush=True)
-            peaks[processes] = worker.peak_child_rss()
-            worker.stop()
-            worker = None
-            result = gpu_map_cycle(processes, [c.name for c in clusters])
-            results[("GPU map", processes)] = result
-            print(f"  GPU map: {result['cycle']:.1f} s (slowest cluster {result['slowest']:.1f} s)", flush=True)
-
-        from capacity.binpack.models import BinpackRun
-        from pruning.models import PruneRun
-
-        writes = list(BinpackRun.objects.order_by("pk").values_list("written", flat=True))
-        prunes = list(PruneRun.objects.filter(cluster=clusters[0]).order_by("pk").values_list("pods_seen", "idle_candidates", "planned",
-                                                                   "kube_api_calls"))
-        print(f"\nfleet: {len(clusters)} clusters x {args.nodes:,} nodes / {args.pods:,} pods; {os.cpu_count()} CPU(s); "
-              f"cycle = queueing the fan-out to its last task done (one run each)")
-        names = ["sweep"] + [name for name, _, _ in jobs] + ["GPU map"]
-        head = f"  {'job':<14} {'interval':>8} " + " ".join(f"{f'{w} worker(s)':>12}" for w in workers) + \
-            "   " + " ".join(f"{f'x{w}/x{workers[0]}':>8}" for w in workers[1:]) + "   within interval"
-        print(head)
-        for name in names:
-            cycles = [results[(name, w)]["cycle"] for w in workers]
-            speedups = [cycles[0] / c for c in cycles[1:]]
-            within = "yes" if all(c <= intervals[name] for c in cycles) else \
-                "no: " + ",".join(str(w) for w, c in zip(workers, cycles) if c > intervals[name]) + " worker(s)"
-            print(f"  {name:<14} {intervals[name]:>7}s " + " ".join(f"{c:>11.1f}s" for c in cycles) + "   "
-                  + " ".join(f"{s:>7.2f}x" for s in speedups) + f"   {within}")
-        print("  slowest single cluster task per job (s): " + "; ".join(
-            f"{name} " + "/".join(f"{results[(name, w)]['slowest']:.1f}" for w in workers) for name in names))
-        failed = {name: [results[(name, w)]["errors"] for w in workers] for name in names
-                  if any(results[(name, w)]["errors"] for w in workers)}
-        print("  GPU map: every cluster's map rendered by W web processes, the cache off; its interval is the "
-              "age a map may have (CAPACITY_MAP_CACHE_SECONDS)")
-        print(f"  failed tasks: {failed or 'none'}; binpack pods patched per run, in order: {writes} "
-              f"(BINPACK_MAX_WRITES={dj.BINPACK_MAX_WRITES})")
-        if prune:
-            print(f"  prune runs (dry run), first cluster's: pods with GPU data / idle / owners planned / API calls "
-                  f"{prunes}")
+        clusters = [product.register(info["name"], info["kubeconfig"], info["prometheus"]) for info in fleet.clusters]
+        measured = cycles(product, clusters, workers, prune=prune, history_end=history_end,
+                          on_worker=workers_started.append)
+        report(measured, clusters, f"fleet: {len(clusters)} simulated clusters x {args.nodes:,} nodes / "
+                                   f"{args.pods:,} pods")
         print("  memory after the cycles: simcluster " + ", ".join(
             f"{rss(c['pid']) / GIB:.2f}" for c in fleet.clusters) + " GiB" + (
             "; Prometheus peak " + ", ".join(f"{rss(s.proc.pid, 'VmHWM') / MIB:.0f}" for s in fleet.proms)
-            + " MiB" if prune else "")
-              + "; worker process peak " + ", ".join(f"{w}: {peaks[w] / MIB:.0f} MiB" for w in workers))
+            + " MiB" if prune else ""))
         return 0
     finally:
-        if worker is not None:
+        for worker in workers_started:
             worker.stop()
         fleet.close()
-        from django.db import connections
-
-        connections.close_all()
-        try:
-            database_drop(db_name)
-        except Exception as exc:  # noqa: BLE001 - say it, remove the rest
-            print(f"  (could not drop database {db_name}: {exc})", file=sys.stderr)
-        if broker_client is not None:
-            broker_client.flushdb()
-            broker_client.close()
+        product.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 

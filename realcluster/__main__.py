@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run an optional set: knative (Serving's controller, autoscaler, webhook and "
                          "activator, out of cluster; build it with `build --with knative`), kserve (KServe's "
                          "CRDs and controller; needs knative; build it with `build --with kserve`)")
+    up.add_argument("--controllers", default="*",
+                    help="kube-controller-manager's --controllers (default *: all); e.g. "
+                         "'*,-replicaset-controller' to load pods already owned by ReplicaSets")
     up.add_argument("--state-dir", default=DEFAULT_STATE_DIR,
                     help=f"etcd data, certificates, component logs (default {DEFAULT_STATE_DIR})")
     down = sub.add_parser("down", help="stop the tier that `up` started in --state-dir")

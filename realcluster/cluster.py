@@ -103,6 +103,8 @@ class Tier:
     log: object = print
     with_knative: bool = False
     with_kserve: bool = False
+    # kube-controller-manager's --controllers ("*": all of its default controllers)
+    controllers: str = "*"
     stop_event: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -171,6 +173,7 @@ class Tier:
             "--service-account-private-key-file", str(pki.sa_key),
             "--root-ca-file", str(pki.ca_cert),
             "--cluster-cidr", POD_CIDR, "--service-cluster-ip-range", SERVICE_CIDR,
+            "--controllers", self.controllers,
             "--profiling=false",
         ], ready=lambda: Api("https://127.0.0.1:10257").answers("/healthz"), started=started)
         scheduler_config = self.state_dir / "scheduler.yaml"
@@ -375,7 +378,7 @@ def scheduler_config_for(placement: str, kubeconfig: Path) -> dict:
 def up_main(args) -> int:
     tier = Tier(state_dir=Path(args.state_dir).resolve(), kubeconfig_out=Path(args.kubeconfig_out).resolve(),
                 port=args.port, with_knative="knative" in args.with_sets or "kserve" in args.with_sets,
-                with_kserve="kserve" in args.with_sets,
+                with_kserve="kserve" in args.with_sets, controllers=getattr(args, "controllers", "*"),
                 log=lambda message: print(f"realcluster: {message}", flush=True))
     stop = threading.Event()
     coming_up = True
