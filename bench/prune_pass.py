@@ -7,13 +7,24 @@ Needs `prometheus` and `promtool` on PATH (Debian's prometheus package; `make te
 installs them). Everything it starts (the simulated cluster, Prometheus, a worker process,
 a SQLite database) lives in one temporary folder, removed at the end.
 
+The DCGM series carry the workload in `exported_pod`/`exported_namespace` (an
+honor_labels=false scrape, as on OpenShift) and every node has a `node_dmi_info` series,
+so that gpu-pruner's own query runs unchanged on the same data.
+
 Per scenario a fresh worker process (so its peak memory is the pass's, not the bench's)
-runs one untimed pass, then `--repeat` passes interleaved with the floor, and reports:
-- the pass: `prune_run_execute` in dry-run mode — both Prometheus queries, the Kubernetes
-  reads the cost model chose, the plan, the PruneRun/PruneDecision rows written;
+runs one untimed pass, then `--repeat` rounds of floor, pass and peer replay, and reports:
+- the pass: `prune_run_execute` in dry-run mode — its three Prometheus queries (the
+  candidates and the census sent at once, then the follow-up about the candidates), the
+  Kubernetes reads the cost model chose, the plan, the PruneRun/PruneDecision rows written;
 - the floor, the cheapest way to do the same reading with the libraries the product
-  uses (urllib3 + orjson): the same two PromQL queries, then, for few idle pods, one GET
-  of each idle pod and of each owner up its chain, for many, one unpaged pod LIST;
+  uses (urllib3 + orjson): the same three PromQL queries, the first two at once, then, for
+  few idle pods, one GET of each idle pod and of each owner up its chain (each once), for
+  many, one unpaged pod LIST;
+- the peer replay: the calls gpu-pruner makes in one dry-run pass (gpu-pruner/src/main.rs,
+  lib.rs, query.promql.j2 of wseaton/gpu-pruner), made with urllib3 + orjson: its one PromQL
+  query (one series per idle GPU, node_dmi_info joined), then for every series, ten at a
+  time, a GET of the pod and of each owner up its chain (ReplicaSet, then Deployment) —
+  per pod, not once per owner;
 - Kubernetes API calls and Prometheus queries of a pass, bytes received over the network
   in a pass (every socket read of the process), and the worker's peak RSS.
 Prints figures; not a test.
@@ -31,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -113,9 +125,22 @@ def history(util: dict, window: timedelta, every: timedelta):
         t += every
     for i, ((ns, pod), value) in enumerate(util.items()):
         labels = gpu_labels(ns, pod, i % GPUS_PER_NODE, node=f"gpu-{i // GPUS_PER_NODE:05d}",
-                            model="NVIDIA H100 80GB HBM3")
+                            model="NVIDIA H100 80GB HBM3", scheme="exported")
         out.append(Series("DCGM_FI_DEV_GPU_UTIL", labels, [(m, value) for m in times]))
+    for n in range(-(-len(util) // GPUS_PER_NODE)):   # node-exporter's DMI info, one per node
+        out.append(Series("node_dmi_info", {"instance": f"gpu-{n:05d}", "product_name": "PowerEdge XE9680"},
+                          [(m, 1.0) for m in times]))
     return out
+
+
+def peer_promql(window_minutes: int) -> str:
+    """gpu-pruner's query (query.promql.j2) as it renders with no namespace, model or power
+    filter: one series per GPU of an exported_pod whose peak utilization was 0."""
+    return ("sum by (Hostname, exported_container, exported_pod, exported_namespace, gpu, modelName) ("
+            f'max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{exported_pod != ""}}[{window_minutes}m]) or '
+            f'max_over_time(DCGM_FI_DEV_GPU_UTIL{{exported_pod != ""}}[{window_minutes}m]) / 100'
+            ') * on (Hostname) group_left(node_type) (label_replace(label_replace(node_dmi_info, '
+            '"Hostname", "$1", "instance", "(.+)"), "node_type", "$1", "product_name", "(.+)")) == 0')
 
 
 class _Served:
@@ -202,55 +227,89 @@ def worker(args) -> int:
             return prune_run_execute(kube_gateway=kube, prometheus=prom, params=params, now=now, actor="bench")
 
         query = params.query()
+        pool = ThreadPoolExecutor(max_workers=10)
+
+        def promql(expr: str) -> list:
+            answer = http.request("POST", args.prometheus + "/api/v1/query",
+                                  fields={"query": expr, "time": str(now.timestamp())}, encode_multipart=False)
+            return orjson.loads(answer.data)["data"]["result"]
+
+        def get(path: str):
+            answer = http.request("GET", api + path)
+            return orjson.loads(answer.data) if answer.status == 200 else None
 
         def floor_once():
-            candidates = http.request("POST", args.prometheus + "/api/v1/query",
-                                      fields={"query": query.candidates_promql(), "time": str(now.timestamp())},
-                                      encode_multipart=False)
-            pods = [(r["metric"].get("namespace"), r["metric"].get("pod"))
-                    for r in orjson.loads(candidates.data)["data"]["result"] if r["metric"].get("pod")]
-            follow = http.request("POST", args.prometheus + "/api/v1/query",
-                                  fields={"query": query.followup_promql(sorted(pods)), "time": str(now.timestamp())},
-                                  encode_multipart=False)
-            orjson.loads(follow.data)
+            candidates, _census = pool.map(promql, [query.candidates_promql(), query.census_promql()])
+            pods = sorted({(r["metric"]["exported_namespace"], r["metric"]["exported_pod"]) for r in candidates})
+            promql(query.followup_promql(pods))
             if not args.few:
                 orjson.loads(http.request("GET", f"{api}/api/v1/pods").data)
                 return
             owners = set()
             for ns, name in pods:   # each idle pod, then each owner up its chain, once
-                pod = orjson.loads(http.request("GET", f"{api}/api/v1/namespaces/{ns}/pods/{name}").data)
-                ref = pod["metadata"]["ownerReferences"][0]
-                owners.add((ns, "replicasets", ref["name"]))
-            for ns, plural, name in sorted(owners):
-                rs = orjson.loads(http.request("GET", f"{api}/apis/apps/v1/namespaces/{ns}/{plural}/{name}").data)
+                pod = get(f"/api/v1/namespaces/{ns}/pods/{name}")
+                owners.add((ns, pod["metadata"]["ownerReferences"][0]["name"]))
+            for ns, name in sorted(owners):
+                rs = get(f"/apis/apps/v1/namespaces/{ns}/replicasets/{name}")
                 for ref in rs["metadata"].get("ownerReferences") or ():
-                    orjson.loads(http.request("GET", f"{api}/apis/apps/v1/namespaces/{ns}/deployments/{ref['name']}").data)
+                    get(f"/apis/apps/v1/namespaces/{ns}/deployments/{ref['name']}")
+
+        def peer_walk(series: dict) -> int:
+            """One idle GPU's pod and its owners, as gpu-pruner's find_root_object walks them."""
+            ns, name = series["metric"]["exported_namespace"], series["metric"]["exported_pod"]
+            pod = get(f"/api/v1/namespaces/{ns}/pods/{name}")
+            calls = 1
+            if pod is None or pod["status"].get("phase") == "Pending":
+                return calls
+            for ref in pod["metadata"].get("ownerReferences") or ():
+                if ref["kind"] == "ReplicaSet":
+                    rs = get(f"/apis/apps/v1/namespaces/{ns}/replicasets/{ref['name']}")
+                    calls += 1
+                    dep = [r for r in (rs or {}).get("metadata", {}).get("ownerReferences") or ()
+                           if r["kind"] == "Deployment"]
+                    if dep:
+                        get(f"/apis/apps/v1/namespaces/{ns}/deployments/{dep[0]['name']}")
+                        calls += 1
+                    break
+            return calls
+
+        def peer_once() -> int:
+            idle_gpus = promql(peer_promql(params.window_seconds // 60))
+            return sum(pool.map(peer_walk, idle_gpus))   # ten at a time (buffer_unordered(10))
 
         rss_before = _vm("VmRSS")   # Django set up, nothing read
         pass_once()   # untimed: imports, connections, caches warm
         floor_once()
-        # Peak RSS from here on only (the kernel's high-water mark, reset; ru_maxrss would
-        # also hold the parent's size from before exec).
-        Path("/proc/self/clear_refs").write_text("5")
-        passes, floors, calls, bytes_in, queries = [], [], [], [], 0
+        peer_once()
+        # The pass's peak RSS: the kernel's high-water mark, reset just before each pass
+        # (ru_maxrss would also hold the parent's size from before exec).
+        rss_peak = 0
+        passes, floors, peers, calls, bytes_in, queries = [], [], [], [], [], 0
         for _ in range(args.repeat):
             start_bytes, start = _Counted.total, time.perf_counter()
             floor_once()
             floors.append(time.perf_counter() - start)
             floor_bytes = _Counted.total - start_bytes
             prom_calls = prom.calls
+            Path("/proc/self/clear_refs").write_text("5")
             start_bytes, start = _Counted.total, time.perf_counter()
             run = pass_once()
             passes.append(time.perf_counter() - start)
             bytes_in.append(_Counted.total - start_bytes)
             calls.append(run.kube_api_calls)
             queries = prom.calls - prom_calls
+            rss_peak = max(rss_peak, _vm("VmHWM"))
+            start_bytes, start = _Counted.total, time.perf_counter()
+            peer_calls = peer_once()
+            peers.append(time.perf_counter() - start)
+            peer_bytes = _Counted.total - start_bytes
         print(json.dumps({
             "pods_seen": run.pods_seen, "idle": run.idle_candidates, "planned": run.planned,
-            "pass": passes, "floor": floors, "kube_calls": calls, "prom_queries": queries,
-            "bytes": bytes_in, "floor_bytes": floor_bytes,
-            "rss_before_mib": rss_before / 1024, "rss_peak_mib": _vm("VmHWM") / 1024,
+            "pass": passes, "floor": floors, "peer": peers, "kube_calls": calls, "prom_queries": queries,
+            "bytes": bytes_in, "floor_bytes": floor_bytes, "peer_calls": peer_calls, "peer_bytes": peer_bytes,
+            "rss_before_mib": rss_before / 1024, "rss_peak_mib": rss_peak / 1024,
         }))
+        pool.shutdown()
         kube.close()
         return 0
     finally:
@@ -303,12 +362,15 @@ def main(argv=None) -> int:
                 r = scenario(size, idle, args.repeat, Path(tmp))
                 rows.append((size, idle, r))
                 ratios = [p / f for p, f in zip(r["pass"], r["floor"])]
+                peer = [p / g for p, g in zip(r["pass"], r["peer"])]
                 print(f"{size:>6} pods, {idle:>5} idle ({r['pods_seen']} seen, {r['idle']} looked idle, "
                       f"{r['planned']} owners planned): pass {_mmm(r['pass'])} s (min/median/max), "
                       f"floor {_mmm(r['floor'])} s, ratio {_mmm(ratios, '{:.2f}')}; "
+                      f"peer replay {_mmm(r['peer'])} s ({r['peer_calls']} API calls + 1 query, "
+                      f"{r['peer_bytes'] / 1000:.1f} kB), pass/peer {_mmm(peer, '{:.2f}')}; "
                       f"{r['kube_calls'][-1]} API calls + {r['prom_queries']} queries; "
                       f"{statistics.median(r['bytes']) / 1000:.1f} kB read (floor {r['floor_bytes'] / 1000:.1f} kB); "
-                      f"peak RSS {r['rss_peak_mib']:.0f} MiB during the timed passes ({r['rss_before_mib']:.0f} MiB before any pass)",
+                      f"peak RSS {r['rss_peak_mib']:.0f} MiB during a timed pass ({r['rss_before_mib']:.0f} MiB before any pass)",
                       flush=True)
     by = {(s, i * 500 // s if i * 20 < s else 5): r for s, i, r in rows}
     sizes = sorted({s for s, _, _ in rows})

@@ -8,13 +8,17 @@ client's exception types. Later features add their queries on top of `query`.
 
 Instant queries are POSTed with the query in the body (Prometheus' API takes both): the
 pruner's follow-up query names its candidate pods and may run to hundreds of KB, more
-than a URL should carry. `bytes_read` counts the answers' bodies.
+than a URL should carry. `bytes_read` counts the answers' bodies. `query_many` sends
+several instant queries at once (one thread each, on the session's connection pool):
+Prometheus evaluates one query's parts one after the other, separate queries side by side.
 """
 from __future__ import annotations
 
 import os
 import re
 import ssl
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -60,6 +64,7 @@ class PrometheusGateway:
         self.ca_bundle = ca_bundle if verify_tls else None
         self.calls = 0
         self.bytes_read = 0
+        self._counting = threading.Lock()
         self._headers = headers or {}
         self._timeout = timeout
         self._session = session
@@ -79,7 +84,8 @@ class PrometheusGateway:
                    verify_tls=getattr(cluster, "prometheus_verify_tls", True))
 
     def _call(self, fn, *args, **kwargs):
-        self.calls += 1
+        with self._counting:
+            self.calls += 1
         try:
             return fn(*args, **kwargs)
         except PrometheusApiClientException as exc:
@@ -102,17 +108,24 @@ class PrometheusGateway:
         """An instant query; `at` pins the evaluation time (inject the clock)."""
         form = {"query": promql, **({"time": at.timestamp()} if at else {})}
         result = self._call(self._post, "/api/v1/query", form)
-        samples = []
-        for series in result:
-            timestamp, value = series["value"]
-            samples.append(Sample(labels=series.get("metric", {}), value=float(value), timestamp=float(timestamp)))
-        return samples
+        return [Sample(labels=series.get("metric", {}), value=float(series["value"][1]),
+                       timestamp=float(series["value"][0])) for series in result]
+
+    def query_many(self, promqls: list[str], *, at: datetime | None = None) -> list[list[Sample]]:
+        """Several instant queries sent at once; their answers in the same order. The first
+        failure (in that order) is raised once all have ended."""
+        if len(promqls) < 2:
+            return [self.query(q, at=at) for q in promqls]
+        with ThreadPoolExecutor(max_workers=len(promqls), thread_name_prefix="prometheus") as pool:
+            futures = [pool.submit(self.query, q, at=at) for q in promqls]
+        return [f.result() for f in futures]
 
     def _post(self, path: str, form: dict) -> list:
         # `verify` explicitly: requests would otherwise let REQUESTS_CA_BUNDLE override the CA file.
         response = self._session.post(self.url + path, data=form, headers=self._headers, timeout=self._timeout,
                                       verify=self._session.verify)
-        self.bytes_read += len(response.content)
+        with self._counting:
+            self.bytes_read += len(response.content)
         if response.status_code != 200:
             # The client's own wording, so that every failure reads alike.
             raise PrometheusApiClientException(f"HTTP Status Code {response.status_code} ({response.content!r})")

@@ -31,8 +31,8 @@ class PruneRun(models.Model):
     duration_seconds = models.FloatField(null=True, blank=True, help_text="Wall-clock length of the run.")
     parameters = models.JSONField(default=dict, blank=True,
                                   help_text="Window, threshold, grace, filters, cap, label scheme…")
-    query = models.TextField(blank=True, help_text="The PromQL queries the run sent (the candidates, then the follow-up about them).")
-    pods_seen = models.PositiveIntegerField(default=0, help_text="Pods with GPU data in the window.")
+    query = models.TextField(blank=True, help_text="The PromQL queries the run sent (the candidates and the census, then the follow-up about the candidates).")
+    pods_seen = models.PositiveIntegerField(default=0, help_text="GPU pods reporting to Prometheus at the evaluation time, and any idle candidate that no longer does.")
     busy_pods = models.PositiveIntegerField(default=0, help_text="Pods with a GPU at or above the threshold.")
     idle_candidates = models.PositiveIntegerField(
         default=0, help_text="Pods whose GPUs all stayed under the threshold (one decision each).")

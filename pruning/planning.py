@@ -144,7 +144,7 @@ class PrunePlan:
     now: datetime
     settings: PruneSettings
     decisions: tuple[Decision, ...]
-    pods_seen: int               # pods with GPU data in the window
+    pods_seen: int               # GPU pods reporting at the evaluation time, and every candidate
     busy: int                    # of those, pods with a GPU above the threshold
 
     @property
@@ -263,8 +263,8 @@ def pods_to_look_up(series: list[GpuSeries], settings: PruneSettings) -> set[tup
 
 def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSettings,
                now: datetime, pods_seen: int | None = None) -> PrunePlan:
-    """`series`: the GPUs of the pods that may be idle (or of every pod); `pods_seen`: all
-    pods with GPU data when the series hold only the candidates' (pods not in the series
+    """`series`: the GPUs of the pods that may be idle (or of every pod); `pods_seen`: the
+    GPU pods reporting when the series hold only the candidates' (pods not in the series
     count as busy)."""
     by_pod: dict[tuple[str, str], list[GpuSeries]] = {}
     for g in series:

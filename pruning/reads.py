@@ -1,7 +1,7 @@
 """What a prune pass reads, in proportion to what looks idle.
 
-Prometheus first (`idle_gpus_read`: the candidates query, then the follow-up about just
-those pods), then Kubernetes (`cluster_view_read`): the candidate pods and the owners their
+Prometheus first (`idle_gpus_read`: the candidates query and the census side by side,
+then the follow-up about just the candidate pods), then Kubernetes (`cluster_view_read`): the candidate pods and the owners their
 walk reaches, each read the cheapest of three ways (`reads_choose`, a pure cost model):
 
 - one GET per pod (and per owner) when few pods look idle;
@@ -24,7 +24,7 @@ from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
 from clusters.snapshot import PodView
 
 from .planning import ClusterView, ObjectView
-from .query import IdleAnswer, IdleQuery, parse_candidates, parse_followup
+from .query import IdleAnswer, IdleQuery, parse_candidates, parse_census, parse_followup
 from .selectors import kserve_stop_supported, object_view
 
 # The cost model, in units of one GET of one object. Measured on the simulated cluster at
@@ -88,15 +88,17 @@ def reads_choose(*, pods: Iterable[tuple[str, str]], pods_per_namespace: dict, p
 
 
 def idle_gpus_read(prometheus, query: IdleQuery, *, at: datetime) -> tuple[IdleAnswer, list[str]]:
-    """The candidates and every GPU of theirs; returns the answer and the PromQL sent."""
-    first = query.candidates_promql()
-    pods, seen = parse_candidates(prometheus.query(first, at=at), label_scheme=query.label_scheme)
+    """The candidates, the census and every GPU of the candidates; returns the answer and
+    the PromQL sent. The candidates and the census are sent at once (`query_many`)."""
+    first, census = query.candidates_promql(), query.census_promql()
+    candidates, counted = prometheus.query_many([first, census], at=at)
+    pods = parse_candidates(candidates, label_scheme=query.label_scheme)
+    seen, per_ns = parse_census(counted)
     if not pods:
-        return IdleAnswer(series=(), pods_seen=seen), [first]
+        return IdleAnswer(series=(), pods_seen=seen, pods_per_namespace=per_ns), [first, census]
     second = query.followup_promql(sorted(pods))
-    answer = parse_followup(prometheus.query(second, at=at), pods=pods, pods_seen=seen,
-                            label_scheme=query.label_scheme)
-    return answer, [first, second]
+    series = parse_followup(prometheus.query(second, at=at), pods=pods, label_scheme=query.label_scheme)
+    return IdleAnswer(series=series, pods_seen=seen, pods_per_namespace=per_ns), [first, census, second]
 
 
 class _Objects:

@@ -1,8 +1,8 @@
 """Prune runs and restores: query, plan, act, record.
 
-One run = two PromQL queries + reads of the pods that look idle and their owners, by GETs,
-namespace LISTs or cluster-wide LISTs, whichever costs least (`reads`) + for each owner
-acted on: one GET (re-read), one write, one Event.
+One run = three PromQL queries (the first two sent at once) + reads of the pods that look
+idle and their owners, by GETs, namespace LISTs or cluster-wide LISTs, whichever costs
+least (`reads`) + for each owner acted on: one GET (re-read), one write, one Event.
 
 A run is owned by its worker through a lease on its row (renewed before every step, at
 most `LEASE_SECONDS` ahead). Every scale-down is written ahead: the decision row holds

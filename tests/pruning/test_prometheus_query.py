@@ -1,4 +1,4 @@
-"""The idle queries (candidates, then the follow-up about them) against a real Prometheus
+"""The idle queries (candidates and census, then the follow-up about them) against a real Prometheus
 with backfilled DCGM history."""
 from datetime import datetime, timedelta, timezone
 
@@ -56,6 +56,8 @@ def prom(prometheus_factory):
         *both(gpu_labels("team-f", "h100", node="n9", model="NVIDIA H100 80GB HBM3")),
         # Busy long ago, idle for the whole window.
         *both(gpu_labels("team-a", "was-busy", node="n10"), spike=(40, 0.9)),
+        # Busy, gone ten minutes ago: in the window, but no longer reporting.
+        history(UTIL, gpu_labels("team-b", "ended", node="n11"), 50, gap=(10, -1)),
     ]
     server = prometheus_factory(data)
     return PrometheusGateway(server.url)
@@ -82,7 +84,9 @@ def test_max_per_gpu_gr_engine_first_util_as_fallback(prom):
     assert pods[("team-b", "util-only")][0].max_utilization == 0.0
     # Busy pods stay in Prometheus: only their number comes back.
     assert ("team-a", "busy-0") not in pods and ("team-b", "util-busy") not in pods
+    # The census counts the GPU pods reporting now ("ended" stopped ten minutes ago), per namespace.
     assert q.pods_seen == 10 and len(pods) == 8
+    assert q.pods_per_namespace == {"team-a": 3, "team-b": 2, "team-c": 2, "team-d": 1, "team-e": 1, "team-f": 1}
     assert pods[("team-a", "was-busy")][0].max_utilization == 0.0
     assert pods[("team-a", "idle-0")][0].complete
 
@@ -141,3 +145,12 @@ def test_utilization_history_charts_the_busiest_gpu_per_pod_in_both_schemes(prom
         peaks[key] = max(float(v) for _, v in series["values"])
     assert peaks == {("team-d", "multi"): pytest.approx(0.9), ("team-e", "exported"): 0.0,
                      ("team-b", "util-busy"): pytest.approx(0.35)}
+
+
+def test_queries_sent_at_once_answer_in_order_and_fail_clearly(prom):
+    first, second = prom.query_many(["vector(1)", "vector(2)"], at=NOW)
+    assert [s.value for s in first] == [1.0] and [s.value for s in second] == [2.0]
+    calls = prom.calls
+    with pytest.raises(PrometheusError, match="Prometheus at"):
+        prom.query_many(["vector(1)", "max_over_time("], at=NOW)
+    assert prom.calls == calls + 2   # both were sent; the bad one named

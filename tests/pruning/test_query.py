@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pruning.query import FilterError, IdleQuery, parse_candidates, parse_followup, promql_string
+from pruning.query import FilterError, IdleQuery, parse_candidates, parse_census, parse_followup, promql_string
 
 HOSTILE = ['"}', '"} or vector(1)', 'a"} or vector(1) #', '\\\\', '\\"} or vector(1)',
            "x\ny", "ns`", "'}", "ünï\u2028"]
@@ -18,7 +18,7 @@ def _strip_literals(q: str) -> str:
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_no_filter_text_changes_the_shape_of_the_query(hostile):
     pods = [("team-a", "web-1")]
-    for build in (lambda q: q.candidates_promql(), lambda q: q.followup_promql(pods)):
+    for build in (lambda q: q.candidates_promql(), lambda q: q.census_promql(), lambda q: q.followup_promql(pods)):
         benign = build(IdleQuery(namespace="team-a", model_name="NVIDIA A10G", power_threshold_watts=80))
         q = build(IdleQuery(namespace=hostile, model_name=hostile, power_threshold_watts=80))
         assert _strip_literals(q) == _strip_literals(benign)
@@ -96,18 +96,33 @@ def test_parse_follow_up_reads_peaks_gaps_power_and_both_schemes():
         item({**exported, "prune_part": "peak"}, 0.5),
         item({"namespace": "a", "UUID": "G5", "prune_part": "peak"}, 0.0),   # a GPU no pod holds
         item({"namespace": "z", "pod": "p", "UUID": "G6", "prune_part": "peak"}, 0.0),   # not a candidate
-        item({"namespace": "a", "prune_part": "namespace_pods"}, 7),
-        item({"exported_namespace": "b", "prune_part": "namespace_pods"}, 3),
     ]
-    answer = parse_followup(result, pods={("a", "p"), ("a", "gappy"), ("a", "nan"), ("b", "q")}, pods_seen=40)
-    got = {(s.namespace, s.pod): s for s in answer.series}
+    series = parse_followup(result, pods={("a", "p"), ("a", "gappy"), ("a", "nan"), ("b", "q")})
+    got = {(s.namespace, s.pod): s for s in series}
     assert set(got) == {("a", "p"), ("a", "gappy"), ("a", "nan"), ("b", "q")}
     p = got[("a", "p")]
     assert (p.max_utilization, p.complete, p.model, p.max_power_watts) == (0.005, True, "A10G", 61.5)
     assert got[("a", "gappy")].max_utilization == pytest.approx(0.25) and not got[("a", "gappy")].complete
     assert got[("a", "nan")].max_utilization is None and got[("a", "nan")].max_power_watts is None
     assert got[("b", "q")].max_utilization == 0.5 and got[("b", "q")].gpu == "G4"
-    assert answer.pods_seen == 40 and answer.pods_per_namespace == {"a": 7, "b": 3}
+
+
+def test_census_counts_pods_per_namespace_in_both_schemes():
+    # One series per namespace and scheme; the same namespace in both schemes adds up.
+    counted = [item({"namespace": "a"}, "7"), item({"exported_namespace": "b"}, 3),
+               item({"exported_namespace": "a"}, 2)]
+    assert parse_census(counted) == (12, {"a": 9, "b": 3})
+    assert parse_census([]) == (0, {})
+
+
+def test_census_counts_each_scheme_on_its_own_namespace_label():
+    auto = IdleQuery(namespace="a").census_promql()
+    assert "count by (namespace) (count by (namespace, pod)" in auto
+    assert "count by (exported_namespace) (count by (exported_namespace, exported_pod)" in auto
+    assert 'namespace=~"a"' in auto and 'exported_pod=""' in auto
+    assert "_over_time" not in auto   # the last samples only, not the whole window
+    pod = IdleQuery(label_scheme="pod").census_promql()
+    assert "exported" not in pod
 
 
 def test_the_pod_scheme_reads_pod_labels_even_beside_exported_ones():
@@ -116,11 +131,10 @@ def test_the_pod_scheme_reads_pod_labels_even_beside_exported_ones():
     labels = {"pod": "dcgm-exporter-x", "namespace": "gpu-operator",
               "exported_pod": "web-1", "exported_namespace": "team-a", "UUID": "GPU-1"}
     one = [SimpleNamespace(labels=labels, value=1)]
-    assert parse_candidates(one, label_scheme="pod") == ({("gpu-operator", "dcgm-exporter-x")}, 0)
-    assert parse_candidates(one, label_scheme="exported") == ({("team-a", "web-1")}, 0)
-    assert parse_candidates(one) == ({("team-a", "web-1")}, 0)
-    plain = [SimpleNamespace(labels={"pod": "web-1", "namespace": "team-a"}, value=1),
-             SimpleNamespace(labels={"prune_part": "pods_seen"}, value=12)]
-    assert parse_candidates(plain, label_scheme="exported") == (set(), 12)
+    assert parse_candidates(one, label_scheme="pod") == {("gpu-operator", "dcgm-exporter-x")}
+    assert parse_candidates(one, label_scheme="exported") == {("team-a", "web-1")}
+    assert parse_candidates(one) == {("team-a", "web-1")}
+    plain = [SimpleNamespace(labels={"pod": "web-1", "namespace": "team-a"}, value=1)]
+    assert parse_candidates(plain, label_scheme="exported") == set()
     with pytest.raises(FilterError, match="label scheme"):
         parse_candidates(plain, label_scheme="both")

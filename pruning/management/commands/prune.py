@@ -171,6 +171,6 @@ class Command(BaseCommand):
                 more = f" (+{d.count - 1} more)" if d.count > 1 else ""
                 self.stdout.write(f"{d.namespace}/{d.pod}{more} -> {owner}: {verb} ({d.reason})")
         if not as_json:
-            self.stdout.write(f"run {run.pk} ({run.mode}): {run.pods_seen} pods with GPU data, {run.busy_pods} busy, "
+            self.stdout.write(f"run {run.pk} ({run.mode}): {run.pods_seen} GPU pods seen, {run.busy_pods} busy, "
                               f"{run.idle_candidates} looked idle, {run.planned} planned, {run.acted} acted, "
                               f"{run.failed} failed, {run.kube_api_calls} API calls, {run.duration_seconds:.2f}s")
