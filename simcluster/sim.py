@@ -64,6 +64,11 @@ class SimSettings:
     # time the history before the previous pass is forgotten, and older watch versions and
     # LIST continue tokens answer 410 Expired. 0: never (only the history's length bounds it).
     etcd_compaction_interval_seconds: float = 0.0
+    # Real seconds the store keeps its history of writes (and the versions they replaced)
+    # whatever the simulated clock does: 300, as etcd's compaction every 5 minutes. Older
+    # watch versions and LIST continue tokens then answer 410. 0: only the history's
+    # length (200,000 writes) bounds it.
+    history_seconds: float = 300.0
     extra: dict = field(default_factory=dict)
 
 
@@ -72,7 +77,7 @@ class Simulation:
                  controllers: list[Controller] | None = None):
         self.clock = clock or SimClock()
         self.settings = settings or SimSettings()
-        self.store = Store(self.clock, validator=validate)
+        self.store = Store(self.clock, validator=validate, history_seconds=self.settings.history_seconds)
         self.controllers: list[Controller] = list(controllers or [])
         # Requested load per Knative revision: (namespace, revision) -> concurrency.
         self.load: dict[tuple[str, str], float] = {}

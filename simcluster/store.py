@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 import uuid
 from collections import OrderedDict, defaultdict, deque
 from datetime import timedelta
+from sys import intern
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import orjson
@@ -62,12 +64,80 @@ def _obj_key(obj: dict) -> tuple[str, str]:
     return meta.get("namespace", ""), meta["name"]
 
 
+def _compact(value):
+    """`value` with its strings interned, in place: a stored pod repeats the same strings
+    as its neighbours ("True", "Running", its node's and image's names, timestamps), and
+    one shared copy of each instead of one per object is a fifth of a loaded store."""
+    kind = type(value)
+    if kind is str:
+        return intern(value)
+    if kind is dict:
+        for key, item in value.items():
+            kind = type(item)
+            if kind is str:
+                value[key] = intern(item)
+            elif kind is dict or kind is list:
+                _compact(item)
+    elif kind is list:
+        for at, item in enumerate(value):
+            kind = type(item)
+            if kind is str:
+                value[at] = intern(item)
+            elif kind is dict or kind is list:
+                _compact(item)
+    return value
+
+
+_MISSING = object()
+
+
+def _shared(new, old):
+    """`new` (a version about to be stored) holding `old`'s parts wherever they are the
+    same JSON (same types, same values, same key order), the rest compacted; `old`
+    itself when everything is the same. Stored versions are immutable, so two versions
+    may share parts: the version a write replaces, which the history keeps while a watch
+    or a paged LIST may read it, then costs only what the write changed."""
+    kind = type(new)
+    if kind is not type(old):
+        return _compact(new)
+    if kind is dict:
+        same = len(new) == len(old)
+        for key, item in new.items():
+            before = old.get(key, _MISSING)
+            if before is item:
+                continue
+            after = _compact(item) if before is _MISSING else _shared(item, before)
+            if after is not item:
+                new[key] = after
+            if after is not before:
+                same = False
+        return old if same and all(a == b for a, b in zip(new, old)) else new
+    if kind is list:
+        same = len(new) == len(old)
+        for at, item in enumerate(new):
+            before = old[at] if at < len(old) else _MISSING
+            if before is item:
+                continue
+            after = _compact(item) if before is _MISSING else _shared(item, before)
+            if after is not item:
+                new[at] = after
+            if after is not before:
+                same = False
+        return old if same else new
+    if kind is str:
+        return old if new == old else intern(new)
+    if kind is int or kind is bool or new is None:
+        return old if new == old else new
+    return new   # floats: -0.0 == 0.0 but is not the same JSON
+
+
 def _spec_part(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
 class Store:
-    def __init__(self, clock: SimClock, *, history: int = 200_000, validator: Validator | None = None):
+    def __init__(self, clock: SimClock, *, history: int = 200_000, history_seconds: float = 300.0,
+                 validator: Validator | None = None):
         self.clock = clock
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -82,6 +152,15 @@ class Store:
         self._by_uid: dict[str, tuple[ResourceType, str, str]] = {}
         self._history: deque[WatchEvent] = deque(maxlen=history)
         self._compacted_rv = 0   # events at or below this rv are no longer in the history
+        # Writes are forgotten `history_seconds` of real time after they happen (0: kept
+        # until `history` later events push them out), as kube-apiserver has etcd compact
+        # its revisions every 5 minutes: a watch or a LIST continue token from before then
+        # answers 410. The history holds the version each write replaced, so this is what
+        # bounds the memory of a store that keeps being written. One mark per second of
+        # writes: (its first write's time, its last write's time, the last write's rv).
+        self.history_seconds = history_seconds
+        self._marks: deque[tuple[float, float, int]] = deque()
+        self.monotonic = time.monotonic
         # Uids of objects erased from this store: the garbage collector's "owner is gone".
         self.removed_uids: set[str] = set()
         self.write_listeners: list[Callable[[WatchEvent], None]] = []
@@ -270,7 +349,9 @@ class Store:
                 append(b"")
         if misses:
             for at, obj in misses:
-                out[at] = dumps(obj)
+                # orjson's bytes keep the capacity it grew its buffer to (about three
+                # times a pod's JSON): a kept copy is cut to the JSON's length.
+                out[at] = memoryview(dumps(obj)).tobytes()
             objects = self._objects[rtype.key]
             with self.lock:
                 for at, obj in misses:
@@ -287,6 +368,18 @@ class Store:
             self._compacted_rv = self._history[0].rv
         event = WatchEvent(self._rv, event_type, rtype.key, obj, old)
         self._history.append(event)
+        if self.history_seconds:
+            now = self.monotonic()
+            marks = self._marks
+            if marks and now - marks[-1][0] < 1.0:
+                marks[-1] = (marks[-1][0], now, self._rv)
+            else:
+                marks.append((now, now, self._rv))
+            horizon, cut = now - self.history_seconds, None
+            while marks and marks[0][1] <= horizon:
+                cut = marks.popleft()[2]
+            if cut is not None:
+                self.compact(cut)
         for listener in self.write_listeners:
             listener(event)
         self.changed.notify_all()
@@ -346,6 +439,7 @@ class Store:
             if dry_run:
                 return obj
             meta["resourceVersion"] = self._next_rv()
+            _compact(obj)
             self._objects[rtype.key][key] = obj
             self._by_uid[meta["uid"]] = (rtype, key[0], key[1])
             self._index(rtype, obj, None)
@@ -407,6 +501,7 @@ class Store:
         meta["resourceVersion"] = self._next_rv()
         key = (meta.get("namespace", ""), meta["name"])
         replaced = self._objects[rtype.key].get(key)
+        _shared(new, replaced if replaced is not None else old)
         self._objects[rtype.key][key] = new
         if replaced is not None:
             self._encoded.pop(id(replaced), None)
@@ -442,6 +537,7 @@ class Store:
         self.removed_uids.add(meta.get("uid"))
         final = copy(obj)
         final["metadata"]["resourceVersion"] = self._next_rv()
+        _shared(final, current)
         self._record("DELETED", rtype, final, current)
         return final
 
@@ -550,6 +646,9 @@ class Store:
             while self._history and self._history[0].rv <= rv:
                 self._history.popleft()
             self._compacted_rv = max(self._compacted_rv, rv)
+            # Views read at compacted versions answer 410 from now on: their versions go too.
+            for view_key in [k for k in self._views if k[1] < self._compacted_rv]:
+                del self._views[view_key]
 
     def wait(self, rv: int, timeout: float) -> None:
         """Block until something is written after `rv`, or `timeout` seconds pass."""
