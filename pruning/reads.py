@@ -38,8 +38,11 @@ from .selectors import kserve_stop_supported, object_view
 # floor at 10,000 and 50,000 pods.
 LIST_COST_GETS = 1.0
 PODS_PER_GET = 15
-# Pods per page of a cluster-wide LIST: one page, as the raw-LIST floor reads it.
-LIST_PAGE_SIZE = None
+# Objects per page of a cluster-wide LIST (the pods are dropped page by page but for the
+# candidates). Measured with 2,000 of 10,000 pods idle: the pass's peak RSS 176 MiB
+# unpaged, 136 MiB by 1,000 (139 by 500, 138 by 2,500), its time the same within noise,
+# 12 API calls instead of 3 (the snapshot's page size, measured the same way).
+LIST_PAGE_SIZE = 1000
 
 ALL_NAMESPACES = None   # `ReadPlan.list_namespaces` when every kind is listed cluster-wide
 

@@ -114,3 +114,18 @@ def test_no_idle_pod_reads_nothing_from_the_cluster(make_world):
     run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
                             params=PruneParams(namespace="team-b"))
     assert run.pods_seen == 0 and run.kube_api_calls == 0 and world.gateway.reads == []
+
+
+def test_cluster_wide_lists_are_read_page_by_page_with_the_same_decisions(make_world, monkeypatch):
+    world = make_world(team_a_busy=False)
+    whole = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                              params=PruneParams(max_scale_downs=50))
+    monkeypatch.setattr(reads, "LIST_PAGE_SIZE", 5)
+    world.gateway.reads.clear()
+    paged = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                              params=PruneParams(max_scale_downs=50))
+    decisions = [sorted((d.namespace, d.pod, d.owner_kind, d.owner_name, d.decision, d.reason)
+                        for d in run.decisions.all()) for run in (whole, paged)]
+    assert decisions[0] == decisions[1] and paged.planned == whole.planned == 6
+    assert [r for r in world.gateway.reads if r[1] == "pods"] == [("list", "pods", None)] * 9   # 42 pods by 5
+    assert paged.kube_api_calls > whole.kube_api_calls == 3
