@@ -101,3 +101,62 @@ class Report:
                 if first is not row and statistics.median(first.samples) else "     -"
             print(f"  {row.measure:<{width}}  {row.scale}x  {spread(row.samples, row.unit):>28}  "
                   f"ratio {ratio}  growth {growth}" + (f"  floor: {row.floor}" if row.floor else ""))
+
+
+def paired(runs: int, floor: Callable[[], object], measure: Callable[[], object],
+           prepare: Callable[[], object] | None = None) -> tuple[list[float], list[float]]:
+    """`runs` times: the floor, then the measure, back to back (so each run has its own
+    ratio, both taken under the same load); `prepare`, untimed, right before each measure.
+    What each returns is let go after its clock stops: freeing a result its caller goes on
+    to use is not part of making it."""
+    floors, samples = [], []
+    for _ in range(runs):
+        began = time.perf_counter()
+        kept = floor()
+        floors.append(time.perf_counter() - began)
+        del kept
+        if prepare is not None:
+            prepare()
+        began = time.perf_counter()
+        kept = measure()
+        samples.append(time.perf_counter() - began)
+        del kept
+    return floors, samples
+
+
+def per_run(samples: list[float], floors: list[float], *, target: float | None = None) -> str:
+    """Each run's ratio to the floor measured right before it, and how many are within `target`."""
+    ratios = [s / f for s, f in zip(samples, floors)]
+    text = f"per-run ratio {'/'.join(f'{r:.2f}' for r in ratios)}"
+    if target is not None:
+        text += f" ({sum(r <= target for r in ratios)} of {len(ratios)} <= {target:g})"
+    return text
+
+
+def raw_lists(pool, url: str, paths: tuple[str, ...], *, page_size: int | None,
+              headers: dict[str, str] | None = None) -> int:
+    """A LIST floor: each path read page by page (`limit`, following `continue`) over the
+    urllib3 `pool` (keep-alive, as the Kubernetes client's), every page decoded with orjson
+    and let go, with Python's cyclic collector paused as the product pauses it while it
+    reads (clusters.snapshot.gc_paused). Returns the objects read."""
+    import orjson
+
+    from clusters.snapshot import gc_paused
+
+    count = 0
+    with gc_paused():
+        for path in paths:
+            token = None
+            while True:
+                fields = {k: v for k, v in (("limit", page_size), ("continue", token)) if v}
+                response = pool.request("GET", url + path, fields=fields,
+                                        headers={"Accept": "application/json", **(headers or {})})
+                if response.status != 200:
+                    raise SystemExit(f"floor LIST {path}: HTTP {response.status}")
+                page = orjson.loads(response.data)
+                count += len(page["items"])
+                token = page["metadata"].get("continue")
+                del page, response
+                if not token:
+                    break
+    return count

@@ -1,11 +1,16 @@
 """Benchmark: binpack deletion costs at scale, and GPU nodes freed with vs without them.
 
     .venv/bin/python bench/binpack_plan.py [--scales 1,5] [--runs 5] [--churn 200] [--skip-scale]
+                                           [--snapshot-only]
 
 Part 1, per scale, on a simulated cluster over HTTP (1,000 8-GPU nodes / 10,000 pods at
 1x, every one on a GPU node, see `gpu_cluster_docs`; 5,000 / 50,000 at 5x):
-- snapshot through the gateway, min/median/max of --runs; floor: one unpaged LIST of the
-  nodes and one of the pods, decoded with orjson (the least a snapshot must read);
+- snapshot through the gateway, min/median/max of --runs; floor: the same LIST calls the
+  snapshot makes (nodes and pods, pages of SNAPSHOT_PAGE_SIZE) over one keep-alive urllib3
+  pool, each page decoded with orjson and let go, the collector paused as the snapshot
+  pauses it (the least a snapshot must read); floor and snapshot back to back in each run,
+  per-run ratios printed; the same again against one unpaged LIST of each (what the page
+  size costs or saves); --snapshot-only stops there (no planning, no writes);
 - planning, min/median/max of --runs (target < 1 s at 1x);
 - apply with the product's options (BINPACK_MAX_WRITES caps a run's writes; the rest is
   the plan's `over_budget`): runs until the plan is within budget, counting them;
@@ -26,7 +31,6 @@ import os
 import random
 import sys
 import time
-import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,18 +43,17 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)
 
 import django  # noqa: E402
 import kubernetes  # noqa: E402
-import orjson  # noqa: E402
+import urllib3  # noqa: E402
 
 django.setup()
 
-from _runs import Report, bench_arguments, scales_of, timed  # noqa: E402
+from _runs import Report, bench_arguments, paired, per_run, raw_lists, scales_of  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from capacity.binpack import planning  # noqa: E402
 from capacity.binpack.services import _apply_one, binpack_options, opted_out_owners  # noqa: E402
 from clusters import kube  # noqa: E402
-from clusters.selectors import snapshot_take  # noqa: E402
-from clusters.snapshot import gc_paused  # noqa: E402
+from clusters.selectors import SNAPSHOT_PAGE_SIZE, snapshot_take  # noqa: E402
 from simcluster.control import SimControl  # noqa: E402
 from simcluster.generate import namespace as namespace_doc  # noqa: E402
 from simcluster.generate import node as node_doc  # noqa: E402
@@ -154,18 +157,7 @@ def gpu_cluster_docs(nodes: int, pods: int, seed: int = 1) -> list[dict]:
     return docs
 
 
-def raw_lists(gateway_url: str) -> None:
-    """The snapshot's floor: one unpaged LIST of the nodes and of the pods, decoded with
-    the cyclic garbage collector paused, as the snapshot decodes (left on, its passes
-    over the millions of decoded containers cost seconds at 50,000 pods: a floor that
-    flattered the snapshot)."""
-    with gc_paused():
-        for path in ("/api/v1/nodes", "/api/v1/pods"):
-            with urllib.request.urlopen(gateway_url + path) as response:
-                orjson.loads(response.read())
-
-
-def part1(scale: int, runs: int, churn: int, report: Report) -> None:
+def part1(scale: int, runs: int, churn: int, report: Report, snapshot_only: bool = False) -> None:
     nodes, pods = BASE_NODES * scale, BASE_PODS * scale
     docs = gpu_cluster_docs(nodes, pods)
     print(f"scale {scale}x: {nodes} nodes, {pods} pods; BINPACK_MAX_WRITES={settings.BINPACK_MAX_WRITES}",
@@ -174,9 +166,24 @@ def part1(scale: int, runs: int, churn: int, report: Report) -> None:
         del docs
         gateway = kube.KubeGateway.from_kubeconfig(str(url.kubeconfig_path), name="bench")
         now = datetime.now(timezone.utc)
-        floor = timed(lambda: raw_lists(str(url)), runs)
-        report.add(scale, "snapshot", timed(lambda: snapshot_take(gateway, now=now), runs),
-                   floor="unpaged LIST nodes + pods, orjson-decoded", floor_samples=floor)
+        pool = urllib3.PoolManager(maxsize=1)
+        floor = lambda: raw_lists(pool, str(url), ("/api/v1/nodes", "/api/v1/pods"),   # noqa: E731
+                                  page_size=SNAPSHOT_PAGE_SIZE)
+        floor(), snapshot_take(gateway, now=now)   # warm up: connections, the server's first pages
+        floors, samples = paired(runs, floor, lambda: snapshot_take(gateway, now=now))
+        report.add(scale, "snapshot", samples, floor_samples=floors, note=per_run(samples, floors),
+                   floor=f"same LISTs raw (urllib3 + orjson, pages of {SNAPSHOT_PAGE_SIZE}, collector paused)")
+        # The same against one unpaged LIST each: what paging by SNAPSHOT_PAGE_SIZE (chosen
+        # for memory: one page of raw JSON held at a time) costs or saves in time.
+        unpaged = lambda: raw_lists(pool, str(url), ("/api/v1/nodes", "/api/v1/pods"),   # noqa: E731
+                                    page_size=None)
+        floors, samples = paired(runs, unpaged, lambda: snapshot_take(gateway, now=now))
+        report.add(scale, "snapshot vs unpaged LISTs", samples, floor_samples=floors,
+                   note=per_run(samples, floors), floor="one unpaged LIST each raw (urllib3 + orjson, collector paused)")
+        pool.clear()
+        if snapshot_only:
+            gateway.close()
+            return
         plan, plan_times, apply_s, writes = apply_all(gateway, runs=runs)
         report.add(scale, "planning", plan_times, note=f"{len(plan.changes)} costs planned, "
                    f"{plan.over_budget} over budget, {len(plan.skipped)} skipped")
@@ -280,13 +287,15 @@ def main() -> None:
     parser = bench_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     parser.add_argument("--churn", type=int, default=200)
     parser.add_argument("--skip-scale", action="store_true", help="only the demo scenario")
+    parser.add_argument("--snapshot-only", action="store_true", help="only the snapshot against its floor")
     args = parser.parse_args()
     if not args.skip_scale:
         report = Report("binpack_plan", runs=args.runs)
         for scale in scales_of(args):
-            part1(scale, args.runs, args.churn, report)
+            part1(scale, args.runs, args.churn, report, args.snapshot_only)
         report.print()
-    part2()
+    if not args.snapshot_only:
+        part2()
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ class GpuCell:
     colour: str = "#e5e7eb"
 
 
+_FREE = GpuCell()   # every free GPU's cell: one object, however many nodes
+
+
 @dataclass(frozen=True)
 class NodeRow:
     name: str
@@ -121,9 +124,8 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
         holders.sort(key=lambda h: h[:3])
         cells: list[GpuCell] = []
         for org, model, _, pod in holders:
-            cells.extend([GpuCell(pod=f"{pod.namespace}/{pod.name}", org=org, model=model,
-                                  colour=colour_for(f"{org}/{model}"))] * pod.gpus)
-        cells.extend([GpuCell()] * max(node.gpus_allocatable - used, 0))
+            cells.extend([GpuCell(f"{pod.namespace}/{pod.name}", org, model, colour_for(f"{org}/{model}"))] * pod.gpus)
+        cells.extend([_FREE] * max(node.gpus_allocatable - used, 0))
         rows.append(NodeRow(name=node.name, pool=node_pool_name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
                             total=node.gpus_allocatable, used=used, cordoned=node.unschedulable,
                             held_by_job=held_nodes.get(node.name), cells=tuple(cells), gpu_pods=len(holders),

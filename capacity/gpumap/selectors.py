@@ -203,6 +203,20 @@ def _refresh_queue(cluster: Cluster, identity: str, now: datetime) -> datetime |
     return asked if isinstance(asked, datetime) else None
 
 
+def readings_forget(*, cluster: Cluster) -> None:
+    """Drop what is kept of the cluster for its pages (readings, a queued refresh's mark, a
+    failure): the next page reads the cluster itself."""
+    identity = _identity(cluster)
+    for part in ("view", "summary", "refresh", "failed"):
+        _cache_delete(_cache_key(identity, part))
+
+
+def refresh_forget(*, cluster: Cluster) -> None:
+    """Forget that a refresh of the cluster's reading was queued: the next page that finds
+    its reading old queues one again."""
+    _cache_delete(_cache_key(_identity(cluster), "refresh"))
+
+
 def _refresh_failure(identity: str) -> dict | None:
     failed = _cache_get(_cache_key(identity, "failed"))
     return failed if failed and {"at", "error"} <= failed.keys() else None
