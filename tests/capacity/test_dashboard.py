@@ -345,3 +345,21 @@ def test_the_cluster_is_read_when_the_cache_is_down(sim_cluster_factory, setting
     handle = sim_cluster_factory(objects(), name="sim")
     read = fragmentation_recent(cluster=handle.cluster, now=T0)
     assert [r.name for r in read.value.rows] == ["a1", "h1", "h2"] and read.taken_at == T0
+
+
+def test_a_refresh_queued_before_the_row_was_pointed_elsewhere_reads_nothing(
+        sim_cluster_factory, client, staff, redis_cache, settings, frozen_now, refreshes):
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    west = sim_cluster_factory([make_node("west-1")], name="west")
+    other = sim_cluster_factory([make_node("other-1")], name="other")
+    assert node_names(client.get("/capacity/clusters/west/gpu-map/").content.decode()) == ["west-1"]
+    frozen_now[0] = T0 + timedelta(seconds=12)
+    assert node_names(client.get("/capacity/clusters/west/gpu-map/").content.decode()) == ["west-1"]
+    assert len(refreshes) == 1
+    west.cluster.kubeconfig_path = other.kubeconfig_path
+    west.cluster.save()
+    calls = api_calls(west)                                           # the gateway a read would now use
+    assert refreshes.run() == [False] and api_calls(west) == calls    # queued for the old server: not read
+    page = client.get("/capacity/clusters/west/gpu-map/").content.decode()
+    assert node_names(page) == ["other-1"]                            # the page reads the new server itself
+    assert data_age(page).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:19 UTC)")
