@@ -131,6 +131,17 @@ def _shared(new, old):
     return new   # floats: -0.0 == 0.0 but is not the same JSON
 
 
+def _node_excluded(field_selector: str | None) -> str | None:
+    """X when the selector is just `spec.nodeName!=X` (X not empty): "every pod but those
+    on node X", which the node index answers without reading each pod's spec."""
+    if not field_selector or "," in field_selector:
+        return None
+    field, sep, value = field_selector.partition("!=")
+    if sep and field.strip() == "spec.nodeName" and value.strip():
+        return value.strip()
+    return None
+
+
 def _spec_part(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
@@ -148,6 +159,10 @@ class Store:
         self._objects: dict[str, SortedDict] = defaultdict(SortedDict)
         # (type key, rv) -> [rv scanned up to, {key: the object's version at rv, None if absent}]
         self._views: OrderedDict[tuple[str, int], list] = OrderedDict()
+        # Per type, its objects in key order as a plain list, made by the first whole read
+        # after a write to the type: reads between writes (most LISTs) copy or filter it
+        # instead of looking each key up again.
+        self._in_order: dict[str, list[dict]] = {}
         self._pods_by_node: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
         self._by_uid: dict[str, tuple[ResourceType, str, str]] = {}
         self._history: deque[WatchEvent] = deque(maxlen=history)
@@ -258,14 +273,23 @@ class Store:
             last_key = None
             if not changed and not limit and name is None:
                 # A whole read of the current state (every unpaged LIST): only the filters per object.
-                get = objects.get
-                if label_match is None and field_match is None:
-                    items = [obj for key in keys if (obj := get(key)) is not None]
+                if low is None and high is None and not exact.get("spec.nodeName"):
+                    in_order = self._in_order.get(rtype.key)
+                    if in_order is None:
+                        in_order = self._in_order[rtype.key] = list(objects.values())
+                    found: Iterable = in_order
+                    node = _node_excluded(field_selector) if rtype is PODS else None
+                    if node is not None:
+                        on_node = {id(obj) for obj in self._pods_by_node.get(node, {}).values()}
+                        found = [obj for obj in in_order if id(obj) not in on_node]
+                        field_match = None   # what the index just answered
                 else:
-                    for key in keys:
-                        obj = get(key)
-                        if obj is None:
-                            continue
+                    get = objects.get
+                    found = (obj for key in keys if (obj := get(key)) is not None)
+                if label_match is None and field_match is None:
+                    items = list(found)
+                else:
+                    for obj in found:
                         if label_match is not None and not label_match(obj["metadata"].get("labels") or _NO_LABELS):
                             continue
                         if field_match is not None and not field_match(obj):
@@ -441,6 +465,7 @@ class Store:
             meta["resourceVersion"] = self._next_rv()
             _compact(obj)
             self._objects[rtype.key][key] = obj
+            self._in_order.pop(rtype.key, None)
             self._by_uid[meta["uid"]] = (rtype, key[0], key[1])
             self._index(rtype, obj, None)
             self._record("ADDED", rtype, obj)
@@ -503,6 +528,7 @@ class Store:
         replaced = self._objects[rtype.key].get(key)
         _shared(new, replaced if replaced is not None else old)
         self._objects[rtype.key][key] = new
+        self._in_order.pop(rtype.key, None)
         if replaced is not None:
             self._encoded.pop(id(replaced), None)
         self._index(rtype, new, old)
@@ -531,6 +557,7 @@ class Store:
         current = self._objects[rtype.key].pop(key, None)
         if current is None:
             raise errors.not_found(rtype.plural, meta["name"], rtype.group)
+        self._in_order.pop(rtype.key, None)
         self._unindex(rtype, current)
         self._encoded.pop(id(current), None)
         self._by_uid.pop(meta.get("uid"), None)

@@ -3,6 +3,8 @@ version's JSON from earlier LISTs: a write, a status write or a delete made afte
 shows in the next, in whole, selected and paged LISTs. Through the official client."""
 from __future__ import annotations
 
+from collections import Counter
+
 import yaml
 
 from simcluster.generate import generate
@@ -50,3 +52,25 @@ def test_a_list_shows_every_write_made_after_an_earlier_list(kube_factory):
             break
     assert [(p.metadata.namespace, p.metadata.name, p.metadata.resource_version) for p in paged] == \
         [(p.metadata.namespace, p.metadata.name, p.metadata.resource_version) for p in after.items]
+
+
+def test_pods_not_on_a_node_are_every_other_pod_as_they_stand_after_writes(kube_factory):
+    cluster = kube_factory(yaml.safe_dump_all(GENERATED[1:]))
+    core = cluster.core
+    pods = core.list_pod_for_all_namespaces().items
+    node = Counter(p.spec.node_name for p in pods).most_common(1)[0][0]   # a node with several pods
+    core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName!={node}")   # an earlier reading
+    relabelled = next(p for p in pods if p.spec.node_name != node)
+    core.patch_namespaced_pod(relabelled.metadata.name, relabelled.metadata.namespace,
+                              {"metadata": {"labels": {"tier": "changed"}}})
+    deleted = next(p for p in pods if p.spec.node_name == node)
+    core.delete_namespaced_pod(deleted.metadata.name, deleted.metadata.namespace, grace_period_seconds=0)
+
+    now = core.list_pod_for_all_namespaces().items
+    expected = [(p.metadata.namespace, p.metadata.name) for p in now if p.spec.node_name != node]
+    selected = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName!={node}").items
+    assert [(p.metadata.namespace, p.metadata.name) for p in selected] == expected
+    assert 0 < len(selected) < len(now) - 1   # pods remain on the node
+    assert next(p for p in selected if p.metadata.name == relabelled.metadata.name).metadata.labels["tier"] == "changed"
+    both = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName!={node}", label_selector="tier=changed")
+    assert [p.metadata.name for p in both.items] == [relabelled.metadata.name]
