@@ -11,10 +11,19 @@ against one unpaged LIST, and kubectl's paged `get pods -A`.
     (2) by `spec.nodeName!=<one node>` (a field filter evaluated on every pod, ~all
     returned). Floor: orjson.dumps of the same objects in this process: the library
     the server serializes with, so the ratio is what the server adds (HTTP, filtering).
-    Each LIST sample alternates with a floor sample.
+    The objects are moved out of this process's collector first (gc.freeze), as the
+    server does with what it loaded, so neither side pays for collections over them.
+    Each LIST sample is paired with a floor sample taken right before it (freeing a
+    result is outside both clocks); the floor's own rows show its growth, which on a
+    machine whose cache holds the 1x list (13 MB of JSON) but not the 5x one (65 MB)
+    is above 5x too.
 (c) Paged LIST (limit=500, following `continue`, as kubectl pages), all pages, against
     one unpaged LIST (the floor), by a client without rate limiting, each decoded with
     orjson with the client's garbage collector paused. Target <= 1.3.
+(e) Memory of the serving process (VmRSS) once LISTs have served every pod (each
+    pod's JSON kept), and after binpack's pattern of writes on 1 pod in 5 (10,000 at
+    50,000 pods): a GET, then a merge patch of two cost annotations. Targets at 50,000
+    pods: <= ~0.7 GiB and <= ~0.8 GiB.
 (d) kubectl (Debian's, 1.32) `get pods -A` as a user runs it (chunks of 500) against
     `--chunk-size=0` (one LIST, the floor), and with `--chunk-size=5000`. kubectl itself
     limits its requests to 5 per second after a burst of 10 (client-go's default rate
@@ -41,7 +50,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _runs import Report, bench_arguments, scales_of, timed  # noqa: E402
+from _runs import Report, bench_arguments, paired, per_run, scales_of, timed  # noqa: E402
 
 from simcluster.generate import generate  # noqa: E402
 from simcluster.kubeconfig import ADMIN_TOKEN  # noqa: E402
@@ -69,6 +78,27 @@ def peak_rss_mib(child: subprocess.Popen) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmHWM in /proc status")
+
+
+def rss_mib(child: subprocess.Popen) -> float:
+    for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc status")
+
+
+def annotate(url: str, pods: list[tuple[str, str]]) -> None:
+    """binpack's writes: read the pod, then merge-patch its cost at the version read."""
+    for at, (namespace, name) in enumerate(pods):
+        path = f"{url}/api/v1/namespaces/{namespace}/pods/{name}"
+        version = orjson.loads(fetch(path))["metadata"]["resourceVersion"]
+        patch = orjson.dumps({"metadata": {"resourceVersion": version, "annotations": {
+            "controller.kubernetes.io/pod-deletion-cost": str(at % 1000),
+            "capacity.io/binpack-deletion-cost": str(at % 1000)}}})
+        request = urllib.request.Request(path, data=patch, method="PATCH",
+                                         headers={**HEADERS, "Content-Type": "application/merge-patch+json"})
+        with urllib.request.urlopen(request) as response:
+            response.read()
 
 
 def stop(child: subprocess.Popen) -> None:
@@ -130,9 +160,11 @@ def one_scale(scale: int, runs: int, report: Report, tmp: Path) -> None:
     startups, peaks = [], []
     for _ in range(runs):
         child, url, elapsed = start(scenario, kubeconfig)
-        startups.append(elapsed)
-        peaks.append(peak_rss_mib(child))
-        stop(child)
+        try:
+            startups.append(elapsed)
+            peaks.append(peak_rss_mib(child))
+        finally:
+            stop(child)
     report.add(scale, "(a) start-up", startups, note="target < 10 s at 5x")
     report.add(scale, "(a) peak RSS", peaks, unit="MiB", note="target < 1024 MiB at 5x")
 
@@ -146,12 +178,16 @@ def one_scale(scale: int, runs: int, report: Report, tmp: Path) -> None:
         for label, case_url in cases:
             fetch(case_url)   # warm-up
             items = orjson.loads(fetch(case_url))["items"]
-            samples, floor = [], []
-            for _ in range(runs):   # alternating: a noisy neighbour on the shared cores hits both alike
-                samples += timed(lambda u=case_url: fetch(u), 1)
-                floor += timed(lambda i=items: orjson.dumps(i), 1)
+            gc.collect()
+            gc.freeze()
+            try:
+                # paired: a noisy neighbour on the shared cores hits both alike
+                floor, samples = paired(runs, lambda i=items: orjson.dumps(i), lambda u=case_url: fetch(u))
+            finally:
+                gc.unfreeze()
             report.add(scale, label, samples, floor="orjson.dumps of the same pods", floor_samples=floor,
-                       note=f"{len(items)} pods")
+                       note=f"{len(items)} pods; {per_run(samples, floor)}")
+            report.add(scale, label.replace("(b) LIST", "(b) floor for"), floor, note="orjson.dumps")
             del items
         pages = all_pages(pods_url, 500)
         paged, whole = [], []
@@ -160,6 +196,15 @@ def one_scale(scale: int, runs: int, report: Report, tmp: Path) -> None:
             paged += timed(lambda: all_pages(pods_url, 500), 1)
         report.add(scale, "(c) paged LIST by 500, all pages", paged, floor="one unpaged LIST",
                    floor_samples=whole, note=f"{pages} pages, decoded; target <= 1.3")
+        report.add(scale, "(e) RSS, every pod's JSON kept", [rss_mib(child)], unit="MiB",
+                   note="target <= ~717 MiB (0.7 GiB) at 5x")
+        with collector_paused():
+            keys = [(p["metadata"]["namespace"], p["metadata"]["name"])
+                    for p in orjson.loads(fetch(pods_url))["items"]][::5]
+        annotate(url, keys)
+        fetch(pods_url)
+        report.add(scale, f"(e) RSS after {len(keys):,} cost patches", [rss_mib(child)], unit="MiB",
+                   note="then a LIST; target <= ~819 MiB (0.8 GiB) at 5x")
         if KUBECTL:
             plain = timed(lambda: kubectl(kubeconfig, "--chunk-size=0"), runs)
             report.add(scale, "(d) kubectl get pods -A (chunks of 500)", timed(lambda: kubectl(kubeconfig), runs),
