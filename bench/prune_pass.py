@@ -19,7 +19,7 @@ runs one untimed pass, then `--repeat` rounds of floor, pass and peer replay, an
 - the floor, the cheapest way to do the same reading with the libraries the product
   uses (urllib3 + orjson): the same three PromQL queries, the first two at once, then, for
   few idle pods, one GET of each idle pod and of each owner up its chain (each once), for
-  many, one unpaged pod LIST;
+  many, one unpaged pod LIST (decoded with the collector paused, as the pass reads);
 - the peer replay: the calls gpu-pruner makes in one dry-run pass (gpu-pruner/src/main.rs,
   lib.rs, query.promql.j2 of wseaton/gpu-pruner), made with urllib3 + orjson: its one PromQL
   query (one series per idle GPU, node_dmi_info joined), then for every series, ten at a
@@ -212,8 +212,7 @@ def worker(args) -> int:
 
         from clusters.kube import KubeGateway
         from clusters.prometheus import PrometheusGateway
-        from pruning.query import IdleQuery
-        from pruning.reads import idle_gpus_read
+        from clusters.snapshot import gc_paused
         from pruning.services import PruneParams, prune_run_execute
 
         now = datetime.fromisoformat(args.now)
@@ -243,7 +242,8 @@ def worker(args) -> int:
             pods = sorted({(r["metric"]["exported_namespace"], r["metric"]["exported_pod"]) for r in candidates})
             promql(query.followup_promql(pods))
             if not args.few:
-                orjson.loads(http.request("GET", f"{api}/api/v1/pods").data)
+                with gc_paused():   # as the pass reads its pages
+                    orjson.loads(http.request("GET", f"{api}/api/v1/pods").data)
                 return
             owners = set()
             for ns, name in pods:   # each idle pod, then each owner up its chain, once

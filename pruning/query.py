@@ -139,7 +139,9 @@ class IdleQuery:
 
     def _scheme_selectors(self, metric: str, *, namespaces=None, pods=None) -> list[tuple[str, str]]:
         """(scheme, selector), one per label scheme in use; each filters on its own namespace
-        label. `namespaces` / `pods`: also match only these names (the follow-up's candidates)."""
+        label. `namespaces` / `pods`: also match only these names (the follow-up's candidates),
+        given as the PromQL literals `_literals` made of them (built once per query: at 2,000
+        candidates escaping their names for each of the query's selectors took 0.1 s)."""
         model = [f"modelName=~{promql_string(self.model_name)}"] if self.model_name is not None else []
         out = []
         for scheme, pod_label, ns_label in (("pod", "pod", "namespace"),
@@ -152,9 +154,9 @@ class IdleQuery:
             if self.namespace is not None:
                 m.append(f"{ns_label}=~{promql_string(self.namespace)}")
             if namespaces is not None:
-                m.append(f"{ns_label}=~{_literals(namespaces)}")
+                m.append(f"{ns_label}=~{namespaces}")
             if pods is not None:
-                m.append(f"{pod_label}=~{_literals(pods)}")
+                m.append(f"{pod_label}=~{pods}")
             out.append((scheme, metric + "{" + ",".join(m + model) + "}"))
         return out
 
@@ -189,7 +191,7 @@ class IdleQuery:
         """Every GPU of the candidate `pods` [(namespace, pod)]: peaks, gaps, power."""
         pods = list(pods)
         w, gap, step = _duration(self.window_seconds), _duration(self.max_gap_seconds), _duration(self.step_seconds)
-        match = (dict(namespaces={ns for ns, _ in pods}, pods={p for _, p in pods})
+        match = (dict(namespaces=_literals({ns for ns, _ in pods}), pods=_literals({p for _, p in pods}))
                  if len(pods) <= FOLLOWUP_NAMES_MAX else {})
         peaks = self._per_gpu(lambda s, scale: f"max_over_time({s}[{w}]){scale}", **match)
         slots = self._per_gpu(lambda s, scale: f"count_over_time(count_over_time({s}[{gap}])[{w}:{step}])",
@@ -290,9 +292,12 @@ def parse_followup(samples, *, pods, label_scheme: str = "auto") -> tuple[GpuSer
                  for (ns, pod, gpu), (labels, peak) in sorted(peaks.items()))
 
 
+_RE2_META = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
 def _re2_literal(text: str) -> str:
     """A regex matching exactly `text` (escapes RE2's metacharacters only)."""
-    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text)
+    return _RE2_META.sub(r"\\\1", text)
 
 
 def utilization_history_promql(pods: list[tuple[str, str]], *, label_scheme: str = "auto") -> str:

@@ -129,3 +129,17 @@ def test_cluster_wide_lists_are_read_page_by_page_with_the_same_decisions(make_w
     assert decisions[0] == decisions[1] and paged.planned == whole.planned == 6
     assert [r for r in world.gateway.reads if r[1] == "pods"] == [("list", "pods", None)] * 9   # 42 pods by 5
     assert paged.kube_api_calls > whole.kube_api_calls == 3
+
+
+def test_pods_read_by_get_share_one_get_of_each_owner(make_world):
+    world = make_world(team_a_busy=True)
+    from clusters import kube
+    batch = frozenset(("team-c", p["metadata"]["name"]) for p in world.gateway.list(kube.PODS, namespace="team-c"))
+    world.gateway.reads.clear()
+    plan = reads.ReadPlan(list_namespaces=frozenset(), get_pods=batch, estimated_cost_gets=len(batch))
+    view = reads.cluster_view_read(world.gateway, pods=batch, plan=plan)
+    assert set(view.pods) == batch and len(batch) == 10
+    # Ten pods of one Deployment: ten pod GETs, then its ReplicaSet and Deployment once each.
+    assert sorted(world.gateway.reads) == ([("get", "deployments.apps", "team-c")] + [("get", "pods", "team-c")] * 10
+                                           + [("get", "replicasets.apps", "team-c")])
+    assert {kind for kind, _, _ in view.objects} == {"ReplicaSet", "Deployment"}
