@@ -108,8 +108,11 @@ class PrometheusGateway:
         """An instant query; `at` pins the evaluation time (inject the clock)."""
         form = {"query": promql, **({"time": at.timestamp()} if at else {})}
         result = self._call(self._post, "/api/v1/query", form)
-        return [Sample(labels=series.get("metric", {}), value=float(series["value"][1]),
-                       timestamp=float(series["value"][0])) for series in result]
+        samples = []
+        for series in result:
+            timestamp, value = series["value"]
+            samples.append(Sample(labels=series.get("metric", {}), value=float(value), timestamp=float(timestamp)))
+        return samples
 
     def query_many(self, promqls: list[str], *, at: datetime | None = None) -> list[list[Sample]]:
         """Several instant queries sent at once; their answers in the same order. The first
