@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--controllers", default="*",
                     help="kube-controller-manager's --controllers (default *: all); e.g. "
                          "'*,-replicaset-controller' to load pods already owned by ReplicaSets")
+    up.add_argument("--node-lease-seconds", type=int, default=40,
+                    help="KWOK's node Lease duration (default 40; renewed every quarter of it); above 50 the "
+                         "controller-manager's node-monitor grace period is as long")
     up.add_argument("--state-dir", default=DEFAULT_STATE_DIR,
                     help=f"etcd data, certificates, component logs (default {DEFAULT_STATE_DIR})")
     down = sub.add_parser("down", help="stop the tier that `up` started in --state-dir")
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         if not 0 <= args.port <= 65535:
             parser.error("--port must be between 0 and 65535")
+        if not 10 <= args.node_lease_seconds <= 3600:
+            parser.error("--node-lease-seconds must be between 10 and 3600")
         from .cluster import up_main
         return up_main(args)
     if args.command == "compact":

@@ -105,6 +105,10 @@ class Tier:
     with_kserve: bool = False
     # kube-controller-manager's --controllers ("*": all of its default controllers)
     controllers: str = "*"
+    # KWOK's node Lease duration; it renews each a quarter of that apart. Thousands of nodes
+    # at 40 s are hundreds of writes a second: a large cluster on a small machine takes longer
+    # ones, and the node lifecycle controller then waits as long before calling a node NotReady.
+    node_lease_seconds: int = 40
     stop_event: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -174,6 +178,7 @@ class Tier:
             "--root-ca-file", str(pki.ca_cert),
             "--cluster-cidr", POD_CIDR, "--service-cluster-ip-range", SERVICE_CIDR,
             "--controllers", self.controllers,
+            *(["--node-monitor-grace-period", f"{self.node_lease_seconds}s"] if self.node_lease_seconds > 50 else []),
             "--profiling=false",
         ], ready=lambda: Api("https://127.0.0.1:10257").answers("/healthz"), started=started)
         scheduler_config = self.state_dir / "scheduler.yaml"
@@ -192,7 +197,7 @@ class Tier:
             # IMPORTANT: heartbeats through node Leases. Without them KWOK refreshes a node's
             # status only every ~50 s, the controller-manager's node-monitor grace period, and
             # the node lifecycle controller then marks every pod on the node Ready=False.
-            "--node-lease-duration-seconds", "40",
+            "--node-lease-duration-seconds", str(self.node_lease_seconds),
         ], ready=lambda: Api("http://127.0.0.1:10247").answers("/healthz"), started=started)
 
         if self.with_knative:
@@ -379,6 +384,7 @@ def up_main(args) -> int:
     tier = Tier(state_dir=Path(args.state_dir).resolve(), kubeconfig_out=Path(args.kubeconfig_out).resolve(),
                 port=args.port, with_knative="knative" in args.with_sets or "kserve" in args.with_sets,
                 with_kserve="kserve" in args.with_sets, controllers=getattr(args, "controllers", "*"),
+                node_lease_seconds=getattr(args, "node_lease_seconds", 40),
                 log=lambda message: print(f"realcluster: {message}", flush=True))
     stop = threading.Event()
     coming_up = True
