@@ -18,7 +18,8 @@ against one unpaged LIST, and kubectl's paged `get pods -A`.
     machine whose cache holds the 1x list (13 MB of JSON) but not the 5x one (65 MB)
     is above 5x too.
 (c) Paged LIST (limit=500, following `continue`, as kubectl pages), all pages, against
-    one unpaged LIST (the floor), by a client without rate limiting, each decoded with
+    one unpaged LIST (the floor), by a client without rate limiting on one kept-alive
+    connection (as the product's client and kubectl), each decoded with
     orjson with the client's garbage collector paused. Target <= 1.3.
 (e) Memory of the serving process (VmRSS) once LISTs have served every pod (each
     pod's JSON kept), and after binpack's pattern of writes on 1 pod in 5 (10,000 at
@@ -35,15 +36,16 @@ from __future__ import annotations
 
 import argparse
 import gc
+import http.client
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -95,20 +97,38 @@ def annotate(url: str, pods: list[tuple[str, str]]) -> None:
         patch = orjson.dumps({"metadata": {"resourceVersion": version, "annotations": {
             "controller.kubernetes.io/pod-deletion-cost": str(at % 1000),
             "capacity.io/binpack-deletion-cost": str(at % 1000)}}})
-        request = urllib.request.Request(path, data=patch, method="PATCH",
-                                         headers={**HEADERS, "Content-Type": "application/merge-patch+json"})
-        with urllib.request.urlopen(request) as response:
-            response.read()
+        _send("PATCH", path, patch, {"Content-Type": "application/merge-patch+json"})
 
 
 def stop(child: subprocess.Popen) -> None:
+    for connection in _CONNECTIONS.values():
+        connection.close()
+    _CONNECTIONS.clear()
     child.terminate()
     child.wait(timeout=60)
 
 
+# One kept-alive connection per server, as kubectl and the product's client read page
+# after page (http.client reads a body of known length in one call).
+_CONNECTIONS: dict[str, http.client.HTTPConnection] = {}
+
+
+def _send(method: str, url: str, body: bytes | None = None, headers: dict | None = None) -> bytes:
+    parts = urlsplit(url)
+    connection = _CONNECTIONS.get(parts.netloc)
+    if connection is None:
+        connection = _CONNECTIONS[parts.netloc] = http.client.HTTPConnection(parts.netloc)
+    connection.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=body,
+                       headers={**HEADERS, **(headers or {})})
+    response = connection.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"{method} {url}: {response.status} {data[:200]!r}")
+    return data
+
+
 def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=HEADERS)) as response:
-        return response.read()
+    return _send("GET", url)
 
 
 @contextmanager
