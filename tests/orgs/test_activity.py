@@ -92,7 +92,7 @@ def test_waking_queues_the_disable_at_high_priority_and_the_sweep_at_normal(
 
     sent = []
     monkeypatch.setattr(tasks.org_scale_to_zero_apply, "apply_async",
-                        lambda args, kwargs, priority: sent.append((args[0], priority)))
+                        lambda args, kwargs, priority, **options: sent.append((args[0], priority)))
     sleepy = make_org("sleepy", idle_hours=30, dormant=True)
     idle = make_org("idle", idle_hours=30)
     with django_capture_on_commit_callbacks(execute=True):

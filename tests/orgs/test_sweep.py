@@ -143,3 +143,58 @@ def test_activity_after_the_sweep_wakes_the_org(make_org, celery_eager):
     org = Org.objects.get(slug="late")
     assert not org.dormant and org.dormant_since is None
     assert list(org.switches.values_list("direction", flat=True)) == ["active", "dormant"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_queues_each_switch_once_with_its_org_and_switch(make_org, monkeypatch):
+    from orgs import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.org_scale_to_zero_apply, "apply_async",
+                        lambda args, kwargs, priority, **options: sent.append((args[0], kwargs["switch_id"], priority)))
+    orgs = [make_org(f"idle-{i}", idle_hours=30 + i) for i in range(3)]
+    make_org("busy", idle_hours=2)
+
+    result = dormancy_sweep(now=clock.now())
+
+    switches = {s.org_id: s.id for s in DormancySwitch.objects.all()}
+    assert sorted(sent) == sorted((o.id, switches[o.id], tasks.NORMAL_PRIORITY) for o in orgs)
+    assert sorted(result.switches) == sorted(switches.items())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_broker_down_a_sweep_marks_and_records_and_says_once_what_it_could_not_queue(
+        make_org, caplog):
+    import logging
+    import socket
+
+    from config.celery import app
+    from orgs.services import clusters_with_unapplied_orgs
+
+    orgs = [make_org(f"idle-{i}", idle_hours=30) for i in range(20)]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead_port = sock.getsockname()[1]
+    old_url, old_eager = app.conf.broker_url, app.conf.task_always_eager
+
+    def repoint(url: str) -> None:
+        app.conf.broker_url = url
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    app.conf.task_always_eager = False
+    repoint(f"redis://127.0.0.1:{dead_port}/0")
+    try:
+        with caplog.at_level(logging.ERROR, logger="orgs.services"):
+            result = dormancy_sweep(now=clock.now())
+    finally:
+        repoint(old_url)
+        app.conf.task_always_eager = old_eager
+
+    assert len(result.switched) == 20
+    assert Org.objects.filter(dormant=True).count() == 20 and DormancySwitch.objects.count() == 20
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, "the broker is tried once, not once per org"
+    assert "for 20 of 20 org(s)" in errors[0] and "the retry task applies them within 2 minutes" in errors[0]
+    later = clock.now() + timedelta(minutes=1)
+    assert clusters_with_unapplied_orgs(now=later) == [orgs[0].cluster_id], "the retry task picks them up"
