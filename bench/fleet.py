@@ -1,7 +1,7 @@
 """Benchmark: a fleet of simulated 5,000-node / 50,000-pod clusters, one full cycle of every
 periodic job with 1, 2 and 4 worker processes, each cycle against its beat interval.
 
-    .venv/bin/python bench/fleet.py [--clusters auto|N] [--memory-gib 10] [--workers 1,2,4]
+    .venv/bin/python bench/fleet.py [--clusters auto|N] [--memory-gib G] [--workers 1,2,4]
 
 Needs PostgreSQL on 127.0.0.1:5432 (user postgres; a database of its own is created and
 dropped), Redis on 127.0.0.1:6379 (a free database number, emptied at the end), and
@@ -47,11 +47,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "pruning")]
 NODES, PODS = 5000, 50000
 MIB, GIB = 1024 ** 2, 1024 ** 3
 WINDOW = timedelta(minutes=30)          # PRUNER_DURATION_MINUTES' default: the history Prometheus holds
-# Measured at 50k pods (6 clusters, 2026-11-25): a worker pool process peaked at 748-755 MiB;
-# a cluster's simulated API server grew from 0.65 GiB loaded to 1.11-1.16 GiB once every
-# pod carried binpack's cost annotations, its Prometheus to 246-299 MiB once queried.
+# Measured at 50k pods (2026-11-25): a worker pool process peaked at 748-755 MiB; a
+# cluster's Prometheus grew to 246-299 MiB once queried. A cluster's simulated API server
+# holds 0.44 GiB loaded, 0.51 GiB once every pod's JSON is kept (a first LIST) and 0.59 GiB
+# once every pod carries binpack's cost annotations (its store shares what a write leaves
+# unchanged; it was 0.65 -> 1.16 GiB before that): 1.4x what it holds when loaded.
 WORKER_SHARE_GIB = 0.75
-CLUSTER_GROWTH, PROMETHEUS_QUERIED = 1.8, 300 * 1024 ** 2
+CLUSTER_GROWTH, PROMETHEUS_QUERIED = 1.4, 300 * 1024 ** 2
 SWEEP_SHARE = 10                        # one org in ten goes dormant per sweep
 CYCLE_LIMIT_S = 1200.0
 QUEUES = "beat,sweep,apply,long"
@@ -124,6 +126,14 @@ def prometheus_start(folder: Path, gpus: list[list], now: datetime):
     (folder / "history.om").unlink(missing_ok=True)   # the blocks hold it now
     server.start()
     return server
+
+
+def available_memory() -> int:
+    """Bytes the kernel says can be taken without swapping (MemAvailable)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("cannot read MemAvailable from /proc/meminfo: pass --memory-gib")
 
 
 def rss(pid: int, field: str = "VmRSS") -> int:
@@ -557,7 +567,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clusters", default="auto", help="how many clusters, or auto (what --memory-gib holds)")
     parser.add_argument("--max-clusters", type=int, default=10)
-    parser.add_argument("--memory-gib", type=float, default=10.0, help="memory the bench may use (default 10)")
+    parser.add_argument("--memory-gib", type=float, default=None,
+                        help="memory the bench may use (default: 80%% of what the machine has available now)")
     parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
     parser.add_argument("--no-prune", action="store_true", help="leave the prune pass out (no Prometheus)")
     parser.add_argument("--nodes", type=int, default=NODES, help=f"nodes per cluster (default {NODES:,})")
@@ -570,6 +581,8 @@ def main(argv=None) -> int:
     workers = worker_counts(args.workers)
     if args.clusters != "auto" and not (args.clusters.isdigit() and 1 <= int(args.clusters) <= args.max_clusters):
         raise SystemExit(f"--clusters must be auto or 1..{args.max_clusters}, got {args.clusters!r}")
+    if args.memory_gib is None:
+        args.memory_gib = round(available_memory() * 0.8 / GIB, 1)
     if not (0 < args.memory_gib <= 256):
         raise SystemExit(f"--memory-gib must be in (0, 256], got {args.memory_gib}")
     if not (1 <= args.nodes <= 20000 and 0 <= args.pods <= 200000):
