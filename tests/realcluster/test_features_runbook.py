@@ -98,8 +98,13 @@ def test_deleting_the_old_revision_unblocks_a_redeploy_waiting_for_its_gpu(runbo
     audit = list(RunbookAction.objects.order_by("at", "id").values_list("action", "actor__username", "target"))
     assert audit == [("model_redeploy", "operator", f"{pool.ns}/{MODEL}"),
                      ("revision_delete_old", "operator", f"{pool.ns}/{MODEL}-predictor-00001")]
+    # The old revision's one pod is stopped by the action, unless the garbage collector
+    # deleting the revision's Deployment got there first (on the real tier KWOK then removes
+    # the pod at once, and the action's own delete finds nothing): it lists only what it
+    # stopped, and never a pod of another revision.
     stopped = RunbookAction.objects.get(action="revision_delete_old").new["pods_stopped"]
-    assert [name.startswith(f"{MODEL}-predictor-00001-deployment-") for name in stopped] == [True]
+    assert len(stopped) <= 1
+    assert all(name.startswith(f"{MODEL}-predictor-00001-deployment-") for name in stopped), stopped
 
 
 def test_a_model_stuck_deploying_is_deleted_with_what_it_left_and_a_ready_one_is_refused(runbook):
