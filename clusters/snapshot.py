@@ -111,6 +111,8 @@ class PodView:
     # The scheduler's message when it could not place the pod (PodScheduled False,
     # reason Unschedulable); None when it did, or has not said.
     unschedulable_message: str | None = None
+    # The version read: a write conditioned on it applies only to the pod as it was read.
+    resource_version: str = ""
 
     @property
     def controller(self) -> OwnerRef | None:
@@ -160,7 +162,7 @@ class PodView:
         return cls(meta.get("namespace", ""), meta["name"], meta.get("uid", ""), spec.get("nodeName"),
                    status.get("phase", "Pending"), _frozen(meta.get("labels")), _frozen(meta.get("annotations")),
                    gpus, owners, bool(meta.get("deletionTimestamp")), meta.get("creationTimestamp", ""),
-                   unschedulable)
+                   unschedulable, meta.get("resourceVersion", ""))
 
 
 @dataclass(frozen=True)
