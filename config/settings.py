@@ -280,6 +280,12 @@ BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default=SERVING_GROUP_LABEL
 # Overwrite costs an operator set by hand (pods without our marker annotation).
 BINPACK_OVERRIDE_MANUAL = env.bool("BINPACK_OVERRIDE_MANUAL", default=False)
 BINPACK_MAX_WRITES = env.int("BINPACK_MAX_WRITES", default=10_000)  # pods patched per run
+# Cost patches in flight at once (1..32): a first costing of a large cluster is thousands
+# of writes; a few at a time keep the API server busy without flooding it.
+BINPACK_WRITE_CONCURRENCY = env.int("BINPACK_WRITE_CONCURRENCY", default=8)
+if not 1 <= BINPACK_WRITE_CONCURRENCY <= 32:
+    raise ImproperlyConfigured(f"BINPACK_WRITE_CONCURRENCY must be 1 to 32 patches in flight, "
+                               f"not {BINPACK_WRITE_CONCURRENCY}")
 # The runbook's "delete the old revision" stops that revision's pods with this grace period,
 # in seconds (0..300; Knative's own is the revision timeout, 300 s), so the Pending
 # revision gets the GPUs at once. Not 0: a forced delete frees the GPU in the API while

@@ -170,6 +170,7 @@ class CostChange:
     new: int | None          # None: remove our annotation (opted out)
     reason: str              # why this value (the basis explained), and what it replaces
     basis: CostBasis | None = None   # None when our cost is removed
+    resource_version: str = ""       # the pod's version the plan judged ("" when unknown)
 
     def as_dict(self) -> dict:
         return {"namespace": self.namespace, "pod": self.name, "uid": self.uid, "node": self.node,
@@ -376,7 +377,7 @@ def _plan(snapshot: ClusterSnapshot, options: BinpackOptions) -> BinpackPlan:
 
     changes = tuple(
         CostChange(namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node_name or "", workload=workload,
-                   group=group, old=old, new=new, basis=basis,
+                   group=group, old=old, new=new, basis=basis, resource_version=pod.resource_version,
                    reason=basis.explain() + note if basis is not None else note)
         for pod, workload, group, old, new, basis, note in pending[:options.max_writes])
     return BinpackPlan(taken_at=snapshot.taken_at, changes=changes, unchanged=unchanged, skipped=tuple(skipped),

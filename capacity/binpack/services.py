@@ -1,10 +1,11 @@
-"""Write binpack deletion costs: plan from a fresh snapshot, re-read each pod right
-before patching it, patch only pods whose cost changes, record the run."""
+"""Write binpack deletion costs: plan from a fresh snapshot, patch only pods whose cost
+changes and only as the snapshot saw them (a pod changed since is re-read and judged
+again), a few writes in flight at once, record the run."""
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -59,14 +60,33 @@ def opted_out_owners(gateway: kube.KubeGateway) -> frozenset[str]:
     return frozenset(out)
 
 
-@dataclass
-class _Outcome:
-    written: int = 0
-    stale: int = 0
+def _cost_patch(change: planning.CostChange, resource_version: str) -> dict:
+    value = None if change.new is None else str(change.new)
+    # metadata.resourceVersion in a patch is a precondition: the API server answers 409
+    # Conflict unless the pod is still at that version.
+    return {"metadata": {"resourceVersion": resource_version,
+                         "annotations": {DELETION_COST: value, BINPACK_MARKER: value}}}
 
 
 def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str]) -> str:
-    """Patch one pod. Returns "written", "stale" (it changed since the snapshot) or "error"."""
+    """Patch one pod. Returns "written", "stale" (it changed since the snapshot in a way
+    that makes the planned cost not ours to write) or "error".
+
+    The write is conditioned on the version the snapshot read, so it applies only to the
+    pod the plan judged (same uid, not leaving, its cost as planned from) at no extra
+    read. A pod changed since (a status update, a label) is read again and judged again."""
+    if change.resource_version:
+        try:
+            gateway.patch(kube.PODS, change.name, _cost_patch(change, change.resource_version),
+                          namespace=change.namespace)
+            return "written"
+        except NotFound:
+            return "stale"
+        except Conflict:
+            pass   # changed since the snapshot: judge it as it is now
+        except KubeError as exc:
+            errors.append(f"{change.namespace}/{change.name}: {exc}")
+            return "error"
     try:
         pod = gateway.get(kube.PODS, change.name, namespace=change.namespace)
     except NotFound:
@@ -76,21 +96,29 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
         return "error"
     meta = pod.get("metadata") or {}
     current = (meta.get("annotations") or {}).get(DELETION_COST)
-    # IMPORTANT: re-read before writing: a recreated pod, a pod now leaving, or a cost
-    # someone set since the snapshot are not ours to overwrite.
+    # IMPORTANT: a recreated pod, a pod now leaving, or a cost someone set since the
+    # snapshot are not ours to overwrite.
     if meta.get("uid") != change.uid or meta.get("deletionTimestamp") or current != change.old:
         return "stale"
-    value = None if change.new is None else str(change.new)
-    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                          "annotations": {DELETION_COST: value, BINPACK_MARKER: value}}}
     try:
-        gateway.patch(kube.PODS, change.name, patch, namespace=change.namespace)
+        gateway.patch(kube.PODS, change.name, _cost_patch(change, meta.get("resourceVersion")),
+                      namespace=change.namespace)
     except (Conflict, NotFound):
         return "stale"
     except KubeError as exc:
         errors.append(f"{change.namespace}/{change.name}: {exc}")
         return "error"
     return "written"
+
+
+def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str]) -> list[str]:
+    """`_apply_one` for every change, up to BINPACK_WRITE_CONCURRENCY in flight; results in
+    the plan's order."""
+    width = min(settings.BINPACK_WRITE_CONCURRENCY, len(changes))
+    if width < 2:
+        return [_apply_one(gateway, change, errors) for change in changes]
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="binpack-write") as pool:
+        return list(pool.map(lambda change: _apply_one(gateway, change, errors), changes))
 
 
 def _run_audit(run: BinpackRun, written: list[planning.CostChange]) -> None:
@@ -133,8 +161,7 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
     errors: list[str] = []
     written: list[planning.CostChange] = []
     if not dry_run:
-        for change in plan.changes:
-            result = _apply_one(gateway, change, errors)
+        for change, result in zip(plan.changes, _apply_all(gateway, plan.changes, errors)):
             if result == "written":
                 run.written += 1
                 written.append(change)

@@ -4,8 +4,12 @@ workloads are left alone, dry runs write nothing, every run is recorded."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import kubernetes
 import pytest
@@ -23,6 +27,7 @@ from simcluster.generate import node as node_doc
 
 pytestmark = pytest.mark.django_db
 NS = "team"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rs_doc(name: str, *, replicas: int, annotations=None, owner=None) -> dict:
@@ -139,16 +144,98 @@ def test_hand_set_costs_and_opted_out_workloads_are_left_alone(world):
     assert forced.written == 1 and cost_of(core, "b-1") != "999"
 
 
-def test_a_pod_changed_since_the_snapshot_is_not_overwritten(world):
+def gets(handle) -> int:
+    return handle.gateway.calls[("get", "pods")]
+
+
+def planned_change(core, name: str, *, new: int = 5) -> bp.CostChange:
+    """A change planned from the pod as it is now (its uid, version and cost)."""
+    meta = core.read_namespaced_pod(name, NS).metadata
+    return bp.CostChange(namespace=NS, name=name, uid=meta.uid, node="n2", workload="x", group=None,
+                         old=(meta.annotations or {}).get(labels.DELETION_COST), new=new, reason="test",
+                         resource_version=meta.resource_version)
+
+
+def test_pods_unchanged_since_the_snapshot_are_written_without_reading_them_again(world):
+    handle, core = world
+    run, _ = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert run.written == 4 == patches(handle)
+    assert gets(handle) == 0                  # each write conditioned on the version the snapshot read
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_every_planned_cost_is_written_one_or_several_writes_at_a_time(world, settings, concurrency):
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = concurrency
+    run, plan = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert run.written == len(plan.changes) == 4 and run.stale == 0 and run.errors == []
+    assert {c.name: str(c.new) for c in plan.changes} == {c.name: cost_of(core, c.name) for c in plan.changes}
+
+
+def test_a_pod_whose_cost_changed_since_the_snapshot_is_not_overwritten(world):
     handle, core = world
     from capacity.binpack import services
 
-    change = bp.CostChange(namespace=NS, name="a-2", uid=core.read_namespaced_pod("a-2", NS).metadata.uid,
-                           node="n2", workload="x", group=None, old=None, new=5, reason="test")
+    change = planned_change(core, "a-2")
     core.patch_namespaced_pod("a-2", NS, {"metadata": {"annotations": {labels.DELETION_COST: "42"}}})
     errors: list[str] = []
     assert services._apply_one(handle.gateway, change, errors) == "stale"
     assert cost_of(core, "a-2") == "42" and errors == []
+    assert gets(handle) == 1                  # the conditioned write was refused: read and judged again
+
+
+def test_a_pod_changed_otherwise_since_the_snapshot_is_judged_again_and_written(world):
+    handle, core = world
+    from capacity.binpack import services
+
+    change = planned_change(core, "a-2")
+    core.patch_namespaced_pod("a-2", NS, {"metadata": {"labels": {"seen": "yes"}}})
+    errors: list[str] = []
+    assert services._apply_one(handle.gateway, change, errors) == "written"
+    assert cost_of(core, "a-2") == "5" and errors == []
+    assert core.read_namespaced_pod("a-2", NS).metadata.labels["seen"] == "yes"   # the other change kept
+    assert gets(handle) == 1
+
+
+def test_a_pod_recreated_under_the_same_name_is_not_written(world):
+    handle, core = world
+    from capacity.binpack import services
+
+    change = planned_change(core, "a-2")
+    fresh = core.read_namespaced_pod("a-2", NS).to_dict()
+    core.delete_namespaced_pod("a-2", NS, grace_period_seconds=0)
+    handle.advance(0)
+    pod = pod_doc("a-2", rs_doc("a", replicas=3), "n2")
+    pod["metadata"]["uid"] = "another-uid"
+    pod["metadata"].pop("ownerReferences")    # no controller, so nothing else replaces or removes it
+    core.create_namespaced_pod(NS, pod)
+    assert core.read_namespaced_pod("a-2", NS).metadata.uid != fresh["metadata"]["uid"]
+    errors: list[str] = []
+    assert services._apply_one(handle.gateway, change, errors) == "stale"
+    assert cost_of(core, "a-2") is None and errors == []
+
+
+def test_a_pod_gone_since_the_snapshot_is_stale_not_an_error(world):
+    handle, core = world
+    from capacity.binpack import services
+
+    change = planned_change(core, "a-2")
+    apps = kubernetes.client.AppsV1Api(core.api_client)
+    apps.patch_namespaced_replica_set_scale("a", NS, {"spec": {"replicas": 2}})
+    core.delete_namespaced_pod("a-2", NS, grace_period_seconds=0)
+    handle.advance(0)
+    errors: list[str] = []
+    assert services._apply_one(handle.gateway, change, errors) == "stale" and errors == []
+
+
+@pytest.mark.parametrize("value", ["0", "33", "-1"])
+def test_the_product_does_not_start_with_a_write_concurrency_out_of_range(value):
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
+                          env={**env, "DJANGO_DEBUG": "1", "BINPACK_WRITE_CONCURRENCY": value}, timeout=120)
+    assert proc.returncode != 0
+    assert (f"ImproperlyConfigured: BINPACK_WRITE_CONCURRENCY must be 1 to 32 patches in flight, not {value}"
+            in proc.stderr)
 
 
 A2_WHY = ("node n2: 1 of 8 GPUs in use, 1 pod (all of its workload, no other workload on it) → deleted first of "
