@@ -4,12 +4,8 @@ workloads are left alone, dry runs write nothing, every run is recorded."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import kubernetes
 import pytest
@@ -23,11 +19,11 @@ from clusters import labels
 from capacity.binpack.services import pod_deletion_costs_apply
 from capacity.binpack.models import BinpackRun
 from simcluster.generate import namespace as namespace_doc
+from tests.settings_check import manage_check
 from simcluster.generate import node as node_doc
 
 pytestmark = pytest.mark.django_db
 NS = "team"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def rs_doc(name: str, *, replicas: int, annotations=None, owner=None) -> dict:
@@ -230,9 +226,7 @@ def test_a_pod_gone_since_the_snapshot_is_stale_not_an_error(world):
 
 @pytest.mark.parametrize("value", ["0", "33", "-1"])
 def test_the_product_does_not_start_with_a_write_concurrency_out_of_range(value):
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
-                          env={**env, "DJANGO_DEBUG": "1", "BINPACK_WRITE_CONCURRENCY": value}, timeout=120)
+    proc = manage_check(BINPACK_WRITE_CONCURRENCY=value)
     assert proc.returncode != 0
     assert (f"ImproperlyConfigured: BINPACK_WRITE_CONCURRENCY must be 1 to 32 patches in flight, not {value}"
             in proc.stderr)

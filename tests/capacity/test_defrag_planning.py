@@ -1,11 +1,7 @@
 """Pure defrag planning: the discovery report, blockers, the safety condition, the next step."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -28,9 +24,9 @@ from capacity.defrag.planning import (
     revision_satisfied,
 )
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+from tests.settings_check import manage_check
 
 REV = "bt-deployment-qvr7e9w-00001"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def plan_for(pods: list[dict], scales=None, node=None) -> DefragPlan:
@@ -406,9 +402,7 @@ def test_an_unknown_scoring_is_refused_by_name(value):
 
 @pytest.mark.parametrize("value", ["spread", "most-allocated", "RequestedToCapacityRatio"])
 def test_the_product_does_not_start_with_an_unknown_scheduler_scoring(value):
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
-                          env={**env, "DJANGO_DEBUG": "1", "CAPACITY_SCHEDULER_SCORING": value}, timeout=120)
+    proc = manage_check(CAPACITY_SCHEDULER_SCORING=value)
     assert proc.returncode != 0
     assert (f"ImproperlyConfigured: CAPACITY_SCHEDULER_SCORING must be LeastAllocated (kube-scheduler's default) or "
             f"MostAllocated (a bin-packing scheduler), not '{value}'") in proc.stderr
