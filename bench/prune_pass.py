@@ -234,7 +234,10 @@ def worker(args) -> int:
         kube = KubeGateway.from_kubeconfig(args.kubeconfig)
         prom = PrometheusGateway(args.prometheus)
         params = PruneParams(run_mode="dry-run", max_scale_downs=10_000)
-        http = urllib3.PoolManager(maxsize=4)
+        # Ten connections kept, as many as the replay has requests in flight: gpu-pruner's
+        # client (kube-rs on hyper) keeps every idle connection to a host, so its ten
+        # concurrent GETs never reconnect (a smaller pool closed and reopened connections).
+        http = urllib3.PoolManager(maxsize=10)
         api = args.api.rstrip("/")
 
         def pass_once():

@@ -9,8 +9,9 @@ client's exception types. Later features add their queries on top of `query`.
 Instant queries are POSTed with the query in the body (Prometheus' API takes both): the
 pruner's follow-up query names its candidate pods and may run to hundreds of KB, more
 than a URL should carry. `bytes_read` counts the answers' bodies. `query_many` sends
-several instant queries at once (one thread each, on the session's connection pool):
-Prometheus evaluates one query's parts one after the other, separate queries side by side.
+several instant queries at once (on the session's connection pool, from threads kept for
+the process): Prometheus evaluates one query's parts one after the other, separate
+queries side by side.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import os
 import re
 import ssl
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -116,12 +117,19 @@ class PrometheusGateway:
 
     def query_many(self, promqls: list[str], *, at: datetime | None = None) -> list[list[Sample]]:
         """Several instant queries sent at once; their answers in the same order. The first
-        failure (in that order) is raised once all have ended."""
+        failure (in that order) is raised once all have ended. The first is sent from the
+        calling thread, the others from the process's query threads (kept between calls:
+        starting threads for every pass cost more than the follow-up query)."""
         if len(promqls) < 2:
             return [self.query(q, at=at) for q in promqls]
-        with ThreadPoolExecutor(max_workers=len(promqls), thread_name_prefix="prometheus") as pool:
-            futures = [pool.submit(self.query, q, at=at) for q in promqls]
-        return [f.result() for f in futures]
+        pool = _senders()
+        futures = [pool.submit(self.query, q, at=at) for q in promqls[1:]]
+        try:
+            first = self.query(promqls[0], at=at)
+        except BaseException:
+            wait(futures)   # the others have ended too when the caller hears of it
+            raise
+        return [first] + [f.result() for f in futures]
 
     def _post(self, path: str, form: dict) -> list:
         # `verify` explicitly: requests would otherwise let REQUESTS_CA_BUNDLE override the CA file.
@@ -142,6 +150,29 @@ class PrometheusGateway:
             return bool(self._call(self._client.check_prometheus_connection))
         except PrometheusError:
             return False
+
+
+# Threads sending the second and later queries of `query_many`, shared by every gateway of
+# the process and started on first use; a forked child (a Celery worker) starts its own.
+SENDERS = 4
+_senders_pool: ThreadPoolExecutor | None = None
+_senders_lock = threading.Lock()
+
+
+def _senders() -> ThreadPoolExecutor:
+    global _senders_pool
+    with _senders_lock:
+        if _senders_pool is None:
+            _senders_pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="prometheus")
+        return _senders_pool
+
+
+def _senders_forget() -> None:
+    global _senders_pool, _senders_lock
+    _senders_pool, _senders_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_senders_forget)
 
 
 def _check_ca_file(path: str) -> None:

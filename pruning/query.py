@@ -7,7 +7,8 @@ of namespaces, never with one series per GPU of the fleet:
    highest utilization (0–1) over the window stayed under the threshold —
    `DCGM_FI_PROF_GR_ENGINE_ACTIVE` where the exporter has it, else `DCGM_FI_DEV_GPU_UTIL / 100`
    (KUBERNETES.md, DCGM) — one series per pod. Prometheus filters, so at 10,000 GPUs with
-   20 idle the answer is about 2 KB, not the 2.2 MB of one series per GPU.
+   20 idle the answer is about 2 KB, not the 2.2 MB of one series per GPU. Each metric is
+   filtered before the two are combined (a few pods more may come back, never fewer).
 2. The census (`IdleQuery.census_promql`), sent at the same time as the candidates: the
    GPU pods reporting at the evaluation time (Prometheus' lookback, 5 minutes by default),
    counted per namespace — what a LIST would find, which is what the reads' cost model
@@ -137,12 +138,17 @@ class IdleQuery:
     def _selectors(self, metric: str, *, namespaces=None, pods=None) -> list[str]:
         return [s for _, s in self._scheme_selectors(metric, namespaces=namespaces, pods=pods)]
 
-    def _scheme_selectors(self, metric: str, *, namespaces=None, pods=None) -> list[tuple[str, str]]:
+    def _scheme_selectors(self, metric: str | tuple[str, ...], *, namespaces=None,
+                          pods=None) -> list[tuple[str, str]]:
         """(scheme, selector), one per label scheme in use; each filters on its own namespace
-        label. `namespaces` / `pods`: also match only these names (the follow-up's candidates),
+        label. `metric`: a metric name, or several (one selector matching any of them).
+        `namespaces` / `pods`: also match only these names (the follow-up's candidates),
         given as the PromQL literals `_literals` made of them (built once per query: at 2,000
         candidates escaping their names for each of the query's selectors took 0.1 s)."""
         model = [f"modelName=~{promql_string(self.model_name)}"] if self.model_name is not None else []
+        name = []
+        if isinstance(metric, tuple):
+            metric, name = "", [f"__name__=~{promql_string('|'.join(metric))}"]
         out = []
         for scheme, pod_label, ns_label in (("pod", "pod", "namespace"),
                                              ("exported", "exported_pod", "exported_namespace")):
@@ -157,7 +163,7 @@ class IdleQuery:
                 m.append(f"{ns_label}=~{namespaces}")
             if pods is not None:
                 m.append(f"{pod_label}=~{pods}")
-            out.append((scheme, metric + "{" + ",".join(m + model) + "}"))
+            out.append((scheme, metric + "{" + ",".join(name + m + model) + "}"))
         return out
 
     def _per_gpu(self, fn, **match) -> str:
@@ -168,23 +174,34 @@ class IdleQuery:
         return f"({gr}) or ({util})"
 
     def candidates_promql(self) -> str:
-        """One series per pod with a GPU under the threshold (its value: how many)."""
-        w, by = _duration(self.window_seconds), self._by
-        peaks = self._per_gpu(lambda s, scale: f"max_over_time({s}[{w}]){scale}")
+        """One series per pod with a GPU under the threshold (its value: how many).
+
+        Each metric's peaks are filtered under the threshold before anything else, so that
+        the `or`s and GPU_UTIL's scaling handle the few idle GPUs, not every GPU (at 10,000
+        GPUs: 0.06 s instead of 0.10 s). GPU_UTIL's peak is first compared in its own unit
+        with a bound a hair above 100 × the threshold (rounding can never drop a GPU there),
+        then scaled and compared exactly as the follow-up does. This answer may hold a few
+        more pods than are idle — a GPU whose GR_ENGINE is busy while its GPU_UTIL is not,
+        since GR_ENGINE's precedence is not applied here —, never fewer: the follow-up reads
+        their peaks with the precedence and they count as busy."""
+        w, by, threshold = _duration(self.window_seconds), self._by, _number(self.idle_threshold)
+        percent = _number(self.idle_threshold * 100 * (1 + 1e-9))
         # A GPU whose peak is NaN is never under the threshold: its pod is not a candidate.
-        return f"count by ({by}) (({peaks}) < {_number(self.idle_threshold)})"
+        parts = [f"max_over_time({s}[{w}]) < {threshold}" for s in self._selectors(GR_ENGINE)]
+        parts += [f"(max_over_time({s}[{w}]) < {percent}) / 100 < {threshold}" for s in self._selectors(GPU_UTIL)]
+        return f"count by ({by}) ({' or '.join(parts)})"
 
     def census_promql(self) -> str:
         """The GPU pods reporting at the evaluation time, counted per namespace (per scheme,
-        each on its own namespace label)."""
+        each on its own namespace label). One selector per scheme matches both utilization
+        metrics (a GPU with both is one pod either way): at 10,000 GPUs 0.044 s where
+        `or`-ing a selector per metric took 0.062 s."""
         parts = []
-        for scheme, pod_label, ns_label in (("pod", "pod", "namespace"),
-                                             ("exported", "exported_pod", "exported_namespace")):
-            if self.label_scheme not in ("auto", scheme):
-                continue
-            present = " or ".join(s for metric in (GR_ENGINE, GPU_UTIL)
-                                  for sch, s in self._scheme_selectors(metric) if sch == scheme)
-            parts.append(f"count by ({ns_label}) (count by ({ns_label}, {pod_label}) ({present}))")
+        for scheme, ns_label, pod_label in (("pod", "namespace", "pod"),
+                                             ("exported", "exported_namespace", "exported_pod")):
+            for sch, present in self._scheme_selectors((GR_ENGINE, GPU_UTIL)):
+                if sch == scheme:
+                    parts.append(f"count by ({ns_label}) (group by ({ns_label}, {pod_label}) ({present}))")
         return " or ".join(parts)
 
     def followup_promql(self, pods) -> str:

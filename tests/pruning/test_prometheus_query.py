@@ -7,6 +7,7 @@ from prometheus_fixtures import Series, gpu_labels
 
 from clusters.errors import PrometheusError
 from clusters.prometheus import PrometheusGateway
+from pruning.planning import PruneSettings, pods_to_look_up
 from pruning.query import IdleQuery
 from pruning.reads import idle_gpus_read
 
@@ -89,6 +90,30 @@ def test_max_per_gpu_gr_engine_first_util_as_fallback(prom):
     assert q.pods_per_namespace == {"team-a": 3, "team-b": 2, "team-c": 2, "team-d": 1, "team-e": 1, "team-f": 1}
     assert pods[("team-a", "was-busy")][0].max_utilization == 0.0
     assert pods[("team-a", "idle-0")][0].complete
+
+
+@pytest.mark.parametrize("scheme", ["pod", "exported"])
+def test_gr_engine_decides_for_its_gpu_and_util_is_held_to_the_threshold_exactly(prometheus_factory, scheme):
+    def gpu(pod, node):
+        return gpu_labels("team-g", pod, node=node, scheme=scheme)
+
+    data = [
+        # GR_ENGINE busy while GPU_UTIL reads 0: busy (GR_ENGINE decides where it exists).
+        history(GR, gpu("gr-busy", "n1"), 0.5), history(UTIL, gpu("gr-busy", "n1"), 0),
+        # GR_ENGINE idle while GPU_UTIL reads 60 %: idle.
+        history(GR, gpu("gr-idle", "n2"), 0.0), history(UTIL, gpu("gr-idle", "n2"), 60),
+        # GPU_UTIL only: 1 % is the 0.01 threshold itself (not under it), 0.99 % is under.
+        history(UTIL, gpu("at-threshold", "n3"), 1.0),
+        history(UTIL, gpu("under", "n4"), 0.99),
+        # Two GPUs, one of them busy: the pod is busy.
+        history(UTIL, gpu_labels("team-g", "half", 0, node="n5", scheme=scheme), 0),
+        history(UTIL, gpu_labels("team-g", "half", 1, node="n5", scheme=scheme), 40),
+    ]
+    prom = PrometheusGateway(prometheus_factory(data).url)
+    answer, _ = idle_gpus_read(prom, IdleQuery(idle_threshold=0.01), at=NOW)
+    idle = pods_to_look_up(list(answer.series), PruneSettings(idle_threshold=0.01))
+    assert idle == {("team-g", "gr-idle"), ("team-g", "under")}
+    assert answer.pods_seen == 5 and answer.pods_per_namespace == {"team-g": 5}
 
 
 def test_gaps_and_short_histories_are_flagged_incomplete(prom):

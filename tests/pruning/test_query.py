@@ -117,8 +117,8 @@ def test_census_counts_pods_per_namespace_in_both_schemes():
 
 def test_census_counts_each_scheme_on_its_own_namespace_label():
     auto = IdleQuery(namespace="a").census_promql()
-    assert "count by (namespace) (count by (namespace, pod)" in auto
-    assert "count by (exported_namespace) (count by (exported_namespace, exported_pod)" in auto
+    assert "count by (namespace) (group by (namespace, pod)" in auto
+    assert "count by (exported_namespace) (group by (exported_namespace, exported_pod)" in auto
     assert 'namespace=~"a"' in auto and 'exported_pod=""' in auto
     assert "_over_time" not in auto   # the last samples only, not the whole window
     pod = IdleQuery(label_scheme="pod").census_promql()
