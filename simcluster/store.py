@@ -296,6 +296,34 @@ class Store:
                             continue
                         items.append(obj)
                 return ListPage(items, rv, None, None)
+            in_order = self._in_order.get(rtype.key)
+            if not changed and name is None and in_order is not None and not exact.get("spec.nodeName"):
+                # A page of the current state while the type's key-ordered list is kept
+                # (no write since the last whole read): the page's bounds by bisection,
+                # then a slice of that list, with no lookup per key. A page never makes
+                # the list (a copy of the whole type) itself.
+                start = 0 if low is None else \
+                    objects.bisect_left(low) if low_inclusive else objects.bisect_right(low)
+                end = len(in_order) if high is None else objects.bisect_left(high)
+                if label_match is None and field_match is None:
+                    stop = min(end, start + limit) if limit else end
+                    items = in_order[start:stop]
+                else:
+                    stop = start
+                    while stop < end:
+                        if limit and len(items) >= limit:
+                            break
+                        obj = in_order[stop]
+                        stop += 1
+                        if label_match is not None and not label_match(obj["metadata"].get("labels") or _NO_LABELS):
+                            continue
+                        if field_match is not None and not field_match(obj):
+                            continue
+                        items.append(obj)
+                if stop >= end:
+                    return ListPage(items, rv, None, None)
+                remaining = end - stop if not label_selector and not field_selector else None
+                return ListPage(items, rv, _obj_key(in_order[stop - 1]), remaining)
             for key in keys:
                 obj = changed[key] if key in changed else objects.get(key)
                 if obj is None:

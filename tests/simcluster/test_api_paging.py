@@ -150,3 +150,34 @@ def test_kubectl_pages_get_pods_and_prints_every_pod_once(cluster):
 
 def _names_of_dicts(items: list[dict]) -> list[tuple[str, str]]:
     return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
+
+
+def _pages_of(cluster, limit: int, **kwargs) -> list[tuple[list, int | None, bool]]:
+    """Each page's (names, remainingItemCount, has a continue token)."""
+    list_fn = cluster.core.list_namespaced_pod if "namespace" in kwargs else cluster.core.list_pod_for_all_namespaces
+    _, pages = _all_pages(list_fn, limit, **kwargs)
+    return [(_names(p.items), p.metadata.remaining_item_count, bool(p.metadata._continue)) for p in pages]
+
+
+def test_pages_read_right_after_a_write_and_after_a_whole_list_are_the_same(cluster):
+    """The server answers a page from its own key-ordered list of the type once a whole
+    LIST has made one, and by key lookups while none is kept (a write drops it): a client
+    must not be able to tell which."""
+    namespace = GENERATED[-1]["metadata"]["namespace"]
+    cases = [dict(limit=7), dict(limit=60), dict(limit=100), dict(limit=2, namespace=namespace),
+             dict(limit=5, label_selector="capacity.io/component=model"),
+             dict(limit=4, field_selector="status.phase=Running"),
+             dict(limit=3, namespace=namespace, label_selector="capacity.io/component=model")]
+    pod = cluster.core.list_pod_for_all_namespaces(limit=1).items[0]
+    cluster.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                      {"metadata": {"labels": {"tier": "written"}}})
+    after_write = [_pages_of(cluster, **case) for case in cases]
+    whole = _names(cluster.core.list_pod_for_all_namespaces().items)
+    after_whole_list = [_pages_of(cluster, **case) for case in cases]
+    assert after_whole_list == after_write
+    assert [name for page in after_write[0] for name in page[0]] == whole
+    assert [page[1] for page in after_write[0]] == [60 - 7 * (i + 1) for i in range(8)] + [None]
+    assert after_write[1] == [(whole, None, False)]   # a limit the list fills exactly: no token
+    assert all(page[1] is None for case in after_write[4:] for page in case)   # selectors: no count
+    selected = _names(cluster.core.list_pod_for_all_namespaces(label_selector="capacity.io/component=model").items)
+    assert [name for page in after_whole_list[4] for name in page[0]] == selected
