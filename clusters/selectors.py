@@ -45,20 +45,35 @@ def cluster_find(*, name: str | None = None, pk: int | None = None) -> Cluster |
 
 
 def snapshot_take(gateway: kube.KubeGateway, *, now: datetime, namespace: str | None = None,
-                  nodes: bool = True, page_size: int | None = SNAPSHOT_PAGE_SIZE) -> ClusterSnapshot:
+                  nodes: bool = True, gpu_nodes_only: bool = False,
+                  page_size: int | None = SNAPSHOT_PAGE_SIZE) -> ClusterSnapshot:
     """The cluster as planning sees it: one paged LIST of nodes (unless `nodes` is False:
     a planner that reads only pods) and one of pods, in O(nodes + pods) time and with one
-    page of raw JSON in memory at a time."""
+    page of raw JSON in memory at a time.
+
+    With `gpu_nodes_only`, the snapshot holds the nodes with allocatable GPUs and only the
+    pods bound to them (what the GPU map and the dashboard draw): the LISTs are the same,
+    but the other objects are let go with their page instead of being made into views."""
+    if gpu_nodes_only and not nodes:
+        raise ValueError("gpu_nodes_only needs the nodes read (nodes=True)")
     with gc_paused():
         node_views = _views_paged(gateway, kube.NODES, NodeView.from_object, page_size=page_size) if nodes else []
-        pods = _views_paged(gateway, kube.PODS, PodView.from_object, namespace=namespace, page_size=page_size)
+        bound_to = None
+        if gpu_nodes_only:
+            node_views = [n for n in node_views if n.gpus_allocatable > 0]
+            bound_to = frozenset(n.name for n in node_views)
+        pods = _views_paged(gateway, kube.PODS, PodView.from_object, namespace=namespace, page_size=page_size,
+                            bound_to=bound_to)
         return ClusterSnapshot.build(taken_at=now, nodes=node_views, pods=pods)
 
 
+_NO_SPEC: dict = {}
+
+
 def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, *, namespace: str | None = None,
-                 page_size: int | None) -> list:
-    """Every object of a paged LIST as a view, each page converted and let go before the
-    next one is asked for."""
+                 page_size: int | None, bound_to: frozenset[str] | None = None) -> list:
+    """Every object of a paged LIST as a view (with `bound_to`, only the pods bound to one of
+    those nodes), each page converted and let go before the next one is asked for."""
     views: list = []
     token = None
     while True:
@@ -71,11 +86,15 @@ def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, *, na
             # it all again in one LIST, as client-go's pager does (FullListIfExpired).
             views, token, page_size = [], None, None
             continue
-        views.extend([view(o) for o in page.get("items") or ()])
+        items = page.get("items") or ()
+        if bound_to is None:
+            views.extend([view(o) for o in items])
+        else:
+            views.extend([view(o) for o in items if (o.get("spec") or _NO_SPEC).get("nodeName") in bound_to])
         token = (page.get("metadata") or {}).get("continue")
         if not token:
             return views
-        del page
+        del page, items
 
 
 def namespace_version(gateway: kube.KubeGateway, namespace: str) -> str | None:

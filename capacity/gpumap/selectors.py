@@ -1,7 +1,8 @@
 """The GPU map's read: a cluster's fragmentation view, kept a few seconds per cluster.
 
 At 5,000 nodes and 50,000 pods drawing the view means reading the whole cluster (about a
-second over the API, most of it decoding JSON), and the dashboard reloads itself every few
+second over the API, most of it decoding JSON; only the GPU nodes and the pods bound to them
+are made into views, the rest is let go with its page), and the dashboard reloads itself every few
 seconds for everyone who has it open. A person reading where the GPUs are accepts data a
 few seconds old when the page says how old it is, so one drawing serves every page of that
 cluster for `CAPACITY_MAP_CACHE_SECONDS` (Django's cache: Redis in production, so all web
@@ -142,7 +143,7 @@ def _draw(cluster: Cluster, identity: str, drawn_with: dict, now: datetime,
     """Read the cluster, draw the map and the totals, keep both; raises the gateway's errors."""
     ttl = settings.CAPACITY_MAP_CACHE_SECONDS
     with gc_paused():   # decoded JSON, views and map rows: many small objects, none cyclic
-        snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now)
+        snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now, gpu_nodes_only=True)
         drawn = {"view": fragmentation_view(snapshot, held_nodes=drawn_with["held"],
                                             scoring=drawn_with["scoring"])}
         del snapshot

@@ -117,6 +117,26 @@ def test_a_paged_snapshot_is_the_whole_cluster_read_a_page_at_a_time(sim_cluster
     assert gc.isenabled()
 
 
+@pytest.mark.django_db
+def test_a_gpu_nodes_snapshot_holds_the_gpu_nodes_and_only_the_pods_bound_to_them(sim_cluster_factory):
+    docs = gpu_cluster(nodes=3, pods_per_node=2)
+    docs.append({"apiVersion": "v1", "kind": "Node", **node("cpu-1", gpus=0)})
+    docs.append({"apiVersion": "v1", "kind": "Pod", **pod("web", node_name="cpu-1", gpus=0)})
+    docs.append({"apiVersion": "v1", "kind": "Pod", **pod("waiting", node_name=None, gpus=16, phase="Pending")})
+    handle = sim_cluster_factory(docs)
+    whole = snapshot_take(handle.gateway, now=NOW)
+    assert len(whole.nodes) == 4 and len(whole.pods) == 8   # the CPU node, its pod and the unbound one too
+    handle.gateway.calls.clear()
+    gpus_only = snapshot_take(handle.gateway, now=NOW, gpu_nodes_only=True, page_size=4)
+    assert handle.gateway.calls == {("list", "nodes"): 1, ("list", "pods"): 2}   # the same LISTs, 8 pods by 4
+    assert [n.name for n in gpus_only.nodes] == ["n0", "n1", "n2"]
+    assert sorted(p.name for p in gpus_only.pods) == ["p0-0", "p0-1", "p1-0", "p1-1", "p2-0", "p2-1"]
+    assert [p for p in whole.pods if p.node_name in ("n0", "n1", "n2")] == list(gpus_only.pods)
+    assert gpus_only.gpus_free("n1") == whole.gpus_free("n1") == 4 and gpus_only.node("cpu-1") is None
+    with pytest.raises(ValueError, match="needs the nodes read"):
+        snapshot_take(handle.gateway, now=NOW, nodes=False, gpu_nodes_only=True)
+
+
 class _CompactingBetweenPages:
     """The real gateway; after the first page of pods, a pod is changed and the server's
     history compacted past the list's version (etcd compaction, every 5 min upstream)."""
