@@ -137,17 +137,16 @@ def list_objects(sim: Simulation, route: Route, request: Request) -> Response:
     parts = sim.store.encode_items(rtype, items)
     if not parts:
         return Response(head[:-1] + b',"items":[]}', content_type=JSON)
-    opening = head[:-1] + b',"items":['
-    length = len(opening) + sum(map(len, parts)) + len(parts) - 1 + 2
+    # The list's opening and closing go with its first and last items, not as writes of their own.
+    parts[0] = head[:-1] + b',"items":[' + parts[0]
+    parts[-1] = parts[-1] + b"]}"
+    length = sum(map(len, parts)) + len(parts) - 1
     if length <= _PIECE_BYTES:
-        parts[0] = opening + parts[0]
-        parts[-1] = parts[-1] + b"]}"
         return Response(b",".join(parts), content_type=JSON)
-    return Response(_pieces(opening, parts), content_type=JSON, headers={"Content-Length": str(length)})
+    return Response(_pieces(parts), content_type=JSON, headers={"Content-Length": str(length)})
 
 
-def _pieces(opening: bytes, parts: list[bytes]):
-    yield opening
+def _pieces(parts: list[bytes]):
     start, size = 0, 0
     for at, part in enumerate(parts):
         size += len(part) + 1
@@ -157,7 +156,6 @@ def _pieces(opening: bytes, parts: list[bytes]):
                 piece.insert(0, b"")   # the comma after the previous piece's last item
             yield b",".join(piece)
             start, size = at + 1, 0
-    yield b"]}"
 
 
 # ---- writes ------------------------------------------------------------------------

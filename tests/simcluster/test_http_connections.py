@@ -102,3 +102,23 @@ def test_stopping_the_server_ends_a_connection_left_open(kube):
         ended = False
     assert ended, "the connection stayed open after the server stopped"
     connection.close()
+
+
+def test_a_list_sent_in_pieces_arrives_whole_and_the_connection_serves_the_next_request(kube_factory):
+    from simcluster.generate import generate
+    docs = generate(nodes=20, pods=1000, seed=5)[1:]
+    pods = sorted((d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Pod")
+    kube = kube_factory(docs)
+    connection = _connect(kube)
+    response, body = _ask(connection, "GET", "/api/v1/pods")
+    assert len(body) > 2 * (1 << 18)   # more than two of the pieces a large LIST goes out in
+    assert int(response.getheader("Content-Length")) == len(body)
+    listed = json.loads(body)
+    assert listed["kind"] == "PodList"
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed["items"]] == pods
+    response, body = _ask(connection, "GET", "/api/v1/pods?limit=150")
+    page = json.loads(body)
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in page["items"]] == pods[:150]
+    assert page["metadata"]["remainingItemCount"] == len(pods) - 150
+    assert connection.sock is not None
+    connection.close()
