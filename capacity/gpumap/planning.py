@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -25,11 +26,9 @@ from capacity.defrag.planning import (
     DefragAdvice,
     Freeing,
     FreeingStep,
-    Role,
     Scoring,
     defrag_advice,
     node_pool,
-    pod_classify,
 )
 
 # ---- where to defrag: the fragmentation view --------------------------------------------
@@ -62,6 +61,8 @@ class GpuCell:
 
 
 _FREE = GpuCell()   # every free GPU's cell: one object, however many nodes
+_by_name = operator.attrgetter("name")
+_org_model_name = operator.itemgetter(0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,27 @@ class NodeRow:
     used: int
     cordoned: bool
     held_by_job: int | None
-    cells: tuple[GpuCell, ...]
-    gpu_pods: int
-    blockers: int
+    # The node's live GPU pods as (org, model, pod name, namespace, GPUs), by org, model and
+    # name: what its cells show. Kept as plain tuples (the map draws a page of 100 rows, not
+    # all of them, and a reading of 5,000 nodes is pickled into the cache).
+    holders: tuple[tuple[str, str, str, str, int], ...]
 
     @property
     def free(self) -> int:
         return max(self.total - self.used, 0)
+
+    @property
+    def gpu_pods(self) -> int:
+        return len(self.holders)
+
+    @property
+    def cells(self) -> tuple[GpuCell, ...]:
+        """One per GPU: each pod's (by org, model and name), then the free ones."""
+        cells: list[GpuCell] = []
+        for org, model, name, namespace, gpus in self.holders:
+            cells.extend([GpuCell(f"{namespace}/{name}", org, model, colour_for(f"{org}/{model}"))] * gpus)
+        cells.extend([_FREE] * self.free)
+        return tuple(cells)
 
 
 @dataclass(frozen=True)
@@ -103,33 +118,25 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
     """
     held_nodes = held_nodes or {}
     rows: list[NodeRow] = []
-    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+    for node in sorted(snapshot.nodes, key=_by_name):
         if node.gpus_allocatable <= 0:
             continue
         node_pool_name = node_pool(node)
         if pool and node_pool_name != pool:
             continue
-        # One pass over the node's pods (50,000 at fleet size): what they hold, who they
-        # are for the cells, and which of them block emptying the node.
-        used = blockers = 0
-        holders: list[tuple[str, str, str, PodView]] = []
+        # One pass over the node's pods (50,000 at fleet size): what they hold and who they are.
+        used = 0
+        holders: list[tuple[str, str, str, str, int]] = []
         for pod in snapshot.pods_on(node.name):
-            if not pod.live:
-                continue
-            used += pod.gpus
-            if pod.gpus > 0:
-                holders.append((org_of(pod), model_of(pod), pod.name, pod))
-            if pod_classify(pod)[0] == Role.BLOCKER:
-                blockers += 1
-        holders.sort(key=lambda h: h[:3])
-        cells: list[GpuCell] = []
-        for org, model, _, pod in holders:
-            cells.extend([GpuCell(f"{pod.namespace}/{pod.name}", org, model, colour_for(f"{org}/{model}"))] * pod.gpus)
-        cells.extend([_FREE] * max(node.gpus_allocatable - used, 0))
+            if pod.live:
+                used += pod.gpus
+                if pod.gpus > 0:
+                    holders.append((org_of(pod), model_of(pod), pod.name, pod.namespace, pod.gpus))
+        if len(holders) > 1:
+            holders.sort(key=_org_model_name)
         rows.append(NodeRow(name=node.name, pool=node_pool_name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
                             total=node.gpus_allocatable, used=used, cordoned=node.unschedulable,
-                            held_by_job=held_nodes.get(node.name), cells=tuple(cells), gpu_pods=len(holders),
-                            blockers=blockers))
+                            held_by_job=held_nodes.get(node.name), holders=tuple(holders)))
     advice = defrag_advice(snapshot, held_nodes=held_nodes, scoring=scoring)
     if pool:
         advice = advice.only({r.name for r in rows})

@@ -50,7 +50,7 @@ def test_fragmentation_skips_cordoned_held_and_blocked_nodes_and_other_gpu_produ
     assert [(c.node, c.frees_whole_node) for c in view.candidates] == [("a", True), ("e", False)]
     assert view.candidates[0].moves[0].to == "d"
     rows = {r.name: r for r in view.rows}
-    assert rows["b"].cordoned and rows["c"].held_by_job == 7 and rows["d"].blockers == 1
+    assert rows["b"].cordoned and rows["c"].held_by_job == 7 and rows["d"].gpu_pods == 1   # d: blocked, not a candidate
     a10 = fragmentation_view(snapshot(nodes, pods), pool="a10")
     assert [r.name for r in a10.rows] == ["e"] and [c.node for c in a10.candidates] == ["e"]
     assert a10.advice.summary == ("No node can be emptied into the free GPUs of other non-empty nodes; "
