@@ -14,12 +14,14 @@ so that gpu-pruner's own query runs unchanged on the same data.
 Per scenario a fresh worker process (so its peak memory is the pass's, not the bench's)
 runs one untimed pass, then `--repeat` rounds of floor, pass and peer replay, and reports:
 - the pass: `prune_run_execute` in dry-run mode — its three Prometheus queries (the
-  candidates and the census sent at once, then the follow-up about the candidates), the
-  Kubernetes reads the cost model chose, the plan, the PruneRun/PruneDecision rows written;
+  candidates and the census sent at once, then the follow-up about the candidates while
+  they are read), the Kubernetes reads the cost model chose, the plan, the
+  PruneRun/PruneDecision rows written;
 - the floor, the cheapest way to do the same reading with the libraries the product
-  uses (urllib3 + orjson): the same three PromQL queries, the first two at once, then, for
-  few idle pods, one GET of each idle pod and of each owner up its chain (each once), for
-  many, one unpaged pod LIST (decoded with the collector paused, as the pass reads);
+  uses (urllib3 + orjson): the same three PromQL queries, the first two at once, the
+  third while the pods are read: for few idle pods one GET of each idle pod, then of each
+  owner up its chain (each once), ten GETs at a time; for many, one unpaged pod LIST
+  (decoded with the collector paused, as the pass reads);
 - the peer replay: the calls gpu-pruner makes in one dry-run pass (gpu-pruner/src/main.rs,
   lib.rs, query.promql.j2 of wseaton/gpu-pruner), made with urllib3 + orjson: its one PromQL
   query (one series per idle GPU, node_dmi_info joined), then for every series, ten at a
@@ -258,19 +260,21 @@ def worker(args) -> int:
         def floor_once():
             candidates, _census = pool.map(promql, [query.candidates_promql(), query.census_promql()])
             pods = sorted({(r["metric"]["exported_namespace"], r["metric"]["exported_pod"]) for r in candidates})
-            promql(query.followup_promql(pods))
+            followup = pool.submit(promql, query.followup_promql(pods))   # evaluated while the pods are read
             if not args.few:
                 with gc_paused():   # as the pass reads its pages
                     orjson.loads(http.request("GET", f"{api}/api/v1/pods").data)
+                followup.result()
                 return
-            owners = set()
-            for ns, name in pods:   # each idle pod, then each owner up its chain, once
-                pod = get(f"/api/v1/namespaces/{ns}/pods/{name}")
-                owners.add((ns, pod["metadata"]["ownerReferences"][0]["name"]))
-            for ns, name in sorted(owners):
-                rs = get(f"/apis/apps/v1/namespaces/{ns}/replicasets/{name}")
-                for ref in rs["metadata"].get("ownerReferences") or ():
-                    get(f"/apis/apps/v1/namespaces/{ns}/deployments/{ref['name']}")
+            # Each idle pod, then each owner up its chain once, ten GETs at a time.
+            read = list(pool.map(lambda key: get(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}"), pods))
+            followup.result()
+            owners = sorted({(ns, pod["metadata"]["ownerReferences"][0]["name"]) for (ns, _), pod in zip(pods, read)})
+            sets = list(pool.map(lambda key: (key[0], get(f"/apis/apps/v1/namespaces/{key[0]}/replicasets/{key[1]}")),
+                                 owners))
+            deployments = sorted({(ns, ref["name"]) for ns, rs in sets
+                                  for ref in rs["metadata"].get("ownerReferences") or ()})
+            list(pool.map(lambda key: get(f"/apis/apps/v1/namespaces/{key[0]}/deployments/{key[1]}"), deployments))
 
         def peer_walk(series: dict) -> int:
             """One idle GPU's pod and its owners, as gpu-pruner's find_root_object walks them."""

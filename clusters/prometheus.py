@@ -19,7 +19,7 @@ import os
 import re
 import ssl
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -122,14 +122,18 @@ class PrometheusGateway:
         starting threads for every pass cost more than the follow-up query)."""
         if len(promqls) < 2:
             return [self.query(q, at=at) for q in promqls]
-        pool = _senders()
-        futures = [pool.submit(self.query, q, at=at) for q in promqls[1:]]
+        futures = [self.query_started(q, at=at) for q in promqls[1:]]
         try:
             first = self.query(promqls[0], at=at)
         except BaseException:
             wait(futures)   # the others have ended too when the caller hears of it
             raise
         return [first] + [f.result() for f in futures]
+
+    def query_started(self, promql: str, *, at: datetime | None = None) -> Future:
+        """An instant query sent from one of the process's query threads at once; the
+        future's `result()` answers (or raises) as `query` does."""
+        return _senders().submit(self.query, promql, at=at)
 
     def _post(self, path: str, form: dict) -> list:
         # `verify` explicitly: requests would otherwise let REQUESTS_CA_BUNDLE override the CA file.

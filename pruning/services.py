@@ -1,8 +1,9 @@
 """Prune runs and restores: query, plan, act, record.
 
 One run = three PromQL queries (the first two sent at once) + reads of the pods that look
-idle and their owners, by GETs, namespace LISTs or cluster-wide LISTs, whichever costs
-least (`reads`) + for each owner acted on: one GET (re-read), one write, one Event.
+idle (while the third is evaluated) and their owners, by GETs, namespace LISTs or
+cluster-wide LISTs, whichever costs least (`reads`) + for each owner acted on: one GET
+(re-read), one write, one Event.
 
 A run is owned by its worker through a lease on its row (renewed before every step, at
 most `LEASE_SECONDS` ahead). Every scale-down is written ahead: the decision row holds
@@ -260,13 +261,10 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                                   lease_expires_at=wall_clock() + timedelta(seconds=LEASE_SECONDS))
     lease = _Lease(run, wall_clock)
     try:
-        answer, sent = reads.idle_gpus_read(prometheus, query, at=now)
-        run.query = "\n\n".join(sent)
-        idle_pods = _pods_to_read(answer, params)
-        read_plan = reads.reads_choose(pods=idle_pods, pods_per_namespace=answer.pods_per_namespace,
-                                       pods_seen=answer.pods_seen)
-        view = reads.cluster_view_read(kube_gateway, pods=idle_pods, plan=read_plan)
-        namespaces = {ns for ns, _ in idle_pods}
+        got = reads.pass_read(prometheus, kube_gateway, query, params.settings(), at=now)
+        answer, view = got.answer, got.view
+        run.query = "\n\n".join(got.sent)
+        namespaces = {ns for ns, _ in got.look_up}
         # What the orgs say of these namespaces: scale to zero turned off, and the
         # exemptions and snoozes operators set on an org or one of its workloads.
         holds = org_selectors.prune_holds(cluster=cluster, namespaces=namespaces, now=now)
@@ -297,21 +295,20 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
             if not lease.renew():
                 return _lease_lost(run)
             _act(kube_gateway, run, record, params, now)
-    _count(run)
-    # A scale-down whose outcome could not be read back is no success: the beat settles it.
-    unsettled = run.decisions.filter(result=PruneDecision.Result.ACTING).exists()
+        _count(run)
+        # A scale-down whose outcome could not be read back is no success: the beat settles it.
+        unsettled = run.decisions.filter(result=PruneDecision.Result.ACTING).exists()
+    else:   # a dry run's rows stay as they were written: counted without reading them back
+        _count(run, decisions)
+        unsettled = False
     run.status = PruneRun.Status.PARTIAL if run.failed or unsettled else PruneRun.Status.SUCCEEDED
     _finish(run, started, kube_gateway, calls_before)
     return run
 
 
-def _pods_to_read(answer, params: PruneParams) -> set[tuple[str, str]]:
-    return planning.pods_to_look_up(answer.series, params.settings())
-
-
-def _count(run: PruneRun) -> None:
-    """The run's totals from its decision rows, as the database holds them now."""
-    rows = list(run.decisions.all())
+def _count(run: PruneRun, rows: list[PruneDecision] | None = None) -> None:
+    """The run's totals from its decision rows, as the database holds them now (or `rows`)."""
+    rows = list(run.decisions.all()) if rows is None else rows
     run.acted = sum(1 for d in rows if d.result == PruneDecision.Result.SUCCEEDED)
     run.failed = sum(1 for d in rows if d.result == PruneDecision.Result.FAILED)
     run.errors = (list(run.errors or []) +

@@ -143,3 +143,32 @@ def test_pods_read_by_get_share_one_get_of_each_owner(make_world):
     assert sorted(world.gateway.reads) == ([("get", "deployments.apps", "team-c")] + [("get", "pods", "team-c")] * 10
                                            + [("get", "replicasets.apps", "team-c")])
     assert {kind for kind, _, _ in view.objects} == {"ReplicaSet", "Deployment"}
+
+
+def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_its_owners_are_not(tmp_path, prometheus_factory):
+    from prometheus_fixtures import Series
+
+    with World.start(tmp_path) as world:
+        world.prometheus_factory = prometheus_factory
+        world.create(deployment("mixed", "team-a", gpus=2, util="0"))   # one of its two GPUs made busy below
+        world.create(deployment("idle", "team-a", util="0"))
+        world.create(deployment("busy", "team-a", replicas=20, util="70"))   # team-a too big to list for two pods
+        world.record_history(minutes=40)
+        world.gateway.close()
+        world.gateway = ScopedCounts.from_kubeconfig(world.kubeconfig)
+
+        def one_gpu_busy(series):
+            mixed = [s for s in series if s.labels.get("pod", "").startswith("mixed-")]
+            busy_gpu = max(s.labels["gpu"] for s in mixed)
+            return [Series(s.metric, s.labels, [(t, 50.0) for t, _ in s.samples])
+                    if s in mixed and s.labels["gpu"] == busy_gpu else s for s in series]
+
+        run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=one_gpu_busy),
+                                now=world.now(), params=PruneParams(max_scale_downs=50))
+        assert (run.pods_seen, run.busy_pods, run.idle_candidates, run.planned) == (22, 21, 1, 1)
+        assert [(d.owner_name, d.decision) for d in run.decisions.all()] == [("idle", "prune")]
+        # "mixed" came back with the candidates (a GPU under the threshold): its pod was read
+        # while the follow-up said it is busy, and nothing of its owners.
+        assert sorted(world.gateway.reads) == [("get", "deployments.apps", "team-a"), ("get", "pods", "team-a"),
+                                               ("get", "pods", "team-a"), ("get", "replicasets.apps", "team-a")]
+        assert run.kube_api_calls == 4
