@@ -27,7 +27,9 @@ too (target: every one <= 2).
 how SNAPSHOT_PAGE_SIZE was chosen.
 
 The web requests go through Django's test client in this process (the middleware, the
-permission check, the templates), on a throw-away SQLite database; Django's cache is the
+permission check, the templates), on a throw-away SQLite database, with the templates
+rendered as in production (not instrumented for tests: that copies every template's context
+onto the response and keeps the page's objects alive after it); Django's cache is the
 settings' (local memory), or Redis at --redis-url (only this bench's keys are written, and
 dropped at the end). Prints figures; not a test. Leaves nothing behind (a temporary folder
 holds the scenario, the kubeconfig and the database).
@@ -55,7 +57,6 @@ from _runs import Report, bench_arguments, paired, per_run, raw_lists, scales_of
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
 from clusters import kube  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
@@ -196,7 +197,6 @@ def main() -> int:
                                             "also times a page served from an older reading while it queues a refresh")
     args = parser.parse_args()
     scales = scales_of(args)
-    setup_test_environment()
     # Refreshes the pages queue stay in this process and are never run (see the docstring).
     celery_app.conf.broker_url, celery_app.conf.broker_transport_options = "memory://", {}
     real_now = clock.now

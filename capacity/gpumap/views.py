@@ -7,6 +7,8 @@ of the cluster, and not even those LISTs while a reading of the cluster younger 
 background (both pages say how old their data is, and when a refresh failed)."""
 from __future__ import annotations
 
+import functools
+
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
@@ -18,6 +20,7 @@ from django.utils.safestring import mark_safe
 
 from clusters.errors import KubeError
 from clusters.selectors import cluster_find, clusters_all
+from clusters.snapshot import gc_paused
 from config import clock
 from orgs.selectors import org_counts
 from pruning.selectors import prune_runs_recent
@@ -52,6 +55,19 @@ def cluster_contents_required(view):
     return staff_member_required(permission_required(CLUSTER_CONTENTS_PERMISSION, raise_exception=True)(view))
 
 
+def collector_paused(view):
+    """Python's cyclic collector paused while the page is drawn. A page of a 5,000-node cluster
+    is drawn from tens of thousands of new objects (a reading of the cluster, or one loaded
+    from the cache), none of them cyclic: a collection that ran in the middle walked them all
+    (measured at 5,000 nodes: 15-45 ms, against 0.5-0.8 s for the page), only for reference
+    counting to free them when the page is done."""
+    @functools.wraps(view)
+    def paused(request, *args, **kwargs):
+        with gc_paused():
+            return view(request, *args, **kwargs)
+    return paused
+
+
 def _cells_svg(row: NodeRow) -> str:
     """A node's GPU cells as SVG rects. Built here rather than in the template: a page of
     100 eight-GPU nodes is 800 cells, which the template engine drew in ~50 ms. A pod's
@@ -82,6 +98,7 @@ def _data_age(read: Reading, now) -> dict:
 
 
 @cluster_contents_required
+@collector_paused
 def gpu_map(request, cluster: str):
     cluster_row = cluster_find(name=cluster)
     if cluster_row is None:
@@ -118,6 +135,7 @@ def gpu_map(request, cluster: str):
 
 
 @cluster_contents_required
+@collector_paused
 def dashboard(request, cluster: str):
     cluster_row = cluster_find(name=cluster)
     if cluster_row is None:

@@ -1,6 +1,7 @@
 """The per-cluster home dashboard, as an operator reads it."""
 from __future__ import annotations
 
+import gc
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -111,6 +112,22 @@ def test_unreachable_cluster_is_said_and_the_rest_still_shows(sim_cluster_factor
     assert page.status_code == 502
     html = page.content.decode()
     assert "Cannot read the cluster" in html and "dormant of 0" in html
+
+
+def test_the_collector_runs_again_after_every_page_drawn_failed_or_not_found(sim_cluster_factory, client, staff,
+                                                                            settings):
+    """The pages are drawn with Python's cyclic collector paused (tens of thousands of new,
+    acyclic objects at fleet size); it must run again afterwards, or the web process would
+    never collect its cyclic garbage."""
+    settings.CAPACITY_MAP_CACHE_SECONDS = 0   # every page reads the cluster
+    handle = sim_cluster_factory(objects(), name="sim")
+    assert gc.isenabled()
+    for path, status in (("/capacity/clusters/sim/", 200), ("/capacity/clusters/sim/gpu-map/", 200),
+                         ("/capacity/clusters/nope/gpu-map/", 404)):
+        assert client.get(path).status_code == status and gc.isenabled(), path
+    handle.server.stop()
+    for path in ("/capacity/clusters/sim/", "/capacity/clusters/sim/gpu-map/?pool=a10g"):
+        assert client.get(path).status_code == 502 and gc.isenabled(), path
 
 
 def test_unknown_cluster_404_and_anonymous_goes_to_login(client, django_user_model):
