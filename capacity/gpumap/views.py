@@ -110,10 +110,15 @@ def gpu_map(request, cluster: str):
     except KubeError as exc:
         return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
     view = read.value
-    page = Paginator(view.rows, NODES_PER_PAGE).get_page(request.GET.get("page"))
-    width = max((len(r.cells) for r in page.object_list), default=8)
-    rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r)} for i, r in enumerate(page.object_list)]
-    legend = sorted({(c.org, c.model, c.colour) for r in page.object_list for c in r.cells if c.pod})
+    # The page's context holds what the page shows, not the whole reading: Django's template
+    # rendering leaves its context in a reference cycle, kept until the cyclic collector runs,
+    # and a reading of 5,000 nodes is tens of thousands of objects for it to walk then. The
+    # paginator counts the rows by position; only the page's own rows are looked up.
+    page = Paginator(range(len(view.rows)), NODES_PER_PAGE).get_page(request.GET.get("page"))
+    shown = view.rows[page.object_list.start:page.object_list.stop]
+    width = max((len(r.cells) for r in shown), default=8)
+    rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r)} for i, r in enumerate(shown)]
+    legend = sorted({(c.org, c.model, c.colour) for r in shown for c in r.cells if c.pod})
     # Cordoned nodes, and who holds them: a defrag job that rests offers "return to service".
     newest = defrag_jobs_newest_by_node(cluster=cluster_row)
     may_return = request.user.has_perm("capacity.return_to_service_defragjob")
@@ -126,9 +131,9 @@ def gpu_map(request, cluster: str):
                          "returnable": may_return and job is not None and not defrag_job_holding_reason(job)})
     return render(request, "capacity/gpu_map.html", {
         "title": f"GPU map — {cluster_row.name}",
-        "cluster": cluster_row, "view": view, "rows": rows, "pool": pool, "legend": legend, "page": page,
-        **_data_age(read, now),
-        "candidates": view.candidates[:TOP_CANDIDATES], "cordoned": cordoned,
+        "cluster": cluster_row, "pools": view.pools, "advice": view.advice, "rows": rows, "pool": pool,
+        "legend": legend, "page": page, **_data_age(read, now),
+        "candidates": view.candidates[:TOP_CANDIDATES], "candidates_total": len(view.candidates), "cordoned": cordoned,
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
         "text_x": LABEL_WIDTH + width * CELL + 8,
     })
