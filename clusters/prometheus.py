@@ -19,7 +19,7 @@ import os
 import re
 import ssl
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,6 +30,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from clusters.errors import PrometheusError
+from config.threads import SharedThreads
 
 _STATUS = re.compile(r"HTTP Status Code (\d+)")
 _TLS_REASON = re.compile(r"certificate verify failed: ([^'\"()]+)")
@@ -133,7 +134,7 @@ class PrometheusGateway:
     def query_started(self, promql: str, *, at: datetime | None = None) -> Future:
         """An instant query sent from one of the process's query threads at once; the
         future's `result()` answers (or raises) as `query` does."""
-        return _senders().submit(self.query, promql, at=at)
+        return _senders.pool().submit(self.query, promql, at=at)
 
     def _post(self, path: str, form: dict) -> list:
         # `verify` explicitly: requests would otherwise let REQUESTS_CA_BUNDLE override the CA file.
@@ -157,26 +158,9 @@ class PrometheusGateway:
 
 
 # Threads sending the second and later queries of `query_many`, shared by every gateway of
-# the process and started on first use; a forked child (a Celery worker) starts its own.
+# the process.
 SENDERS = 4
-_senders_pool: ThreadPoolExecutor | None = None
-_senders_lock = threading.Lock()
-
-
-def _senders() -> ThreadPoolExecutor:
-    global _senders_pool
-    with _senders_lock:
-        if _senders_pool is None:
-            _senders_pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="prometheus")
-        return _senders_pool
-
-
-def _senders_forget() -> None:
-    global _senders_pool, _senders_lock
-    _senders_pool, _senders_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_senders_forget)
+_senders = SharedThreads(SENDERS, "prometheus")
 
 
 def _check_ca_file(path: str) -> None:

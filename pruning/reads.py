@@ -14,11 +14,9 @@ Every read goes through the gateway (`clusters.kube`), so each counts in its cal
 """
 from __future__ import annotations
 
-import os
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,6 +24,7 @@ from clusters import kube
 from clusters.errors import NotFound
 from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
 from clusters.snapshot import PodView, gc_paused
+from config.threads import SharedThreads
 
 from .planning import ClusterView, ObjectView, PruneSettings, pods_to_look_up
 from .query import IdleAnswer, IdleQuery, parse_candidates, parse_census, parse_followup
@@ -166,27 +165,9 @@ def pass_read(prometheus, gateway: kube.KubeGateway, query: IdleQuery, settings:
     return PassReads(answer, [*first.sent, second], look_up, plan, view)
 
 
-# The reading threads, shared by the passes of the process and started on first use (a
-# pass at 20 idle pods spent a tenth of its time starting threads); a forked child (a
-# Celery worker) starts its own.
-_readers_pool: ThreadPoolExecutor | None = None
-_readers_lock = threading.Lock()
-
-
-def _readers() -> ThreadPoolExecutor:
-    global _readers_pool
-    with _readers_lock:
-        if _readers_pool is None:
-            _readers_pool = ThreadPoolExecutor(max_workers=GET_CONCURRENCY, thread_name_prefix="prune-read")
-        return _readers_pool
-
-
-def _readers_forget() -> None:
-    global _readers_pool, _readers_lock
-    _readers_pool, _readers_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_readers_forget)
+# The reading threads, shared by the passes of the process (a pass at 20 idle pods spent a
+# tenth of its time starting threads).
+_readers = SharedThreads(GET_CONCURRENCY, "prune-read")
 
 
 def _each(fn: Callable, items) -> list:
@@ -195,7 +176,7 @@ def _each(fn: Callable, items) -> list:
     items = list(items)
     if len(items) < 2:
         return [fn(item) for item in items]
-    futures = [_readers().submit(fn, item) for item in items]
+    futures = [_readers.pool().submit(fn, item) for item in items]
     wait(futures)
     return [f.result() for f in futures]
 
