@@ -7,8 +7,9 @@ Part 1, per scale, on a simulated cluster over HTTP (1,000 8-GPU nodes / 10,000 
 1x, every one on a GPU node, see `gpu_cluster_docs`; 5,000 / 50,000 at 5x):
 - snapshot through the gateway, min/median/max of --runs; floor: the same LIST calls the
   snapshot makes (nodes and pods, pages of SNAPSHOT_PAGE_SIZE) over one keep-alive urllib3
-  pool, each page decoded with orjson and let go, the collector paused as the snapshot
-  pauses it (the least a snapshot must read); floor and snapshot back to back in each run,
+  pool, each page decoded as the snapshot decodes it (msgspec, into just the fields its
+  views read) and let go, the collector paused as the snapshot pauses it (the least a
+  snapshot must read); floor and snapshot back to back in each run,
   per-run ratios printed; the same again against one unpaged LIST of each (what the page
   size costs or saves); --snapshot-only stops there (no planning, no writes);
 - planning, min/median/max of --runs (target < 1 s at 1x);
@@ -172,14 +173,15 @@ def part1(scale: int, runs: int, churn: int, report: Report, snapshot_only: bool
         floor(), snapshot_take(gateway, now=now)   # warm up: connections, the server's first pages
         floors, samples = paired(runs, floor, lambda: snapshot_take(gateway, now=now))
         report.add(scale, "snapshot", samples, floor_samples=floors, note=per_run(samples, floors),
-                   floor=f"same LISTs raw (urllib3 + orjson, pages of {SNAPSHOT_PAGE_SIZE}, collector paused)")
+                   floor=f"same LISTs raw (urllib3 + the typed decode, pages of {SNAPSHOT_PAGE_SIZE}, "
+                         "collector paused)")
         # The same against one unpaged LIST each: what paging by SNAPSHOT_PAGE_SIZE (chosen
         # for memory: one page of raw JSON held at a time) costs or saves in time.
         unpaged = lambda: raw_lists(pool, str(url), ("/api/v1/nodes", "/api/v1/pods"),   # noqa: E731
                                     page_size=None)
         floors, samples = paired(runs, unpaged, lambda: snapshot_take(gateway, now=now))
-        report.add(scale, "snapshot vs unpaged LISTs", samples, floor_samples=floors,
-                   note=per_run(samples, floors), floor="one unpaged LIST each raw (urllib3 + orjson, collector paused)")
+        report.add(scale, "snapshot vs unpaged LISTs", samples, floor_samples=floors, note=per_run(samples, floors),
+                   floor="one unpaged LIST each raw (urllib3 + the typed decode, collector paused)")
         pool.clear()
         if snapshot_only:
             gateway.close()

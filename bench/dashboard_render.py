@@ -6,9 +6,10 @@ that (5,000 / 50,000), and the snapshot they are drawn from.
 The simulated cluster (`simcluster.generate`) runs in its own process, as an API server
 does. Per scale, min/median/max over --runs:
 - floor: the same LIST calls the pages make (nodes and pods, paged by SNAPSHOT_PAGE_SIZE,
-  following `continue`), over one keep-alive urllib3 pool, decoded with orjson and nothing
-  more, with Python's cyclic collector paused as the product pauses it: the least any view
-  of the cluster must do with the libraries the product uses;
+  following `continue`), over one keep-alive urllib3 pool, decoded as the snapshot decodes
+  them (msgspec, into just the fields its views read) and nothing more, with Python's cyclic
+  collector paused as the product pauses it: the least any view of the cluster must do with
+  the libraries the product uses;
 - dashboard and GPU map (first page), "read": the cluster read for the page (the kept
   reading dropped first: what the first viewer after CAPACITY_MAP_CACHE_SECONDS waits);
 - dashboard and GPU map, "kept": served from the reading kept for
@@ -98,7 +99,8 @@ def served(scale: int, workdir: Path):
 
 
 def floor_lists(pool: urllib3.PoolManager, url: str, page_size: int | None) -> int:
-    """The floor: the pages' LIST calls, decoded with orjson; returns the objects read."""
+    """The floor: the pages' LIST calls, decoded as the snapshot decodes them; returns the
+    objects read."""
     return raw_lists(pool, url, ("/api/v1/nodes", "/api/v1/pods"), page_size=page_size,
                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
@@ -152,7 +154,7 @@ def one_scale(scale: int, runs: int, report: Report, pages: bool, client: Client
 
         # Warm up: connections, templates, the server's first pages.
         floor(), page(dashboard_path, kept=False), page(map_path, kept=False)
-        floor_label = f"same LISTs raw (urllib3 + orjson, pages of {SNAPSHOT_PAGE_SIZE}, collector paused)"
+        floor_label = f"same LISTs raw (urllib3 + the typed decode, pages of {SNAPSHOT_PAGE_SIZE}, collector paused)"
         for name, path in (("dashboard", dashboard_path), ("GPU map", map_path)):
             for kept in (False, True):
                 # A kept reading is made (untimed) when the last one has expired: under

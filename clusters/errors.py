@@ -74,6 +74,14 @@ class Unavailable(KubeError):
     code, default_reason = 503, "ServiceUnavailable"
 
 
+class BadResponse(KubeError):
+    """The API server answered 2xx with a body that is not what was asked for (not JSON, or
+    not the object's shape). Not retried: the same request would get the same answer."""
+
+    code, default_reason = 502, "BadResponse"
+    transient = False
+
+
 class ConfigError(KubeError):
     """The cluster's connection settings are wrong (missing kubeconfig, unknown context)."""
 

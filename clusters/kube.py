@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from clusters.errors import (
+    BadResponse,
     ConfigError,
     Gone,
     Invalid,
@@ -250,7 +251,7 @@ class KubeGateway:
     def _send(self, verb: str, resource: Resource, method: str, path: str, *,
               query: list[tuple[str, Any]] | None = None, body: Any = None,
               content_type: str | None = None, stream: bool = False,
-              timeout: float | None = None, retry_throttled: bool = True):
+              timeout: float | None = None, retry_throttled: bool = True, decoder: Any = None):
         retry_on: tuple[type[KubeError], ...] = (Unavailable, TooManyRequests) if retry_throttled else (Unavailable,)
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
@@ -265,7 +266,7 @@ class KubeGateway:
             reraise=True,
         )
         return retrying(self._send_counted, verb, resource, method, path, query, body, content_type,
-                        stream, timeout)
+                        stream, timeout, decoder)
 
     def _send_counted(self, verb, resource, *args):
         """One attempt, also counted process-wide, its failure in `errors` too."""
@@ -281,7 +282,7 @@ class KubeGateway:
         """Is the API answering us? One cheap list (one namespace), no retries: a readiness
         probe answers within its own timeout. Raises the gateway's errors."""
         self._send_counted("list", NAMESPACES, "GET", NAMESPACES.path(), [("limit", 1)], None, None, False,
-                           timeout)
+                           timeout, None)
 
     def api_groups(self) -> dict[str, list[str]]:
         """The API groups the server serves and their versions, preferred first, as its
@@ -295,7 +296,7 @@ class KubeGateway:
             served[group.get("name", "")] = sorted(versions, key=lambda v: v != preferred)
         return served
 
-    def _send_once(self, verb, resource, method, path, query, body, content_type, stream, timeout):
+    def _send_once(self, verb, resource, method, path, query, body, content_type, stream, timeout, decoder):
         self._count(self.calls, verb, resource)
         headers = {"Accept": "application/json"}
         if content_type:
@@ -323,7 +324,12 @@ class KubeGateway:
             data = response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unavailable(f"{what}: answer cut short: {exc}", code=0, reason="ConnectionError") from None
-        return orjson.loads(data) if data else {}
+        try:
+            if decoder is not None:
+                return decoder.decode(data or b"{}")
+            return orjson.loads(data) if data else {}
+        except ValueError as exc:   # orjson's and msgspec's decode and validation errors
+            raise BadResponse(f"{what}: the answer is not what was asked for: {exc}") from None
 
     # --- reads --------------------------------------------------------------------------
     def get(self, resource: Resource, name: str, *, namespace: str | None = None,
@@ -333,13 +339,14 @@ class KubeGateway:
     def list_page(self, resource: Resource, *, namespace: str | None = None,
                   label_selector: str | None = None, field_selector: str | None = None,
                   limit: int | None = None, continue_token: str | None = None,
-                  resource_version: str | None = None) -> dict:
-        """One raw page: the List object with `items` and `metadata.continue`."""
+                  resource_version: str | None = None, decoder: Any = None) -> Any:
+        """One raw page: the List object with `items` and `metadata.continue`, as dicts, or
+        as `decoder` (a `msgspec.json.Decoder`) decodes it: only the fields it names."""
         query = _query_given(("labelSelector", label_selector), ("fieldSelector", field_selector),
                              ("limit", limit), ("continue", continue_token))
         if resource_version is not None:
             query.append(("resourceVersion", resource_version))
-        return self._send("list", resource, "GET", resource.path(namespace), query=query)
+        return self._send("list", resource, "GET", resource.path(namespace), query=query, decoder=decoder)
 
     def list(self, resource: Resource, *, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,

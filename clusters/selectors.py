@@ -9,7 +9,7 @@ from clusters import kube
 from clusters.errors import Gone, NotFound
 from clusters.labels import APP_VERSION_LABEL
 from clusters.models import Cluster
-from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
+from clusters.snapshot import NODE_LIST, POD_LIST, ClusterSnapshot, NodeView, PodView, gc_paused
 
 # Objects per LIST page for a whole-cluster snapshot. The API server answers a page in
 # O(page) (etcd range reads, watch-cache pages), and each page is turned into views and let
@@ -57,28 +57,29 @@ def snapshot_take(gateway: kube.KubeGateway, *, now: datetime, namespace: str | 
     if gpu_nodes_only and not nodes:
         raise ValueError("gpu_nodes_only needs the nodes read (nodes=True)")
     with gc_paused():
-        node_views = _views_paged(gateway, kube.NODES, NodeView.from_object, page_size=page_size) if nodes else []
+        node_views = (_views_paged(gateway, kube.NODES, NodeView.from_fields, NODE_LIST, page_size=page_size)
+                      if nodes else [])
         bound_to = None
         if gpu_nodes_only:
             node_views = [n for n in node_views if n.gpus_allocatable > 0]
             bound_to = frozenset(n.name for n in node_views)
-        pods = _views_paged(gateway, kube.PODS, PodView.from_object, namespace=namespace, page_size=page_size,
-                            bound_to=bound_to)
+        pods = _views_paged(gateway, kube.PODS, PodView.from_fields, POD_LIST, namespace=namespace,
+                            page_size=page_size, bound_to=bound_to)
         return ClusterSnapshot.build(taken_at=now, nodes=node_views, pods=pods)
 
 
-_NO_SPEC: dict = {}
-
-
-def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, *, namespace: str | None = None,
-                 page_size: int | None, bound_to: frozenset[str] | None = None) -> list:
+def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, decoder, *,
+                 namespace: str | None = None, page_size: int | None,
+                 bound_to: frozenset[str] | None = None) -> list:
     """Every object of a paged LIST as a view (with `bound_to`, only the pods bound to one of
-    those nodes), each page converted and let go before the next one is asked for."""
+    those nodes), each page decoded into just the fields the views read (`decoder`),
+    converted and let go before the next one is asked for."""
     views: list = []
     token = None
     while True:
         try:
-            page = gateway.list_page(resource, namespace=namespace, limit=page_size, continue_token=token)
+            page = gateway.list_page(resource, namespace=namespace, limit=page_size, continue_token=token,
+                                     decoder=decoder)
         except Gone:
             if token is None:
                 raise
@@ -86,12 +87,12 @@ def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, *, na
             # it all again in one LIST, as client-go's pager does (FullListIfExpired).
             views, token, page_size = [], None, None
             continue
-        items = page.get("items") or ()
+        items = page.items or ()
         if bound_to is None:
             views.extend([view(o) for o in items])
         else:
-            views.extend([view(o) for o in items if (o.get("spec") or _NO_SPEC).get("nodeName") in bound_to])
-        token = (page.get("metadata") or {}).get("continue")
+            views.extend([view(o) for o in items if o.spec and o.spec.nodeName in bound_to])
+        token = page.continue_token
         if not token:
             return views
         del page, items

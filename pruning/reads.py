@@ -23,7 +23,7 @@ from datetime import datetime
 from clusters import kube
 from clusters.errors import NotFound
 from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
-from clusters.snapshot import PodView, gc_paused
+from clusters.snapshot import POD_LIST, PodView, gc_paused
 from config.threads import SharedThreads
 
 from .planning import ClusterView, ObjectView, PruneSettings, pods_to_look_up
@@ -220,24 +220,21 @@ class _Objects:
 
 def _pods_read(gateway: kube.KubeGateway, wanted: frozenset, plan: ReadPlan) -> dict:
     pods = {}
-    if plan.full:
+    # The whole cluster page by page, or each namespace in one LIST, decoded into just the
+    # fields a pod's view reads, keeping only the candidates: the rest is dropped at once.
+    scopes = [None] if plan.full else sorted(plan.list_namespaces)
+    for scope in scopes:
         token = None
-        while True:   # page by page, keeping only the candidates: the rest is dropped at once
-            page = gateway.list_page(kube.PODS, limit=LIST_PAGE_SIZE, continue_token=token)
-            for raw in page.get("items") or ():
-                meta = raw.get("metadata") or {}
-                key = (meta.get("namespace", ""), meta.get("name", ""))
+        while True:
+            page = gateway.list_page(kube.PODS, namespace=scope, limit=LIST_PAGE_SIZE if scope is None else None,
+                                     continue_token=token, decoder=POD_LIST)
+            for item in page.items or ():
+                key = (item.metadata.namespace or "", item.metadata.name)
                 if key in wanted:
-                    pods[key] = PodView.from_object(raw)
-            token = (page.get("metadata") or {}).get("continue")
+                    pods[key] = PodView.from_fields(item)
+            token = page.continue_token
             if not token:
-                return pods
-    for ns in sorted(plan.list_namespaces):
-        for raw in gateway.list(kube.PODS, namespace=ns, page_size=None):
-            meta = raw.get("metadata") or {}
-            key = (ns, meta.get("name", ""))
-            if key in wanted:
-                pods[key] = PodView.from_object(raw)
+                break
 
     def pod_get(key):
         try:

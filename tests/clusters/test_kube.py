@@ -8,8 +8,11 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters import kube
+import msgspec
+
 from clusters.errors import (
     AlreadyExists,
+    BadResponse,
     ConfigError,
     Conflict,
     Invalid,
@@ -83,6 +86,28 @@ def test_create_get_and_list_with_selectors_and_paging(gw):
     assert [p["metadata"]["name"] for p in gw.list(kube.PODS, label_selector="tier=gpu")] == ["p1", "p3"]
     on_node = gw.list(kube.PODS, field_selector="spec.nodeName=gpu-1")
     assert sorted(p["metadata"]["name"] for p in on_node) == ["p0", "p1", "p2"]
+
+
+def test_a_page_decoded_into_the_views_fields_is_the_page_the_dicts_make(gw):
+    from clusters.snapshot import POD_LIST, PodView
+
+    for i in range(3):
+        gw.create(kube.PODS, pod(f"p{i}", labels={"tier": "gpu"}, node="gpu-1" if i else None))
+    typed = gw.list_page(kube.PODS, namespace="team", limit=2, decoder=POD_LIST)
+    plain = gw.list_page(kube.PODS, namespace="team", limit=2)
+    assert [PodView.from_fields(p) for p in typed.items] == [PodView.from_object(p) for p in plain["items"]]
+    assert typed.continue_token and typed.continue_token == plain["metadata"]["continue"]
+    rest = gw.list_page(kube.PODS, namespace="team", limit=2, continue_token=typed.continue_token, decoder=POD_LIST)
+    assert [p.metadata.name for p in rest.items] == ["p2"] and rest.continue_token is None
+
+
+def test_an_answer_not_of_the_shape_asked_for_is_a_bad_response_and_not_retried(gw):
+    before = gw.calls[("list", "nodes")]
+    with pytest.raises(BadResponse, match=r"list nodes /api/v1/nodes: the answer is not what was asked for.*"
+                                          r"Expected `int`, got `object`") as exc:
+        gw.list_page(kube.NODES, decoder=msgspec.json.Decoder(int))
+    assert exc.value.code == 502 and not exc.value.transient
+    assert gw.calls[("list", "nodes")] - before == 1
 
 
 def test_errors_are_the_projects_own(gw):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from datetime import UTC, datetime
 
+import orjson
 import pytest
 
 from clusters import kube
@@ -103,6 +104,47 @@ def gpu_cluster(nodes: int, pods_per_node: int) -> list[dict]:
             docs.append({"apiVersion": "v1", "kind": "Pod", **pod(f"p{n}-{p}", node_name=f"n{n}", gpus=2,
                                                                   owner_uid=f"rs-{n}")})
     return docs
+
+
+def test_views_read_what_the_api_may_write_and_an_odd_value_spoils_only_its_own_field():
+    from clusters.snapshot import NODE_LIST, POD_LIST
+
+    items = [
+        {"metadata": {"name": "bare"}},   # no namespace, spec or status
+        {"metadata": {"name": "odd", "namespace": "ns", "labels": {"n": 3}, "deletionTimestamp": None,
+                      "ownerReferences": [{"kind": "ReplicaSet", "uid": "rs", "controller": "true"}]},
+         "spec": {"nodeName": None, "containers": [{"resources": {"limits": {GPU_RESOURCE: 2}}},
+                                                   {"resources": None}, {"name": "no-resources"}]},
+         "status": {"phase": None, "conditions": [{"type": "PodScheduled", "status": "False",
+                                                   "reason": "Unschedulable"}]}},
+        {"metadata": {"name": "junk-gpus"}, "spec": {"containers": [{"resources": {"requests": {GPU_RESOURCE: "x"}}}]}},
+    ]
+    page = POD_LIST.decode(orjson.dumps({"kind": "PodList", "metadata": {"continue": ""}, "items": items}))
+    bare, odd, junk = (PodView.from_fields(p) for p in page.items)
+    assert (bare.namespace, bare.phase, bare.gpus, bare.node_name, bare.owners, bare.live) == ("", "Pending", 0, None,
+                                                                                               (), True)
+    assert odd.labels == {"n": 3} and not odd.terminating and odd.gpus == 2 and odd.phase == "Pending"
+    assert odd.controller.uid == "rs" and odd.unschedulable_message == "" and page.continue_token == ""
+    assert junk.gpus == 0
+    assert [PodView.from_fields(p) for p in page.items] == [PodView.from_object(p) for p in items]
+    nodes = NODE_LIST.decode(orjson.dumps({"items": [
+        {"metadata": {"name": "n1"}, "spec": {"unschedulable": True},
+         "status": {"allocatable": {GPU_RESOURCE: "8"}, "conditions": [{"type": "Ready", "status": "True"}]}},
+        {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}]}))
+    assert [(n.name, n.gpus_allocatable, n.unschedulable, n.ready) for n in map(NodeView.from_fields, nodes.items)] == [
+        ("n1", 8, True, True), ("n2", 0, False, False)]
+
+
+def test_a_view_made_from_a_callers_dict_keeps_none_of_it():
+    raw = pod("p", owner_uid="rs")
+    raw["metadata"]["labels"] = {"app": "a"}
+    view = PodView.from_object(raw)
+    raw["metadata"]["labels"]["app"] = "changed"
+    assert view.labels == {"app": "a"}
+    with pytest.raises(TypeError):
+        view.labels["app"] = "x"
+    with pytest.raises(ValueError, match="not a Pod the views can read: Object missing required field `name`"):
+        PodView.from_object({"metadata": {"namespace": "ns"}})
 
 
 @pytest.mark.django_db
