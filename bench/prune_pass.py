@@ -21,7 +21,8 @@ runs one untimed pass, then `--repeat` rounds of floor, pass and peer replay, an
   uses (urllib3 + orjson): the same three PromQL queries, the first two at once, the
   third while the pods are read: for few idle pods one GET of each idle pod, then of each
   owner up its chain (each once), ten GETs at a time; for many, one unpaged pod LIST
-  (decoded with the collector paused, as the pass reads);
+  (decoded as the pass decodes its pod pages, msgspec into just the fields a pod's view
+  reads, with the collector paused);
 - the peer replay: the calls gpu-pruner makes in one dry-run pass (gpu-pruner/src/main.rs,
   lib.rs, query.promql.j2 of wseaton/gpu-pruner), made with urllib3 + orjson: its one PromQL
   query (one series per idle GPU, node_dmi_info joined), then for every series, ten at a
@@ -229,7 +230,7 @@ def worker(args) -> int:
 
         from clusters.kube import KubeGateway
         from clusters.prometheus import PrometheusGateway
-        from clusters.snapshot import gc_paused
+        from clusters.snapshot import POD_LIST, gc_paused
         from pruning.services import PruneParams, prune_run_execute
 
         now = datetime.fromisoformat(args.now)
@@ -263,7 +264,7 @@ def worker(args) -> int:
             followup = pool.submit(promql, query.followup_promql(pods))   # evaluated while the pods are read
             if not args.few:
                 with gc_paused():   # as the pass reads its pages
-                    orjson.loads(http.request("GET", f"{api}/api/v1/pods").data)
+                    POD_LIST.decode(http.request("GET", f"{api}/api/v1/pods").data)
                 followup.result()
                 return
             # Each idle pod, then each owner up its chain once, ten GETs at a time.
