@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
 
 import msgspec
 
@@ -146,22 +146,18 @@ class NodeFields(msgspec.Struct, gc=False):
     status: Optional[_NodeStatus] = None
 
 
+_Item = TypeVar("_Item")
+
+
 class _ListMeta(msgspec.Struct, gc=False):
     resourceVersion: Optional[str] = ""
     continue_: Optional[str] = msgspec.field(default=None, name="continue")
 
 
-class PodListFields(msgspec.Struct, gc=False):
-    items: Optional[list[PodFields]] = None
-    metadata: Optional[_ListMeta] = None
+class ListFields(msgspec.Struct, Generic[_Item], gc=False):
+    """A LIST page as decoded for the views: its items' fields and where the next page starts."""
 
-    @property
-    def continue_token(self) -> str | None:
-        return self.metadata.continue_ if self.metadata else None
-
-
-class NodeListFields(msgspec.Struct, gc=False):
-    items: Optional[list[NodeFields]] = None
+    items: Optional[list[_Item]] = None
     metadata: Optional[_ListMeta] = None
 
     @property
@@ -171,8 +167,8 @@ class NodeListFields(msgspec.Struct, gc=False):
 
 # Decoders for a LIST page of pods or nodes (`KubeGateway.list_page(decoder=...)`); lax as
 # to scalars the way the API may write them ("true", a number as a string).
-POD_LIST = msgspec.json.Decoder(PodListFields, strict=False)
-NODE_LIST = msgspec.json.Decoder(NodeListFields, strict=False)
+POD_LIST = msgspec.json.Decoder(ListFields[PodFields], strict=False)
+NODE_LIST = msgspec.json.Decoder(ListFields[NodeFields], strict=False)
 
 
 def _fields(obj: dict, fields_type: type) -> Any:
