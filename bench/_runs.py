@@ -138,32 +138,25 @@ def raw_lists(pool, url: str, paths: tuple[str, ...], *, page_size: int | None,
     """A LIST floor: each path read page by page (`limit`, following `continue`) over the
     urllib3 `pool` (keep-alive, as the Kubernetes client's), every page decoded as the
     product decodes it and let go, with Python's cyclic collector paused as the product
-    pauses it while it reads (clusters.snapshot.gc_paused). Nodes and pods are decoded into
+    pauses it while it reads (clusters.snapshot.gc_paused): nodes and pods, decoded into
     just the fields the snapshot's views read (`NODE_LIST`, `POD_LIST`: msgspec, the
-    cheapest decode the product has), anything else with orjson. Returns the objects read."""
-    import orjson
-
+    cheapest decode the product has). Returns the objects read."""
     from clusters.snapshot import NODE_LIST, POD_LIST, gc_paused
 
-    typed = {"/api/v1/nodes": NODE_LIST, "/api/v1/pods": POD_LIST}
+    decoders = {"/api/v1/nodes": NODE_LIST, "/api/v1/pods": POD_LIST}
     count = 0
     with gc_paused():
         for path in paths:
-            decoder, token = typed.get(path), None
+            decoder, token = decoders[path], None
             while True:
                 fields = {k: v for k, v in (("limit", page_size), ("continue", token)) if v}
                 response = pool.request("GET", url + path, fields=fields,
                                         headers={"Accept": "application/json", **(headers or {})})
                 if response.status != 200:
                     raise SystemExit(f"floor LIST {path}: HTTP {response.status}")
-                if decoder is not None:
-                    page = decoder.decode(response.data)
-                    count += len(page.items or ())
-                    token = page.continue_token
-                else:
-                    page = orjson.loads(response.data)
-                    count += len(page["items"])
-                    token = page["metadata"].get("continue")
+                page = decoder.decode(response.data)
+                count += len(page.items or ())
+                token = page.continue_token
                 del page, response
                 if not token:
                     break

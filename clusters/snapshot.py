@@ -150,7 +150,6 @@ _Item = TypeVar("_Item")
 
 
 class _ListMeta(msgspec.Struct, gc=False):
-    resourceVersion: Optional[str] = ""
     continue_: Optional[str] = msgspec.field(default=None, name="continue")
 
 
@@ -171,12 +170,12 @@ POD_LIST = msgspec.json.Decoder(ListFields[PodFields], strict=False)
 NODE_LIST = msgspec.json.Decoder(ListFields[NodeFields], strict=False)
 
 
-def _fields(obj: dict, fields_type: type) -> Any:
+def _fields(obj: dict, fields_type: type, kind: str) -> Any:
     """An object already decoded to dicts, as its view's fields (the dicts it holds copied)."""
     try:
         return msgspec.convert(obj, fields_type, strict=False)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"not a {fields_type.__name__[:-6]} the views can read: {exc}") from None
+        raise ValueError(f"not a {kind} the views can read: {exc}") from None
 
 
 def _gpus(resources: dict | None) -> int:
@@ -201,7 +200,7 @@ class NodeView(msgspec.Struct, frozen=True, gc=False):
 
     @classmethod
     def from_object(cls, obj: dict) -> "NodeView":
-        return cls.from_fields(_fields(obj, NodeFields))
+        return cls.from_fields(_fields(obj, NodeFields, "Node"))
 
     @classmethod
     def from_fields(cls, node: NodeFields) -> "NodeView":
@@ -258,7 +257,7 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
 
     @classmethod
     def from_object(cls, obj: dict) -> "PodView":
-        return cls.from_fields(_fields(obj, PodFields))
+        return cls.from_fields(_fields(obj, PodFields, "Pod"))
 
     @classmethod
     def from_fields(cls, pod: PodFields) -> "PodView":
