@@ -334,7 +334,7 @@ class ClusterSnapshot:
         for node_name, pods in self._by_node.items():
             total = 0
             for pod in pods:
-                if pod.gpus and pod.phase in HOLDING_PHASES and not pod.terminating:   # `live`, inline
+                if pod.gpus and pod.live:
                     total += pod.gpus
             requested[node_name] = total
         return MappingProxyType(requested)

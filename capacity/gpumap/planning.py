@@ -22,7 +22,7 @@ from clusters.labels import (
     ORG_LABEL,
     REVISION_LABEL,
 )
-from clusters.snapshot import HOLDING_PHASES, ClusterSnapshot, PodView
+from clusters.snapshot import ClusterSnapshot, PodView
 
 from capacity.defrag.planning import (
     DefragAdvice,
@@ -128,17 +128,12 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
         node_pool_name = node_pool(node)
         if pool and node_pool_name != pool:
             continue
-        # Who holds the node's GPUs (its live GPU pods; 50,000 pods at fleet size, so
-        # `live`, `org_of` and `model_of` are inline here).
+        # Who holds the node's GPUs: its live GPU pods (what they request in all is the
+        # snapshot's `gpus_requested`, counted once for the map and the advice).
         holders: list[tuple[str, str, str, str, int]] = []
         for pod in snapshot.pods_on(node.name):
-            gpus = pod.gpus
-            if gpus > 0 and pod.phase in HOLDING_PHASES and not pod.terminating:
-                labels = pod.labels
-                holders.append((labels.get(ORG_LABEL) or pod.namespace,
-                                labels.get(KNATIVE_SERVICE_LABEL) or labels.get(ISVC_LABEL)
-                                or labels.get(REVISION_LABEL) or pod.name,
-                                pod.name, pod.namespace, gpus))
+            if pod.gpus > 0 and pod.live:
+                holders.append((org_of(pod), model_of(pod), pod.name, pod.namespace, pod.gpus))
         if len(holders) > 1:
             holders.sort(key=_org_model_name)
         rows.append(NodeRow(name=node.name, pool=node_pool_name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),

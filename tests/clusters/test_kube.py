@@ -262,6 +262,35 @@ def test_no_answer_is_unavailable(tmp_path):
     assert exc.value.reason == "ConnectionError" and gateway.calls[("list", "nodes")] == 2
 
 
+PROXY_VARIABLES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                   "NO_PROXY", "no_proxy")
+
+
+def _dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_environment_proxy_is_taken_when_the_gateway_is_made_and_not_read_again(sim, monkeypatch):
+    import kubernetes.client.configuration as client_configuration
+
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{_dead_port()}")   # nothing answers there
+    proxied = kube.KubeGateway.from_kubeconfig(sim.kubeconfig_path, retry_attempts=1)
+    with pytest.raises(Unavailable):
+        proxied.list(kube.NODES)   # the environment's proxy is used
+    monkeypatch.delenv("HTTP_PROXY")
+    direct = kube.KubeGateway.from_kubeconfig(sim.kubeconfig_path, retry_attempts=1)
+    reads = []
+    real = client_configuration.getproxies
+    monkeypatch.setattr(client_configuration, "getproxies", lambda: reads.append(1) or real())
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{_dead_port()}")   # set after: not this gateway's
+    assert [n["metadata"]["name"] for n in direct.list(kube.NODES, page_size=1)]
+    assert direct.calls[("list", "nodes")] >= 1 and reads == []   # no request read the environment
+
+
 def test_a_missing_kubeconfig_is_a_config_error_naming_the_path(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml"):
         kube.KubeGateway.from_kubeconfig(str(tmp_path / "nope.yaml"))
