@@ -8,7 +8,8 @@ Needs root (the tier's network namespace), the tier's binaries (`python -m realc
 --with knative --with kserve`: the Knative and KServe CRDs are read from their modules), kubectl
 on PATH, PostgreSQL on 127.0.0.1:5432, Redis on 127.0.0.1:6379, and `prometheus` + `promtool`
 for the prune pass (`--no-prune` leaves it out). No other realcluster tier may be running.
-Memory: about 6 GiB at 50,000 pods (apiserver and etcd hold most of it).
+Memory: about 9 GiB at 50,000 pods (measured: the apiserver 5.1 GiB, etcd 1.2 GiB, the
+controller-manager, scheduler and KWOK ~1 GiB each); ~10 minutes until all pods are Running.
 
 What runs:
 - `python -m realcluster up` with the ReplicaSet controller off (the List's pods come owned
