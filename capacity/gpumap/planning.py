@@ -69,7 +69,8 @@ _org_model_name = operator.itemgetter(0, 1, 2)
 
 class NodeRow(msgspec.Struct, frozen=True, gc=False):
     """One GPU node of the map. A Struct, not a dataclass: a reading of 5,000 nodes makes,
-    pickles (into the cache) and unpickles one per node, each several times faster so."""
+    pickles (into the cache) and unpickles one per node (pickling 4,000 rows: ~9 ms, against
+    ~11.5 ms as dataclasses)."""
 
     name: str
     pool: str
