@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -362,23 +362,45 @@ class KubeGateway:
 
     def list(self, resource: Resource, *, namespace: str | None = None,
              label_selector: str | None = None, field_selector: str | None = None,
-             page_size: int | None = 500) -> list[dict]:
-        """All matching objects, following `continue` tokens page by page.
+             page_size: int | None = 500, decoder: Any = None,
+             take: Callable[[Any], Iterable] | None = None) -> list:
+        """All matching objects, following `continue` tokens page by page; each page is let
+        go before the next is asked for.
 
-        Items get `apiVersion` and `kind` filled in (lists omit them per item).
+        Items are dicts with `apiVersion` and `kind` filled in (lists omit them per item), or
+        what `decoder` makes of them (its pages must have `items` and `continue_token`, as
+        `clusters.snapshot.ListFields` does). `take(items)`, when given, is called with each
+        page's items and what it returns is kept instead of them: a caller that wants a few
+        objects, or its own views of them, never holds more than one page of the rest.
+
+        When the list's version has been compacted away between two pages (410 Expired),
+        everything is read again in one LIST and what was kept from the earlier pages is
+        dropped, as client-go's pager does (FullListIfExpired): never an object twice or lost.
         """
-        items: list[dict] = []
+        kept: list = []
         token = None
         while True:
-            page = self.list_page(resource, namespace=namespace, label_selector=label_selector,
-                                  field_selector=field_selector, limit=page_size, continue_token=token)
-            for item in page.get("items") or ():
-                item.setdefault("apiVersion", resource.api_version)
-                item.setdefault("kind", resource.kind)
-                items.append(item)
-            token = (page.get("metadata") or {}).get("continue")
+            try:
+                page = self.list_page(resource, namespace=namespace, label_selector=label_selector,
+                                      field_selector=field_selector, limit=page_size, continue_token=token,
+                                      decoder=decoder)
+            except Gone:
+                if token is None:
+                    raise
+                kept, token, page_size = [], None, None
+                continue
+            if decoder is None:
+                items = page.get("items") or ()
+                for item in items:
+                    item.setdefault("apiVersion", resource.api_version)
+                    item.setdefault("kind", resource.kind)
+                token = (page.get("metadata") or {}).get("continue")
+            else:
+                items, token = page.items or (), page.continue_token
+            kept.extend(items if take is None else take(items))
             if not token:
-                return items
+                return kept
+            del page, items
 
     # --- writes -------------------------------------------------------------------------
     def create(self, resource: Resource, obj: dict, *, namespace: str | None = None,

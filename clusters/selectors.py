@@ -6,7 +6,7 @@ from datetime import datetime
 from django.db.models import QuerySet
 
 from clusters import kube
-from clusters.errors import Gone, NotFound
+from clusters.errors import NotFound
 from clusters.labels import APP_VERSION_LABEL
 from clusters.models import Cluster
 from clusters.snapshot import NODE_LIST, POD_LIST, ClusterSnapshot, NodeView, PodView, gc_paused
@@ -72,30 +72,15 @@ def _views_paged(gateway: kube.KubeGateway, resource: kube.Resource, view, decod
                  namespace: str | None = None, page_size: int | None,
                  bound_to: frozenset[str] | None = None) -> list:
     """Every object of a paged LIST as a view (with `bound_to`, only the pods bound to one of
-    those nodes), each page decoded into just the fields the views read (`decoder`),
-    converted and let go before the next one is asked for."""
-    views: list = []
-    token = None
-    while True:
-        try:
-            page = gateway.list_page(resource, namespace=namespace, limit=page_size, continue_token=token,
-                                     decoder=decoder)
-        except Gone:
-            if token is None:
-                raise
-            # The list's version was compacted away between two pages (410 Expired): read
-            # it all again in one LIST, as client-go's pager does (FullListIfExpired).
-            views, token, page_size = [], None, None
-            continue
-        items = page.items or ()
-        if bound_to is None:
-            views.extend([view(o) for o in items])
-        else:
-            views.extend([view(o) for o in items if o.spec and o.spec.nodeName in bound_to])
-        token = page.continue_token
-        if not token:
-            return views
-        del page, items
+    those nodes), each page decoded into just the fields the views read (`decoder`) and
+    converted before the next one is asked for."""
+    if bound_to is None:
+        def take(items):
+            return [view(o) for o in items]
+    else:
+        def take(items):
+            return [view(o) for o in items if o.spec and o.spec.nodeName in bound_to]
+    return gateway.list(resource, namespace=namespace, page_size=page_size, decoder=decoder, take=take)
 
 
 def namespace_version(gateway: kube.KubeGateway, namespace: str) -> str | None:

@@ -220,21 +220,18 @@ class _Objects:
 
 def _pods_read(gateway: kube.KubeGateway, wanted: frozenset, plan: ReadPlan) -> dict:
     pods = {}
-    # The whole cluster page by page, or each namespace in one LIST, decoded into just the
-    # fields a pod's view reads, keeping only the candidates: the rest is dropped at once.
-    scopes = [None] if plan.full else sorted(plan.list_namespaces)
-    for scope in scopes:
-        token = None
-        while True:
-            page = gateway.list_page(kube.PODS, namespace=scope, limit=LIST_PAGE_SIZE if scope is None else None,
-                                     continue_token=token, decoder=POD_LIST)
-            for item in page.items or ():
-                key = (item.metadata.namespace or "", item.metadata.name)
-                if key in wanted:
-                    pods[key] = PodView.from_fields(item)
-            token = page.continue_token
-            if not token:
-                break
+
+    def candidates(items):
+        # The candidates among a page's pods, decoded into just the fields a view reads; the
+        # rest are dropped with their page.
+        return [PodView.from_fields(item) for item in items
+                if (item.metadata.namespace or "", item.metadata.name) in wanted]
+
+    # The whole cluster page by page, or each namespace in one LIST.
+    for scope in [None] if plan.full else sorted(plan.list_namespaces):
+        for view in gateway.list(kube.PODS, namespace=scope, page_size=LIST_PAGE_SIZE if scope is None else None,
+                                 decoder=POD_LIST, take=candidates):
+            pods[(view.namespace, view.name)] = view
 
     def pod_get(key):
         try:

@@ -13,6 +13,7 @@ from clusters import kube
 from clusters.labels import GPU_RESOURCE
 from clusters.selectors import snapshot_take
 from clusters.snapshot import ClusterSnapshot, NodeView, PodView, gc_paused
+from tests.expiring_pages import compacting_between_pages
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -179,29 +180,13 @@ def test_a_gpu_nodes_snapshot_holds_the_gpu_nodes_and_only_the_pods_bound_to_the
         snapshot_take(handle.gateway, now=NOW, nodes=False, gpu_nodes_only=True)
 
 
-class _CompactingBetweenPages:
-    """The real gateway; after the first page of pods, a pod is changed and the server's
-    history compacted past the list's version (etcd compaction, every 5 min upstream)."""
-
-    def __init__(self, gateway, sim):
-        self.gateway, self.sim, self.compacted = gateway, sim, False
-
-    def list_page(self, resource, **options):
-        page = self.gateway.list_page(resource, **options)
-        if resource is kube.PODS and not self.compacted:
-            self.compacted = True
-            changed = self.gateway.patch(kube.PODS, "p0-0", {"metadata": {"labels": {"seen": "late"}}},
-                                         namespace="ns")
-            self.sim.store.compact(int(changed["metadata"]["resourceVersion"]))
-        return page
-
-
 @pytest.mark.django_db
-def test_a_snapshot_whose_pages_expire_is_read_again_in_one_list(sim_cluster_factory):
+def test_a_snapshot_whose_pages_expire_is_read_again_in_one_list(sim_cluster_factory, monkeypatch):
     handle = sim_cluster_factory(gpu_cluster(nodes=7, pods_per_node=3))
     gateway = handle.gateway
     gateway.calls.clear()
-    snapshot = snapshot_take(_CompactingBetweenPages(gateway, handle.sim), now=NOW, page_size=5)
+    compacting_between_pages(gateway, handle.sim, monkeypatch, pod="p0-0", namespace="ns")
+    snapshot = snapshot_take(gateway, now=NOW, page_size=5)
     assert len(snapshot.pods) == 21 and len({p.name for p in snapshot.pods}) == 21   # none twice, none lost
     assert next(p for p in snapshot.pods if p.name == "p0-0").labels["seen"] == "late"
     # first page, the expired continue (410), then one full LIST

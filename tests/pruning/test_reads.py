@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from clusters import kube
 from clusters.kube import KubeGateway
 from pruning import reads
 from pruning.services import PruneParams, prune_run_execute
 
 from pruning_world import World, deployment
+from tests.expiring_pages import compacting_between_pages
 
 pytestmark = [pytest.mark.django_db, pytest.mark.prometheus]
 
@@ -133,7 +135,6 @@ def test_cluster_wide_lists_are_read_page_by_page_with_the_same_decisions(make_w
 
 def test_pods_read_by_get_share_one_get_of_each_owner(make_world):
     world = make_world(team_a_busy=True)
-    from clusters import kube
     batch = frozenset(("team-c", p["metadata"]["name"]) for p in world.gateway.list(kube.PODS, namespace="team-c"))
     world.gateway.reads.clear()
     plan = reads.ReadPlan(list_namespaces=frozenset(), get_pods=batch, estimated_cost_gets=len(batch))
@@ -172,3 +173,23 @@ def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_its_owners_are_no
         assert sorted(world.gateway.reads) == [("get", "deployments.apps", "team-a"), ("get", "pods", "team-a"),
                                                ("get", "pods", "team-a"), ("get", "replicasets.apps", "team-a")]
         assert run.kube_api_calls == 4
+
+
+def test_cluster_wide_pages_whose_continue_expires_are_read_again_in_one_list(make_world, monkeypatch):
+    world = make_world(team_a_busy=False)
+    whole = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                              params=PruneParams(max_scale_downs=50))
+    monkeypatch.setattr(reads, "LIST_PAGE_SIZE", 5)
+    pod = world.gateway.list(kube.PODS, namespace="team-c")[0]["metadata"]["name"]
+    compacting_between_pages(world.gateway, world.server.sim, monkeypatch, pod=pod, namespace="team-c")
+    world.gateway.reads.clear()
+    world.gateway.errors.clear()
+    expired = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                                params=PruneParams(max_scale_downs=50))
+    decisions = [sorted((d.namespace, d.pod, d.owner_kind, d.owner_name, d.decision, d.reason)
+                        for d in run.decisions.all()) for run in (whole, expired)]
+    # Every idle pod decided once, as when nothing expired: none twice, none lost.
+    assert expired.status == whole.status and decisions[0] == decisions[1] and expired.planned == 6
+    # The first page, its expired continue (410 Expired), then one LIST of every pod.
+    assert [r for r in world.gateway.reads if r[1] == "pods"] == [("list", "pods", None)] * 3
+    assert world.gateway.errors[("list", "pods")] == 1
