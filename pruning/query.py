@@ -15,6 +15,11 @@ of namespaces, never with one series per GPU of the fleet:
    needs; their sum is the run's pods seen. An instant selection reads each series' last
    samples only: at 10,000 GPUs it answered in a third of the time of counting the pods
    with a sample anywhere in the window, a second walk of every sample of the window.
+   Two queries side by side rather than one: PromQL evaluates a subexpression once per
+   use, so one query cannot both name the candidates and count every pod from a single
+   walk of the window. Measured at 10,000 GPUs (Prometheus 2.42, 2 cores): candidates
+   100–108 ms, census 35–46 ms, both sent at once 117–139 ms; one query for both, the
+   candidates `or` the per-pod peaks counted per namespace, 267–284 ms.
 3. The follow-up (`IdleQuery.followup_promql`), only when there are candidates, its
    selectors naming the candidate pods so that it walks only their series: every GPU of
    those pods with its peak utilization (one busy GPU keeps the whole pod), the GPUs with
