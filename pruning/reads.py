@@ -181,6 +181,10 @@ def _each(fn: Callable, items) -> list:
     return [f.result() for f in futures]
 
 
+def _object_views(items) -> list[ObjectView]:
+    return [object_view(item) for item in items]
+
+
 class _Objects:
     """Objects by (resource, namespace, name), read the way the plan says: a namespace (or
     the cluster) listed once per kind, anything else with one GET each; remembered."""
@@ -201,11 +205,12 @@ class _Objects:
         if self.listed_in(namespace):
             scope = None if self.plan.full else namespace
             if (resource, scope) not in self.listed:
-                try:
-                    items = self.gateway.list(resource, namespace=scope, page_size=LIST_PAGE_SIZE)
+                try:   # each page made into views as it comes: one page of raw objects held at once
+                    views = self.gateway.list(resource, namespace=scope, page_size=LIST_PAGE_SIZE,
+                                              take=_object_views)
                 except NotFound:   # the group is not served: no such objects
-                    items = []
-                self.listed[(resource, scope)] = {(v.namespace, v.name): v for v in map(object_view, items)}
+                    views = []
+                self.listed[(resource, scope)] = {(v.namespace, v.name): v for v in views}
             return self.listed[(resource, scope)].get((namespace, name))
         key = (resource, namespace, name)
         if key not in self.got:
