@@ -260,19 +260,34 @@ def model_floor(isvc: dict) -> str:
     return str(floor) if floor >= 0 else "1"
 
 
-def pynode_floor(ksvc: dict, *, applied: str) -> str | None:
+def pynode_floor(ksvc: dict, *, applied: str, enabled_since: datetime | None = None) -> str | None:
     """The owner's min-scale of a pynode (None: the owner set none).
 
-    The recorded value when there is one; else the template's value, except a "0" on an
-    org the product last held enabled: that "0" was written before owners' values were
-    recorded, and the safe reading is the warm one, "1"."""
+    The recorded value when there is one; else the template's value. A "0" without a
+    record on an org the product last held enabled is the one doubtful case: the product
+    records the owner's value with every "0" it writes, so such a "0" is either written
+    by a product from before values were recorded, or set by the owner after the product
+    last applied. A pynode created after `enabled_since` (when the product last set scale
+    to zero on the org) was never touched by any product: its "0" is its owner's and
+    stays. Otherwise the safe reading is the warm one, "1"."""
     notes = _annotations(ksvc)
     if OWNER_MIN_SCALE in notes:
         return notes[OWNER_MIN_SCALE] or None
     current = current_min_scale(_annotations(ksvc, template=True))
-    if current == "0" and applied == ENABLED:
+    if current == "0" and applied == ENABLED and not _created_after(ksvc, enabled_since):
         return "1"
     return current
+
+
+def _created_after(obj: dict, moment: datetime | None) -> bool:
+    created = (obj.get("metadata") or {}).get("creationTimestamp")
+    if moment is None or not isinstance(created, str):
+        return False
+    try:
+        at = datetime.fromisoformat(created)
+    except ValueError:
+        return False
+    return at.tzinfo is not None and at > moment
 
 
 def routed_revisions(ksvc: dict) -> list[str]:
@@ -289,14 +304,16 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                        knative_services: list[dict], revisions: list[dict], podautoscalers: list[dict],
                        knative_version: str | None = None, lever: Lever | None = None, applied: str = "",
                        unserved: tuple[str, ...] = (), unreadable: dict[str, str] | None = None,
-                       held: dict[tuple[str, str], str] | None = None) -> ScaleToZeroPlan:
+                       held: dict[tuple[str, str], str] | None = None,
+                       enabled_since: datetime | None = None) -> ScaleToZeroPlan:
     """The patches that bring every pynode and model of a namespace to `setting`.
 
     `held` maps ("pynode" | "inferenceservice", name) to the description of an operator's
     exemption or snooze in force: such a workload is never set to "0"; it is kept at (or
     returned to) its owner's floor, as when scale to zero is disabled.
 
-    `applied` is the setting last seen holding on the org ("" never); `unserved` names the
+    `applied` is the setting last seen holding on the org ("" never), `enabled_since` when
+    the product last set scale to zero on it (see `pynode_floor`); `unserved` names the
     kinds the cluster does not serve ("inferenceservices", "knative services",
     "podautoscalers", "revisions"), `unreadable` the kinds whose read failed, with why."""
     if setting not in (ENABLED, DISABLED):
@@ -342,7 +359,7 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
     else:
         for ksvc in sorted(pynodes, key=_name):
             patch = _pynode_patch(ksvc, namespace=namespace, setting=setting_for("pynode", _name(ksvc)),
-                                  applied=applied,
+                                  applied=applied, enabled_since=enabled_since,
                                   zero_initial=lever.initial_scale.zero_allowed)
             if patch is None:
                 holding.append(f"ksvc {namespace}/{_name(ksvc)}")
@@ -408,7 +425,7 @@ def _initial_key(annotations: dict) -> str:
 
 
 def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
-                  zero_initial: bool = False) -> Patch | None:
+                  zero_initial: bool = False, enabled_since: datetime | None = None) -> Patch | None:
     template = _annotations(ksvc, template=True)
     notes = _annotations(ksvc)
     current = current_min_scale(template)
@@ -419,7 +436,12 @@ def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
     if setting == ENABLED:
         if current == "0" and recorded:
             return None
-        owner = pynode_floor(ksvc, applied=applied)
+        # A value other than "0" is the owner's, also over an earlier record: an owner who
+        # changed the floor while the org slept gets the new one back when it wakes.
+        owner = current if current != "0" else pynode_floor(ksvc, applied=applied, enabled_since=enabled_since)
+        record = owner or ""
+        if recorded and notes[OWNER_MIN_SCALE] == record:
+            record = None   # written down already
         initial = record_initial = None
         if zero_initial:
             # The switch's new Revision starts no pod; the owner's initial scale is kept to give back.
@@ -427,8 +449,8 @@ def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
             if OWNER_INITIAL_SCALE not in notes:
                 record_initial = template.get(initial_key) or ""
         return Patch("ksvc", namespace, name, current, "0", reason, key=key,
-                     record=None if recorded else (owner or ""), initial=initial, record_initial=record_initial)
-    floor = pynode_floor(ksvc, applied=applied)
+                     record=record, initial=initial, record_initial=record_initial)
+    floor = pynode_floor(ksvc, applied=applied, enabled_since=enabled_since)
     if not recorded and current == floor:
         return None
     initial = (initial_key, notes[OWNER_INITIAL_SCALE] or None) if OWNER_INITIAL_SCALE in notes else None

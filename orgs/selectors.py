@@ -11,7 +11,7 @@ from django.db.models import Q
 from clusters import discovery, kube
 from clusters.labels import GPU_RESOURCE
 from audit.selectors import entries_filter
-from orgs.models import Org, WorkloadExemption
+from orgs.models import DormancySwitch, Org, ScaleToZero, WorkloadExemption
 
 # The audit actions that record min-scale changes the org switch made, workload by workload.
 _FLOOR_ACTIONS = ("scale_to_zero_applied", "scale_to_zero_drift_repaired", "scale_to_zero_apply_incomplete")
@@ -29,6 +29,15 @@ def org_counts(*, cluster) -> dict[str, int]:
     return {"total": orgs.count(), "dormant": orgs.filter(dormant=True).count(),
             "protected": orgs.filter(scale_to_zero_allowed=False).count(),
             "drifting": orgs.exclude(drift=[]).count()}
+
+
+def org_enabled_since(*, org: Org) -> datetime | None:
+    """When the product last set scale to zero on `org` (its latest switch to dormant),
+    while its workloads are believed to hold it; else None."""
+    if org.applied != ScaleToZero.ENABLED:
+        return None
+    return (org.switches.filter(direction=DormancySwitch.Direction.TO_DORMANT)
+            .order_by("-at").values_list("at", flat=True).first())
 
 
 def org_slugs_by_namespace(*, cluster) -> dict[str, str]:

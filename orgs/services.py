@@ -33,7 +33,7 @@ from orgs import planning
 from audit.models import AuditEntry
 from audit.services import audit as audit_write
 from orgs.models import DormancySwitch, Org, WorkloadExemption
-from orgs.selectors import workload_holds_read
+from orgs.selectors import org_enabled_since, workload_holds_read
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
@@ -492,7 +492,7 @@ def _apply_once(org: Org, workloads: Workloads, gateway: kube.KubeGateway, lever
         inference_services=workloads.inference_services, knative_services=workloads.knative_services,
         revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, lever=lever, applied=org.applied,
         unserved=workloads.unserved, unreadable={kind: str(exc) for kind, exc in workloads.unreadable.items()},
-        held=held)
+        held=held, enabled_since=org_enabled_since(org=org))
     outcome.skipped, outcome.notes, outcome.mechanism = list(plan.skipped), list(plan.notes), plan.mechanism
     outcome.skipped += plan.exempt
     outcome.pending = list(plan.incomplete)
@@ -953,7 +953,8 @@ def orgs_preview(*, orgs: list[Org], act: str, now: datetime) -> list[OrgPreview
                     inference_services=workloads.inference_services, knative_services=workloads.knative_services,
                     revisions=workloads.revisions, podautoscalers=workloads.podautoscalers, lever=lever,
                     applied=org.applied, unserved=workloads.unserved,
-                    unreadable={k: str(e) for k, e in workloads.unreadable.items()}, held=held)
+                    unreadable={k: str(e) for k, e in workloads.unreadable.items()}, held=held,
+                    enabled_since=org_enabled_since(org=org))
                 preview.changes = [p.describe() for p in plan.patches]
                 preview.kept = list(plan.exempt) + list(plan.skipped) + list(plan.incomplete)
             previews.append(preview)

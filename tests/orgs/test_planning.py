@@ -10,6 +10,7 @@ from orgs.planning import MIN_SCALE, OWNER_MIN_SCALE, OrgActivity, plan_scale_to
 from tests.orgs.builders import make_isvc, make_ksvc, make_pa, make_revision
 
 NOW = datetime(2026, 3, 24, 12, 0, tzinfo=UTC)
+SLEPT_AT = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def _plan(setting, *, version="1.21.0", pynodes=(), isvcs=(), ksvcs=(), revisions=(), pas=(), applied="", **kw):
@@ -71,6 +72,33 @@ def test_disabling_never_touches_a_pynode_the_product_never_set(current):
 def test_a_zero_written_before_owners_values_were_recorded_is_restored_warm():
     [patch] = _plan("disabled", applied="enabled", pynodes=[make_ksvc("pynode", min_scale="0")]).patches
     assert patch.wanted == "1"
+    older = make_ksvc("pynode", min_scale="0", created="2026-01-01T00:00:00Z")
+    [patch] = _plan("disabled", applied="enabled", enabled_since=SLEPT_AT, pynodes=[older]).patches
+    assert patch.wanted == "1", "a pynode that was there when the org went to sleep may hold an unrecorded product zero"
+
+
+def test_a_pynode_its_owner_created_at_zero_while_the_org_slept_is_never_woken():
+    """Only pynodes that existed when the product last set scale to zero can hold a "0" it
+    wrote without a record; one created later holds its owner's "0"."""
+    newer = make_ksvc("pynode-b", min_scale="0", created="2026-03-02T09:30:00Z")
+    assert _plan("disabled", applied="enabled", enabled_since=SLEPT_AT, pynodes=[newer]).in_place
+    [patch] = _plan("enabled", applied="enabled", enabled_since=SLEPT_AT, pynodes=[newer]).patches
+    assert (patch.current, patch.wanted, patch.record) == ("0", "0", "0")
+    assert patch.describe() == "ksvc acme/pynode-b: min-scale stays 0 (owner's value 0 recorded)"
+
+
+def test_an_owner_who_changes_the_floor_while_the_org_sleeps_gets_the_new_floor_back():
+    changed = make_ksvc("pynode", min_scale="2", owner="1")
+    [patch] = _plan("enabled", applied="enabled", pynodes=[changed]).patches
+    assert (patch.current, patch.wanted, patch.record) == ("2", "0", "2")
+    assert patch.merge_patch()["metadata"] == {"annotations": {OWNER_MIN_SCALE: "2"}}
+    [back] = _plan("disabled", applied="enabled", pynodes=[make_ksvc("pynode", min_scale="0", owner="2")]).patches
+    assert back.wanted == "2"
+
+
+def test_a_recorded_floor_that_did_not_change_is_not_written_again():
+    [patch] = _plan("enabled", applied="enabled", pynodes=[make_ksvc("pynode", min_scale="1", owner="1")]).patches
+    assert patch.record is None and "metadata" not in patch.merge_patch()
 
 
 def test_nothing_to_patch_when_every_workload_holds_the_setting():

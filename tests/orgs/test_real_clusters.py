@@ -113,6 +113,52 @@ def test_a_pynode_goes_back_to_its_owners_value_and_the_record_is_gone(sim_clust
                       ("scale_to_zero_applied", f"switch #{woke.id}: became active (activity)")]
 
 
+def test_a_pynode_its_owner_created_at_zero_while_the_org_slept_stays_asleep_after_the_wake(
+        sim_cluster_factory, celery_eager, capsys):
+    """Its "0" has no record of the owner's value, as a "0" written by a product from before
+    values were recorded has none; but it was created after the org went to sleep, so no
+    product wrote it: the wake leaves it at its owner's 0, with or without a reconcile between."""
+    sim = sim_cluster_factory(world(orgs={"acme": [pynode("acme")], "globex": [pynode("globex")]}))
+    sim.advance(0)
+    gw = sim.gateway
+    services.orgs_sync(cluster=sim.cluster, now=clock.now())
+    make_idle("acme")
+    make_idle("globex")
+    services.dormancy_sweep(now=clock.now())
+    sim.advance(60)
+    for slug in ("acme", "globex"):
+        sleeper = pynode(slug, min_scale=0)
+        sleeper["metadata"]["name"] = "pynode-b"
+        gw.create(kube.KNATIVE_SERVICES, sleeper, namespace=slug)
+
+    services.org_mark_active(org_slug="acme", cause="activity")   # no reconcile since it was made
+    call_command("reconcile_scale_to_zero")
+    services.org_mark_active(org_slug="globex", cause="activity")
+
+    assert "ksvc globex/pynode-b: min-scale stays 0 (owner's value 0 recorded)" in capsys.readouterr().out
+    for slug in ("acme", "globex"):
+        assert ksvc_min_scale(gw, "pynode-b", ns=slug) == "0", f"{slug}: its owner let it sleep"
+        assert ksvc_min_scale(gw, "pynode", ns=slug) == "1", f"{slug}: the org's own pynode woke"
+
+
+def test_an_owner_who_raises_the_floor_while_the_org_sleeps_gets_it_back_at_the_wake(sim_cluster_factory,
+                                                                                       celery_eager):
+    sim = sim_cluster_factory(world(orgs={"acme": [pynode("acme")]}))
+    sim.advance(0)
+    gw = sim.gateway
+    services.orgs_sync(cluster=sim.cluster, now=clock.now())
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    gw.patch(kube.KNATIVE_SERVICES, "pynode",
+             {"spec": {"template": {"metadata": {"annotations": {MIN_SCALE: "2"}}}}}, namespace="acme")
+
+    call_command("reconcile_scale_to_zero")
+    assert ksvc_min_scale(gw, "pynode", ns="acme") == "0", "the org still sleeps"
+    services.org_mark_active(org_slug="acme", cause="activity")
+
+    assert ksvc_min_scale(gw, "pynode", ns="acme") == "2", "the owner's new floor, not the one recorded before"
+
+
 # --- a wake is never lost ------------------------------------------------------------------------
 def test_a_wake_the_queue_refused_says_so_and_the_retry_task_applies_it(sim_cluster_factory, celery_eager,
                                                                       broker_down, capsys):  # noqa: F811
