@@ -75,6 +75,9 @@ class DefragJob(models.Model):
         max_length=40, blank=True, help_text="What abort did to the node: uncordoned, already schedulable, or left "
                                              "cordoned (it was cordoned before the job).")
     delete_node = models.BooleanField(default=False, help_text="Drain also deletes the Node object.")
+    node_delete_intent_at = models.DateTimeField(
+        null=True, blank=True, help_text="Written before the drain deletes the Node: a node gone after this was "
+                                         "deleted by this job, even if the worker died or an abort came first.")
     drain_requested_at = models.DateTimeField(null=True, blank=True,
                                               help_text="An operator asked for a drain; the next step honours it.")
     drain_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,

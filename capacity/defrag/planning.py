@@ -169,10 +169,19 @@ def blockers_remaining(pods: Iterable[PodView], *, node: str, own_orphans: Colle
     """Pods on `node` that still keep it unsafe once every revision is covered, as
     "ns/name (why)". The job's own orphans (by uid) are not blockers: they have no
     controller precisely because the job released them, and the job tracks them until
-    they are gone (drain evicts them, abort deletes them)."""
-    return [f"{p.namespace}/{p.name} ({why})" for p in sorted(pods, key=lambda p: (p.namespace, p.name))
-            if p.node_name == node and p.uid not in own_orphans
-            for role, why in [pod_classify(p)] if role == Role.BLOCKER]
+    they are gone (drain evicts them, abort deletes them). A model pod still under its
+    ReplicaSet is one the job did not orphan (it landed after the report, or its revision
+    had no PodAutoscaler): nothing covers it, so it blocks like any other."""
+    blockers = []
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+        if pod.node_name != node or pod.uid in own_orphans:
+            continue
+        role, why = pod_classify(pod)
+        if role == Role.MODEL:
+            blockers.append(f"{pod.namespace}/{pod.name} (model pod this job did not orphan: {why})")
+        elif role == Role.BLOCKER:
+            blockers.append(f"{pod.namespace}/{pod.name} ({why})")
+    return blockers
 
 
 def defrag_plan(*, node: NodeView, pods: Iterable[PodView],

@@ -149,8 +149,12 @@ def defrag_job_log_after(*, job: DefragJob, seq: int) -> list[tuple[int, str]]:
 def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None, new=None, actor=None,
            cause: str = "") -> None:
     """One step of the job in the audit trail, under the job (subject defrag_job)."""
-    audit(app="defrag", action=action, at=now, actor=actor or job.operator, cause=cause, target=target,
-          cluster_id=job.cluster_id, subject=("defrag_job", job.pk), old=old, new=new)
+    actor = actor or job.operator
+    # A worker acts for whoever asked: with no panel user, the command that confirmed the job.
+    label = None if actor is not None else (actor_label_current() or job.requested_by_label)
+    audit(app="defrag", action=action, at=now, actor=actor, cause=cause or f"defrag job #{job.pk} ({job.state})",
+          target=target, cluster_id=job.cluster_id, subject=("defrag_job", job.pk), old=old, new=new,
+          actor_label=label)
 
 
 def _loaded(job: DefragJob) -> DefragJob:
@@ -366,16 +370,24 @@ def defrag_job_step(*, job: DefragJob, gateway: kube.KubeGateway | None = None,
         pending = job.__dict__.get("_pending_log") or []
         job.refresh_from_db()
         _loaded(job)
-        _append_log(job, *pending, f"API error, retrying in {ERROR_RETRY_SECONDS:g}s: {exc}")
-        job.error = f"{exc} (retrying in {ERROR_RETRY_SECONDS:g}s)"
-        job.next_check_at = now + timedelta(seconds=ERROR_RETRY_SECONDS)
         try:
-            _commit(job, now=now)
+            if job.state in _TIMED_STATES and not job.abort_pending and _timed_out(job, now):
+                _append_log(job, *pending)
+                _fail(job, gateway, now, last_error=exc)
+            else:
+                _append_log(job, *pending, f"API error, retrying in {ERROR_RETRY_SECONDS:g}s: {exc}")
+                job.error = f"{exc} (retrying in {ERROR_RETRY_SECONDS:g}s)"
+                job.next_check_at = now + timedelta(seconds=ERROR_RETRY_SECONDS)
+                _commit(job, now=now)
         except StaleJob:
             pass
     # What the database says now (an operator's request may have landed during the step).
     job.refresh_from_db()
     return _loaded(job)
+
+
+# States whose waiting the job's time limit ends (drain and abort have their own limits).
+_TIMED_STATES = (JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING)
 
 
 def _decide(job: DefragJob, now: datetime) -> str:
@@ -420,7 +432,10 @@ def _take_up_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> 
 
 
 def _timed_out(job: DefragJob, now: datetime) -> bool:
-    return job.started_at is not None and now >= job.started_at + timedelta(seconds=job.timeout_seconds)
+    """The time limit counts from the first side effect, or from confirmation for a job
+    that never made one (its reads kept failing)."""
+    began = job.started_at or job.created_at
+    return began is not None and now >= began + timedelta(seconds=job.timeout_seconds)
 
 
 def _step_record(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
@@ -428,8 +443,14 @@ def _step_record(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
     report = job.report
     with transaction.atomic():
         for entry in report.get("revisions", []):
-            pa = gateway.get(kube.PODAUTOSCALERS, entry["revision"], namespace=entry["namespace"])
-            rs = gateway.get(kube.REPLICASETS, entry["replicaset"], namespace=entry["namespace"])
+            try:
+                pa = gateway.get(kube.PODAUTOSCALERS, entry["revision"], namespace=entry["namespace"])
+                rs = gateway.get(kube.REPLICASETS, entry["replicaset"], namespace=entry["namespace"])
+            except NotFound as exc:
+                # The model was deleted after the report: its pods go with it, none to move.
+                _append_log(job, f"Revision {entry['namespace']}/{entry['revision']} gone before the job started "
+                                 f"({exc}): its pods are not moved")
+                continue
             revision, _ = DefragRevision.objects.update_or_create(
                 job=job, namespace=entry["namespace"], revision=entry["revision"],
                 defaults=dict(replicaset=entry["replicaset"],
@@ -453,7 +474,10 @@ def _step_cordon(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
     """Step 3, as `kubectl cordon` does it."""
     if _timed_out(job, now):
         return _fail(job, gateway, now)
-    node = gateway.get(kube.NODES, job.node_name)
+    try:
+        node = gateway.get(kube.NODES, job.node_name)
+    except NotFound:
+        return _fail(job, gateway, now, gone=True)
     cordoned = bool((node.get("spec") or {}).get("unschedulable"))
     if not cordoned:
         if job.cordon_intent_at is None:
@@ -586,32 +610,44 @@ def _finish_safe(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> No
         job.state = JobState.SAFE
         message = SAFE_MESSAGE
     _append_log(job, message)
-    _event(gateway, job, _node_ref(job), reason="DefragSafe" if not blockers else "DefragBlocked",
-           message=message, now=now, event_type="Normal" if not blockers else "Warning")
     _commit(job, fields=["state", "safe_at"], now=now,
             audits=[dict(action="job_safe" if not blockers else "job_blocked", target=f"Node/{job.node_name}",
                          new={"blockers": blockers})])
+    # After the record: an abort that won the race must not leave a "safe" Event behind.
+    _event(gateway, job, _node_ref(job), reason="DefragSafe" if not blockers else "DefragBlocked",
+           message=message, now=now, event_type="Normal" if not blockers else "Warning")
 
 
-def _fail(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
+def _fail(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, gone: bool = False,
+          last_error: KubeError | None = None) -> None:
+    """Stop the job where it is, saying what is left as it was. `gone`: the node was deleted
+    before the job cordoned it; `last_error`: the time ran out while the API kept failing."""
     waiting = [f"{r.namespace}/{r.revision} (scale {r.current_kpa_scale}, needs "
                f"{min(r.initial_replicas, r.current_replicas or r.initial_replicas) + r.overprovision})"
                for r in job.revisions.filter(satisfied=False)]
     orphans = job.orphans.filter(state=OrphanState.ORPHANED).count()
-    cordoned = job.state != JobState.RECORDED or bool(job.report.get("unschedulable"))
+    cordoned = job.state not in (JobState.CONFIRMED, JobState.RECORDED) or bool(job.report.get("unschedulable"))
     left = [f"the node stays {'cordoned' if cordoned else 'schedulable (never cordoned)'}"]
     if orphans:
         left.append(f"its {orphans} orphan(s) keep serving")
-    message = (f"Timed out after {job.timeout_seconds}s: not safe. Still waiting for: "
-               f"{', '.join(waiting) or 'orphaning to finish'}. {' and '.join(left).capitalize()} "
-               f"until an operator aborts.")
+    if gone:
+        message = (f"Failed: node {job.node_name} is gone from the cluster (deleted outside this job) before the "
+                   f"job cordoned it; no pod was orphaned.")
+    elif last_error is not None:
+        message = (f"Timed out after {job.timeout_seconds}s: the Kubernetes API kept failing ({last_error}). "
+                   f"{' and '.join(left).capitalize()} until an operator aborts.")
+    else:
+        message = (f"Timed out after {job.timeout_seconds}s: not safe. Still waiting for: "
+                   f"{', '.join(waiting) or 'orphaning to finish'}. {' and '.join(left).capitalize()} "
+                   f"until an operator aborts.")
     job.state = JobState.FAILED
     job.error = message
     job.next_check_at = None
     _append_log(job, message)
-    _event(gateway, job, _node_ref(job), reason="DefragTimeout", message=message, now=now, event_type="Warning")
     _commit(job, fields=["state"], now=now, audits=[dict(action="job_fail", target=f"Node/{job.node_name}",
-                                                         new={"waiting": waiting})])
+                                                         new={"waiting": waiting, "reason": message})])
+    if not gone:
+        _event(gateway, job, _node_ref(job), reason="DefragTimeout", message=message, now=now, event_type="Warning")
 
 
 def defrag_job_wait(*, job: DefragJob, gateway: kube.KubeGateway | None = None, timeout_seconds: float) -> bool:
@@ -723,9 +759,11 @@ def _settle_planned(job: DefragJob, gateway: kube.KubeGateway, now: datetime) ->
 NODE_UNCORDONING = "uncordoning"  # written before the patch: a restarted worker knows the patch is its own
 NODE_OUTCOMES = {
     "uncordoned": "uncordoned",
-    "already schedulable": "was already schedulable (uncordoned by someone else)",
+    "already schedulable": "was already schedulable (uncordoned outside this job)",
     "left cordoned": "left cordoned (it was cordoned before the job, not by it)",
     "gone": "is gone (deleted by someone else)",
+    "deleted by the drain": "was deleted by this job's drain (asked for before the abort)",
+    "never cordoned": "was never cordoned by this job; left as it was",
     "returned to service": "was returned to service by an operator (uncordoned before this abort)",
 }
 # The outcome an operator's return to service records on the job it asks to abort: the
@@ -742,10 +780,17 @@ def _abort_node(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
         node = None
     cordoned = bool(((node or {}).get("spec") or {}).get("unschedulable"))
     audits = []
-    if node is None:
+    if node is None and job.node_delete_intent_at is not None:
+        outcome = "deleted by the drain"
+        audits.append(dict(action="node_delete", target=f"Node/{job.node_name}",
+                           new={"already_gone": True, "by_this_job": True}))
+    elif node is None:
         outcome = "gone"
     elif not owns:
-        outcome = "left cordoned" if cordoned else "already schedulable"
+        if cordoned:
+            outcome = "left cordoned"
+        else:
+            outcome = "already schedulable" if job.report.get("unschedulable") else "never cordoned"
     elif cordoned:
         if job.abort_node_outcome != NODE_UNCORDONING:
             job.abort_node_outcome = NODE_UNCORDONING
@@ -781,8 +826,9 @@ def _step_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
         _commit(job, now=now)
         return
     job.state, job.finished_at, job.next_check_at, job.error = JobState.ABORTED, now, None, ""
+    orphaned = job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING, OrphanState.GONE]).exists()
     _append_log(job, f"Aborted: node {job.node_name} {NODE_OUTCOMES.get(job.abort_node_outcome, 'untouched')}; "
-                     f"every orphan gone")
+                     + ("every orphan gone" if orphaned else "no pod was orphaned"))
     _commit(job, fields=["state", "finished_at"], now=now,
             audits=[dict(action="job_abort", target=f"Node/{job.node_name}")])
 
@@ -853,24 +899,62 @@ def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
         job.next_check_at = now + timedelta(seconds=eviction_retry_seconds(job))
         _commit(job, now=now)
         return
+    # IMPORTANT: the node is looked at again right before it is deleted: a job may rest as
+    # safe for hours, and pods may have come since (a pod bound by name past the cordon, or
+    # anything after someone uncordoned the node).
+    try:
+        node = gateway.get(kube.NODES, job.node_name)
+    except NotFound:
+        node = None
+    staying: list[str] = []
+    if node is not None:
+        pods = [PodView.from_object(p) for p in gateway.list(kube.PODS, field_selector=f"spec.nodeName={job.node_name}")]
+        staying = blockers_remaining(pods, node=job.node_name, own_orphans=())
+        if not (node.get("spec") or {}).get("unschedulable"):
+            staying.append("the node is schedulable again (uncordoned since the job cordoned it)")
+    if job.delete_node and staying:
+        return _drain_stopped(job, gateway, now, staying)
     audits = []
+    lines = []
     if job.delete_node:
-        try:
-            gateway.delete(kube.NODES, job.node_name)
-            _append_log(job, f"Node {job.node_name} deleted")
-        except NotFound:
-            # Deleted before a worker died (our request), or by someone else: the outcome wanted.
-            _append_log(job, f"Node {job.node_name} is gone")
-            audits.append(dict(action="node_delete", target=f"Node/{job.node_name}", new={"already_gone": True}))
-        else:
-            audits.append(dict(action="node_delete", target=f"Node/{job.node_name}"))
+        if node is not None:
+            if job.node_delete_intent_at is None:
+                # IMPORTANT: the intent is recorded before the delete, so a worker dying right
+                # after it (or an abort landing before the record) knows the deletion was ours.
+                job.node_delete_intent_at = now
+                _commit(job, fields=["node_delete_intent_at"], now=now)
+            try:
+                gateway.delete(kube.NODES, job.node_name)
+                lines.append(f"Node {job.node_name} deleted")
+                audits.append(dict(action="node_delete", target=f"Node/{job.node_name}"))
+            except NotFound:
+                node = None
+        if node is None:
+            ours = job.node_delete_intent_at is not None
+            lines.append(f"Node {job.node_name} is gone" + (" (deleted by this job before a worker stopped)"
+                                                            if ours else " (deleted outside this job)"))
+            audits.append(dict(action="node_delete", target=f"Node/{job.node_name}",
+                               new={"already_gone": True, "by_this_job": ours}))
+    elif staying:
+        lines.append(f"Still on node {job.node_name}, not this job's to move: {', '.join(staying)}")
     job.state, job.finished_at, job.next_check_at = JobState.DRAINED, now, None
-    _append_log(job, f"Node {job.node_name} drained: every orphan is gone")
-    _event(gateway, job, _node_ref(job), reason="DefragDrained", message=f"Node {job.node_name} drained", now=now)
+    _append_log(job, *lines, f"Node {job.node_name} drained: every orphan is gone")
     # IMPORTANT: the node deletion and the final state in one record: a worker dying between
     # two records would redo the (harmless, NotFound) delete and audit it twice.
     _commit(job, fields=["state", "finished_at"], now=now,
             audits=audits + [dict(action="job_drain", target=f"Node/{job.node_name}")])
+    _event(gateway, job, _node_ref(job), reason="DefragDrained", message=f"Node {job.node_name} drained", now=now)
+
+
+def _drain_stopped(job: DefragJob, gateway: kube.KubeGateway, now: datetime, staying: list[str]) -> None:
+    """The orphans are evicted, but the node is not the job's to delete any more."""
+    message = (f"Orphans evicted, but node {job.node_name} was not deleted: {'; '.join(staying)}. "
+               f"Return it to service, or delete it yourself once that is settled.")
+    job.state, job.next_check_at, job.error = JobState.BLOCKED, None, message
+    _append_log(job, message)
+    _commit(job, fields=["state"], now=now, audits=[dict(action="job_blocked", target=f"Node/{job.node_name}",
+                                                         new={"blockers": staying, "at": "drain"})])
+    _event(gateway, job, _node_ref(job), reason="DefragBlocked", message=message, now=now, event_type="Warning")
 
 
 EVICTION_REFUSED = "Eviction refused by a PodDisruptionBudget: "
@@ -890,6 +974,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
     refused = False
     kept: list = []
     back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
+    deleted_models: set[int] = set()        # revision ids whose ReplicaSet is gone
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
             "revision"):
         target = f"Pod/{orphan.namespace}/{orphan.pod_name}"
@@ -925,12 +1010,22 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                 continue  # gone meanwhile: seen as gone on the next pass
         else:
             if orphan.revision_id not in back:
-                rs = gateway.get(kube.REPLICASETS, orphan.revision.replicaset, namespace=orphan.namespace)
+                try:
+                    rs = gateway.get(kube.REPLICASETS, orphan.revision.replicaset, namespace=orphan.namespace)
+                except NotFound:
+                    # The model was deleted: it wants no pod, and an orphan has no owner for the
+                    # garbage collector to follow, so ending it is the abort's to do.
+                    rs = {"spec": {"replicas": 0}}
+                    deleted_models.add(orphan.revision_id)
+                    _append_log(job, f"ReplicaSet {orphan.namespace}/{orphan.revision.replicaset} is gone "
+                                     f"(its model was deleted): its orphans are deleted")
                 pods = gateway.list(kube.PODS, namespace=orphan.namespace,
                                     label_selector=f"{REVISION_LABEL}={orphan.revision.revision}")
                 back[orphan.revision_id] = (replicaset_ready_pods(pods, replicaset=orphan.revision.replicaset),
                                             _scale((rs.get("spec") or {}).get("replicas")))
             ready, wanted = back[orphan.revision_id]
+            if orphan.revision_id in deleted_models:
+                message = f"Deleted by defrag job #{job.pk} (abort): its model was deleted"
             if ready < wanted and not force:
                 _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} kept: revision "
                                  f"{orphan.revision.revision} has {ready}/{wanted} ready without it")
@@ -1066,30 +1161,44 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
         row = live or (DefragJob.objects.select_for_update().get(pk=job.pk) if job is not None else
                        DefragJob.objects.filter(cluster=cluster, node_name=node).order_by("-created_at", "-pk")
                        .select_for_update().first())
-        if row is None:
-            raise DefragError(f"no defrag job has held node {node!r} on cluster {cluster.name!r}: its cordon is not "
-                              f"the product's to undo (kubectl uncordon {node}, if it is meant)")
         # IMPORTANT: the node is re-read under the job's row lock, right before the patch.
         try:
             current = gateway.get(kube.NODES, node)
         except NotFound:
             raise DefragError(f"node {node!r} is gone from cluster {cluster.name!r}: nothing to return to "
                               f"service") from None
-        if not (current.get("spec") or {}).get("unschedulable"):
-            return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False,
-                                   message=f"Node {node} was already schedulable; nothing changed.")
+        cordoned = bool((current.get("spec") or {}).get("unschedulable"))
+        if row is None:
+            if not cordoned:
+                raise DefragError(f"node {node!r} is schedulable and no defrag job has held it on cluster "
+                                  f"{cluster.name!r}: nothing to return to service")
+            raise DefragError(f"no defrag job has held node {node!r} on cluster {cluster.name!r}: its cordon is not "
+                              f"the product's to undo (kubectl uncordon {node}, if it is meant)")
         holding = defrag_job_holding_reason(row)
+        orphans = row.orphans.filter(state__in=[OrphanState.PLANNED, OrphanState.ORPHANED,
+                                                OrphanState.DELETING]).count()
+        asks_abort = row.state in ENDED_BY_RETURN
+        if not cordoned:
+            # Uncordoned already: by kubectl, or by a return to service whose worker died before
+            # recording it. Its orphans must still end, or they hold their GPUs for good.
+            message = f"Node {node} was already schedulable; nothing to uncordon."
+            if holding or not (asks_abort and orphans):
+                return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False,
+                                       message=message + " Nothing changed.")
+            message += (f" Abort of defrag job #{row.pk} requested: its {orphans} orphan(s) are deleted, each once "
+                        f"its revision is back to scale.")
+            _log_write(row.pk, [f"{message} (by {actor or actor_label_current() or 'CLI'})"])
+            DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome="already schedulable")
+            defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
+            return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=True, message=message)
         if holding:
             raise DefragError(f"node {node!r} is not returned to service: {holding}. Wait until the job rests "
                               f"(safe, failed, drained, aborted) and try again")
-        orphans = row.orphans.filter(state__in=[OrphanState.PLANNED, OrphanState.ORPHANED,
-                                                OrphanState.DELETING]).count()
         cause = f"returned to service by an operator; defrag job #{row.pk} was {row.state}"
         gateway.patch(kube.NODES, node, {"spec": {"unschedulable": False}}, patch_type="strategic")
         _audit(row, now=now, actor=actor, action="node_return_to_service", target=f"Node/{node}", cause=cause,
                old={"unschedulable": True}, new={"unschedulable": False})
         message = f"Node {node} uncordoned: it takes new pods again."
-        asks_abort = row.state in ENDED_BY_RETURN
         if row.state == JobState.ABORT_STUCK and orphans:
             message += (f" Defrag job #{row.pk} still keeps {orphans} orphan(s) serving on it; abort it again to "
                         f"end them once their replacements are ready.")

@@ -279,7 +279,7 @@ def test_abort_of_a_node_someone_else_uncordoned_says_so(defrag_world):
     world.kube.core.patch_node(node, {"spec": {"unschedulable": False}})
     job = defrag_job_abort(job=job, actor=None, now=world.now(), enqueue=False)
     job = run_until(world, job, {JobState.ABORTED}, dt=5)
-    assert f"Node {node} was already schedulable (uncordoned by someone else)" in job.log
+    assert f"Node {node} was already schedulable (uncordoned outside this job)" in job.log
     assert "node_uncordon" not in audit_counts(job)
 
 

@@ -140,6 +140,14 @@ def test_the_jobs_own_orphans_are_not_blockers_but_other_bare_pods_are():
     assert len(blockers_remaining(pods, node="n1", own_orphans=set())) == 2
 
 
+def test_a_model_pod_the_job_did_not_orphan_blocks_the_node():
+    """It landed after the report, or its revision had no PodAutoscaler: no replacement
+    covers it, so the node is not safe while it runs."""
+    late = make_model_pod("late", revision=REV, uid="u-late")
+    [blocker] = blockers_remaining([PodView.from_object(late)], node="n1", own_orphans={"u-orphan"})
+    assert blocker.startswith("org-a/late (model pod this job did not orphan: Knative revision ")
+
+
 def ready(pod: dict, *, is_ready: bool = True, deleting: bool = False) -> dict:
     pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": str(is_ready)}]}
     if deleting:

@@ -81,7 +81,7 @@ def test_a_safe_node_returns_to_service_once_and_its_orphans_are_ended_by_the_ab
 
     # Idempotent: the second time nothing changes and it says so.
     again = give_back(world, node, actor=ops, job=job)
-    assert again.message == f"Node {node} was already schedulable; nothing changed."
+    assert again.message == f"Node {node} was already schedulable; nothing to uncordon. Nothing changed."
     assert not again.uncordoned and len(returns(job)) == 1
 
     # The abort the return asked for ends the orphan; the node stays in service, and no drain is possible.
@@ -185,5 +185,6 @@ def test_the_cli_returns_a_drained_node_names_the_shell_user_and_is_idempotent(s
 
     django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
     call_command("defrag", node, "--cluster", "sim", "--return-to-service", "--yes", "--as", "ops")
-    assert capsys.readouterr().out.strip() == f"Node {node} was already schedulable; nothing changed."
+    assert capsys.readouterr().out.strip() == \
+        f"Node {node} was already schedulable; nothing to uncordon. Nothing changed."
     assert len(returns(job)) == 1
