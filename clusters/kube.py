@@ -16,11 +16,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import kubernetes.client
 import kubernetes.config
+import kubernetes.utils
 import orjson
 import prometheus_client
 import tenacity
@@ -587,3 +589,9 @@ def forget_gateways() -> None:
         for gateway in _GATEWAYS.values():
             gateway.close()
         _GATEWAYS.clear()
+
+
+def quantity_parse(text: str) -> Decimal:
+    """A Kubernetes quantity ("500m", "32Gi", "1.5") as a number, by the official client's
+    parser; ValueError when it is not one."""
+    return kubernetes.utils.parse_quantity(text)

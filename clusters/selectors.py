@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 from django.db.models import QuerySet
 
@@ -90,3 +91,26 @@ def namespace_version(gateway: kube.KubeGateway, namespace: str) -> str | None:
     except NotFound:
         return None
     return ((ns.get("metadata") or {}).get("labels") or {}).get(APP_VERSION_LABEL)
+
+
+def node_allocatable_largest(gateway: kube.KubeGateway, *, resources: tuple[str, ...] = ("cpu", "memory")
+                             ) -> dict[str, tuple[Decimal, str]]:
+    """The most of each resource any one node of the cluster can give a pod (its
+    allocatable), by name: (amount, as the node states it); a resource no node states is
+    left out."""
+    largest: dict[str, tuple[Decimal, str]] = {}
+
+    def take(items: list) -> list:
+        for node in items:
+            allocatable = (node.get("status") or {}).get("allocatable") or {}
+            for name in resources:
+                try:
+                    amount = kube.quantity_parse(str(allocatable[name]))
+                except (KeyError, ValueError):
+                    continue
+                if name not in largest or amount > largest[name][0]:
+                    largest[name] = (amount, str(allocatable[name]))
+        return []
+
+    gateway.list(kube.NODES, take=take)
+    return largest

@@ -18,7 +18,10 @@ from django.utils.html import format_html, format_html_join
 
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 from capacity.runbook import services
+from clusters import kube
 from clusters.errors import KubeError
+from clusters.kube import quantity_parse
+from clusters.selectors import node_allocatable_largest
 from config import clock
 from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin
 
@@ -33,6 +36,13 @@ def _confirm(modeladmin, request, *, title, items, button, action=None, selected
         "items": items, "button": button, "action": action, "selected": [str(pk) for pk in selected],
         "warning": warning, "cancel_url": reverse("admin:capacity_servedmodel_changelist")})
 
+
+# A new revision starts its initial scale (1 pod unless the owner set it) whatever the model's
+# min-scale: a model its owner let scale to zero holds GPUs again until the autoscaler ends them.
+ASLEEP_WAKES = (". It holds no GPU now (scaled to zero at the last registry sync): its new revision starts its "
+                "initial scale (1 pod unless its owner set it) and holds GPUs until the autoscaler scales it back "
+                "to zero")
+ASLEEP_WARNING = "Some of these models are scaled to zero: redeploying starts pods for them for a while."
 
 ACTION_NAMES = {"model_redeploy": "redeploy", "revision_delete_old": "delete the old revision",
                 "model_delete_stuck": "delete stuck model", "resource_spec_apply": "resource spec"}
@@ -148,7 +158,9 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         if request.POST.get("confirm") != "yes":
             return _confirm(self, request, title="Redeploy these models?", button="Redeploy",
                             items=[f"{m} ({m.kind}): a new revision rolls out, then the old one is retired"
-                                   for m in models], action="redeploy", selected=[m.pk for m in models])
+                                   + (ASLEEP_WAKES if m.gpus_held == 0 else "") for m in models],
+                            action="redeploy", selected=[m.pk for m in models],
+                            warning=ASLEEP_WARNING if any(m.gpus_held == 0 for m in models) else None)
         for model in models:
             try:
                 services.model_redeploy(model=model, actor=request.user)
@@ -242,12 +254,37 @@ class ResourceSpecForm(forms.ModelForm):
             data[name] = value
             if value and (not QUANTITY.match(value) or not any(c in "123456789" for c in value)):
                 self.add_error(name, f"{value!r} is not a positive Kubernetes quantity (e.g. 4, 500m, 32Gi)")
+        if not self.errors:
+            self._check_amounts(data)
         if data.get("cluster") and data.get("model") and not self.errors:
             try:
                 services.resource_spec_targets(ResourceSpec(cluster=data["cluster"], model=data["model"]))
             except services.RunbookRefused as exc:
                 self.add_error("model", str(exc))
         return data
+
+
+    def _check_amounts(self, data: dict) -> None:
+        """A request above its limit is refused by the API server, and more than the largest
+        node gives leaves every new pod Pending: both are refused here, naming the field."""
+        amounts = {name: quantity_parse(data[name]) for name in ("cpu_request", "cpu_limit", "memory_request",
+                                                                  "memory_limit") if data.get(name)}
+        for kind in ("cpu", "memory"):
+            request, limit = amounts.get(f"{kind}_request"), amounts.get(f"{kind}_limit")
+            if request is not None and limit is not None and request > limit:
+                self.add_error(f"{kind}_request", f"the {kind} request {data[f'{kind}_request']} is more than its "
+                                                  f"limit {data[f'{kind}_limit']}")
+        if not amounts or not data.get("cluster") or self.errors:
+            return
+        try:
+            largest = node_allocatable_largest(kube.gateway_for(data["cluster"]))
+        except KubeError:
+            return   # the cluster cannot say now; the preview reads it again before anything is sent
+        for name, amount in amounts.items():
+            kind = name.split("_")[0]
+            if kind in largest and amount > largest[kind][0]:
+                self.add_error(name, f"{data[name]} is more {kind} than any node of {data['cluster']} can give a "
+                                     f"pod (the largest allocatable is {largest[kind][1]})")
 
 
 def _amount(value: str | None) -> str:

@@ -125,6 +125,22 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     assert 'class="json-table' in detail and "zq86d3o-predictor-00002" in detail
 
 
+def test_redeploying_a_model_scaled_to_zero_says_first_that_it_will_start_pods(world, client):
+    handle, crd, core = world
+    model = the_model(handle)
+    operator(client, "redeploy_servedmodel")
+    form = {"action": "redeploy", "_selected_action": [model.pk]}
+    assert b"holds no GPU now" not in client.post("/admin/capacity/servedmodel/", form).content
+    ServedModel.objects.filter(pk=model.pk).update(gpus_held=0)      # as a sync sees a model at zero
+
+    page = client.post("/admin/capacity/servedmodel/", form).content.decode()
+
+    assert "It holds no GPU now (scaled to zero at the last registry sync): its new revision starts its initial " \
+           "scale" in page
+    assert "Some of these models are scaled to zero: redeploying starts pods for them for a while." in page
+    assert revisions(crd) == ["zq86d3o-predictor-00001"], "nothing done before the confirmation"
+
+
 def test_redeploy_needs_its_permission(world, client):
     handle, crd, core = world
     model = the_model(handle)
@@ -284,6 +300,9 @@ def _hidden_inputs(html: str) -> list[tuple[str, str]]:
     ("cpu_limit", "inf", "'inf' is not a positive Kubernetes quantity"),
     ("memory_request", "-8Gi", "'-8Gi' is not a positive Kubernetes quantity"),
     ("memory_limit", "0", "'0' is not a positive Kubernetes quantity"),
+    ("cpu_request", "64", "the cpu request 64 is more than its limit 4"),
+    ("memory_limit", "99999999999Ei", "99999999999Ei is more memory than any node of"),
+    ("cpu_limit", "5000", "5000 is more cpu than any node of"),
     ("gpu_count", "1000", "at most 16 GPUs per pod, got 1000"),
     ("gpu_count", "-1", "Ensure this value is greater than or equal to 0."),
     ("model", "no-such-model", "no deployed InferenceService of model 'no-such-model'"),
