@@ -688,6 +688,10 @@ def defrag_job_drain(*, job: DefragJob, actor, delete_node: bool = False, now: d
     with transaction.atomic():
         row = DefragJob.objects.select_for_update().get(pk=job.pk)
         if row.state == JobState.DRAINING or (row.drain_requested_at and row.state == JobState.SAFE):
+            if row.delete_node != delete_node:
+                raise DefragError(f"job #{row.pk} already has a drain requested "
+                                  f"{'that deletes' if row.delete_node else 'that keeps'} the Node: it is not "
+                                  f"changed (abort the job to stop the drain)")
             return row
         if row.state != JobState.SAFE:
             raise DefragError(f"job #{row.pk} is {row.state}: only a job that reported the node safe may drain it")

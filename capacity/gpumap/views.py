@@ -110,6 +110,9 @@ def gpu_map(request, cluster: str):
     except KubeError as exc:
         return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
     view = read.value
+    if pool is not None and not view.rows:
+        return render(request, "capacity/gpu_map.html", {
+            "cluster": cluster_row, "error": f"no GPU node in pool {pool!r} on {cluster_row.name}"}, status=404)
     # The page's context holds what the page shows, not the whole reading: Django's template
     # rendering leaves its context in a reference cycle, kept until the cyclic collector runs,
     # and a reading of 5,000 nodes is tens of thousands of objects for it to walk then. The

@@ -149,6 +149,9 @@ def test_gpu_map_pages_a_big_fleet_and_keeps_the_pool_filter(sim_cluster_factory
     assert 'data-node="a1"' in first and 'data-node="a1"' not in last     # nodes go by name
     pool = client.get("/capacity/clusters/sim/gpu-map/?pool=a10g").content.decode()
     assert pool.count('class="node"') == 1 and 'id="map-pages"' not in pool
+    unknown = client.get("/capacity/clusters/sim/gpu-map/?pool=a10q")
+    assert unknown.status_code == 404 and "no GPU node in pool &#x27;a10q&#x27; on sim" in unknown.content.decode()
+    assert "No node to empty" not in unknown.content.decode()
 
 
 # ---- one reading of the cluster serves its pages a few seconds, and they say how old it is --

@@ -205,3 +205,17 @@ def test_a_schedulable_node_no_job_held_is_said_to_be_so(defrag_world):
     with pytest.raises(DefragError, match="node 'n9' is schedulable and no defrag job has held it"):
         node_return_to_service(cluster=world.cluster, node="n9", actor=None, gateway=world.gateway,
                                now=world.now(), enqueue=False)
+
+
+def test_a_second_drain_request_that_asks_otherwise_about_the_node_is_refused_not_dropped(defrag_world):
+    from capacity.defrag.services import DefragError
+
+    world = defrag_world(scenario(knative_service(min_scale=3)))
+    node = world.kube.node_with_pods()
+    job = run_until(world, start_job(world, node), {JobState.SAFE})
+    job = defrag_job_drain(job=job, actor=None, now=world.now(), enqueue=False)
+    assert defrag_job_drain(job=job, actor=None, now=world.now(), enqueue=False).pk == job.pk   # the same: fine
+    with pytest.raises(DefragError, match=rf"job #{job.pk} already has a drain requested that keeps the Node: "
+                                          r"it is not changed \(abort the job to stop the drain\)"):
+        defrag_job_drain(job=job, actor=None, delete_node=True, now=world.now(), enqueue=False)
+    assert not DefragJob.objects.get(pk=job.pk).delete_node
