@@ -126,7 +126,13 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         except (services.DefragError, KubeError) as exc:
             messages.error(request, f"Cannot defrag {node_name!r}: {exc}")
             return HttpResponseRedirect(reverse("admin:capacity_defragjob_changelist"))
-        if request.method == "POST" and request.POST.get("confirm") == "yes":
+        shown = request.POST.get("report") if request.method == "POST" else None
+        if request.method == "POST" and request.POST.get("confirm") == "yes" and shown != plan.fingerprint:
+            # Nothing started: what is confirmed must be what was shown. The page shows the node now.
+            messages.warning(request, f"Not started: node {node_name} changed since its report was shown "
+                                      f"(pods came, went or changed role). Review the report below and confirm again.")
+            context.update(timeout=request.POST.get("timeout"), poll_interval=request.POST.get("poll_interval"))
+        elif request.method == "POST" and request.POST.get("confirm") == "yes":
             form = DefragStartForm(request.POST)
             if not form.is_valid():
                 # Nothing started: the page comes back with the field named and the values typed.
@@ -144,7 +150,7 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                 else:
                     messages.success(request, f"Defrag job #{job.pk} confirmed on {node_name}: a worker starts it")
                     return HttpResponseRedirect(self._job_url(job))
-        context.update(plan=plan, lines=plan.report_lines())
+        context.update(plan=plan, lines=plan.report_lines(), report=plan.fingerprint)
         return TemplateResponse(request, "capacity/defrag_confirm.html", context)
 
     def drain_view(self, request, pk: int):

@@ -8,6 +8,7 @@ them) plus what `kubectl drain`, Karpenter and cluster-autoscaler honour
 """
 from __future__ import annotations
 
+import hashlib
 from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,14 @@ class DefragPlan:
     @property
     def ignored(self) -> tuple[PodEntry, ...]:
         return tuple(p for p in self.pods if p.role == Role.IGNORED)
+
+    @property
+    def fingerprint(self) -> str:
+        """What the report shows an operator to confirm, as a short digest: which pods, in
+        which role, under which revision. Two readings of the node with one fingerprint
+        would be reported alike (scales aside, which the job reads again when it starts)."""
+        seen = sorted((p.uid, p.role, p.revision or "", p.reason) for p in self.pods)
+        return hashlib.sha256(repr((self.node, self.unschedulable, seen)).encode()).hexdigest()[:16]
 
     def revision_of(self, pod: PodEntry) -> RevisionEntry | None:
         return next((r for r in self.revisions if r.namespace == pod.namespace and r.revision == pod.revision), None)

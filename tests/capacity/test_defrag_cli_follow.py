@@ -97,7 +97,9 @@ def test_the_panel_refuses_bad_numbers_naming_the_field(defrag_world, client, dj
     world = defrag_world(scenario(knative_service(min_scale=3)))
     node = world.kube.node_with_pods()
     client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
-    form = {"cluster": "sim", "node": node, "confirm": "yes", "timeout": "1800", "poll_interval": "10", field: value}
+    report = client.get(f"/admin/capacity/defragjob/start/?cluster=sim&node={node}").context["report"]
+    form = {"cluster": "sim", "node": node, "confirm": "yes", "timeout": "1800", "poll_interval": "10", field: value,
+            "report": report}
     page = client.post("/admin/capacity/defragjob/start/", form)
     assert page.status_code == 200
     assert f"Not started: {field}: " in page.content.decode()

@@ -1,9 +1,12 @@
 """The GPU map, the admin's report → confirm page, drain permission, and the progress JSON."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from capacity.defrag.models import DefragJob, JobState
+from clusters import kube
 from defrag_builders import make_model_pod, make_node, make_pod
 
 pytestmark = pytest.mark.django_db
@@ -72,8 +75,9 @@ def test_admin_start_shows_the_report_then_confirm_creates_the_job(sim_cluster_f
     assert "Found pods to defrag:" in html and "org-b/small-1" in html
     assert "notebook-0" in html and "StatefulSet" in html   # the blocker, before confirmation
     assert not DefragJob.objects.exists()                    # nothing changed yet
+    shown = re.search(r'name="report" value="([0-9a-f]{16})"', html).group(1)
     done = client.post("/admin/capacity/defragjob/start/", {"cluster": "sim", "node": "n2", "confirm": "yes",
-                                                             "timeout": "600", "poll_interval": "5"})
+                                                             "timeout": "600", "poll_interval": "5", "report": shown})
     job = DefragJob.objects.get()
     assert done.status_code == 302 and done["Location"].endswith(f"/admin/capacity/defragjob/{job.pk}/change/")
     assert (job.state, job.requested_by, job.timeout_seconds) == (JobState.CONFIRMED, staff, 600)
@@ -84,6 +88,25 @@ def test_admin_start_shows_the_report_then_confirm_creates_the_job(sim_cluster_f
     audit = page.split('id="defrag-audit"', 1)[1].split("</fieldset>", 1)[0]    # the job's audit entries
     assert "job_confirm" in audit and "Node/n2" in audit and staff.get_username() in audit
     assert 'class="json-table' in page and "&quot;" not in page.split('class="json-table', 1)[1][:200]
+
+
+def test_a_confirmation_of_a_report_the_node_no_longer_matches_starts_nothing_and_shows_it_again(
+        sim_cluster_factory, client, staff):
+    handle = sim_cluster_factory(objects(), name="sim")
+    html = client.get("/admin/capacity/defragjob/start/?cluster=sim&node=n2").content.decode()
+    shown = re.search(r'name="report" value="([0-9a-f]{16})"', html).group(1)
+    assert "scratch-shell" not in html
+    handle.gateway.create(kube.PODS, make_pod("scratch-shell", namespace="org-b", node="n2", gpus=1),
+                          namespace="org-b")
+
+    page = client.post("/admin/capacity/defragjob/start/", {"cluster": "sim", "node": "n2", "confirm": "yes",
+                                                             "timeout": "600", "poll_interval": "5", "report": shown})
+
+    assert page.status_code == 200 and not DefragJob.objects.exists()
+    text = page.content.decode()
+    assert "Not started: node n2 changed since its report was shown" in text
+    assert "scratch-shell" in text                          # the report as the node is now
+    assert re.search(r'name="report" value="([0-9a-f]{16})"', text).group(1) != shown
 
 
 def test_drain_page_needs_its_own_permission(sim_cluster_factory, client, django_user_model):
