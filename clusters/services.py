@@ -4,14 +4,20 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
+from clusters import kube
 from clusters.models import Cluster
 from config.schedule import SCHEDULES
+
+_CONNECTION = ("kubeconfig_path", "kube_context", "in_cluster")   # what the gateway is built from
 
 
 def cluster_sync_default() -> Cluster | None:
     """Create or update the default cluster from KUBECONFIG / KUBE_CONTEXT / in-cluster.
 
     Returns None when the environment names no cluster (then the registry decides).
+    IMPORTANT: new connection settings are loaded before they are saved: settings that do
+    not load raise `ConfigError` and leave the row as it was, so one command started with a
+    wrong KUBECONFIG cannot cut every worker off the cluster.
     """
     if not settings.KUBECONFIG and not settings.KUBE_IN_CLUSTER:
         return None
@@ -24,6 +30,9 @@ def cluster_sync_default() -> Cluster | None:
         "from_environment": True,
     }
     cluster = Cluster.objects.filter(name=settings.DEFAULT_CLUSTER_NAME).first()
+    if cluster is None or any(getattr(cluster, field) != wanted[field] for field in _CONNECTION):
+        # Raises ConfigError naming the file and context; nothing is asked of the cluster.
+        kube.gateway_for(Cluster(name=settings.DEFAULT_CLUSTER_NAME, **wanted))
     if cluster is None:
         cluster, _ = Cluster.objects.get_or_create(name=settings.DEFAULT_CLUSTER_NAME, defaults=wanted)
         return cluster

@@ -221,25 +221,69 @@ KUBE_RETRY_BACKOFF = env.float("KUBE_RETRY_BACKOFF", default=0.2)
 KUBE_RETRY_BACKOFF_MAX = env.float("KUBE_RETRY_BACKOFF_MAX", default=10.0)
 KUBE_REQUEST_TIMEOUT = env.float("KUBE_REQUEST_TIMEOUT", default=30.0)
 
+
+def _env_number(name: str, *, default: float | None, kind: type, low: float | None, high: float | None = None,
+                above: bool = False, what: str) -> float | None:
+    """A number from the environment (unset or empty: `default`), refused by name with
+    ImproperlyConfigured unless it is a plain `kind` (int: a whole number) at least `low`
+    (`above`: more than `low`) and at most `high`. Not env.float/env.int: django-environ's
+    float keeps only the digits, signs and separators of the text ("1e12" read as 112,
+    "1.5e1" as 1.51, "24h" as 24) and fails on "nan" with an error naming no variable."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    # NaN fails every comparison, so it fails the check (a number with no bounds: value == value).
+    if value is None or value != value or (low is not None and not ((value > low) if above else (value >= low))) \
+            or (high is not None and not value <= high):
+        bounds = " and ".join(([f"{'above' if above else 'at least'} {low:g}"] if low is not None else [])
+                              + ([f"at most {high:g}"] if high is not None else []))
+        bounds = f" {bounds}" if bounds else ""
+        raise ImproperlyConfigured(f"{name} must be {what}: a {'whole ' if kind is int else ''}number{bounds}, "
+                                   f"not {raw!r}")
+    return value
+
+
 # --- Orgs: activity, dormancy and scale to zero -------------------------------------
-ORGS_DORMANT_AFTER = timedelta(hours=env.float("ORGS_DORMANT_AFTER_HOURS", default=24.0))
-# At most one database write per org per window, across all processes (seconds).
-ORGS_ACTIVITY_THROTTLE_SECONDS = env.int("ORGS_ACTIVITY_THROTTLE_SECONDS", default=60)
-# How many orgs one sweep may switch to dormant (a budget, so a clock jump cannot cool all).
-ORGS_SWEEP_BUDGET = env.int("ORGS_SWEEP_BUDGET", default=100_000)
+# Idle hours before an org turns dormant: above 0 (the sweep refuses a period of 0 or less),
+# at most ten years.
+ORGS_DORMANT_AFTER = timedelta(hours=_env_number("ORGS_DORMANT_AFTER_HOURS", default=24.0, kind=float, low=0,
+                                                 above=True, high=87_600,
+                                                 what="the idle hours before an org turns dormant"))
+# At most one database write per org per window, across all processes (seconds; 0: every call writes).
+ORGS_ACTIVITY_THROTTLE_SECONDS = _env_number("ORGS_ACTIVITY_THROTTLE_SECONDS", default=60, kind=int, low=0,
+                                             high=86_400, what="the seconds between two activity writes of an org")
+# How many orgs one sweep may switch to dormant (a budget, so a clock jump cannot cool all; 0: none).
+ORGS_SWEEP_BUDGET = _env_number("ORGS_SWEEP_BUDGET", default=100_000, kind=int, low=0, high=None,
+                                what="the most orgs one dormancy sweep may mark dormant")
 
 # --- Pruning: the idle-GPU pruner ----------------------------------------------------
-PRUNER_RUN_MODE = env.str("PRUNER_RUN_MODE", default="dry-run")  # or "scale-down"
-PRUNER_DURATION_MINUTES = env.int("PRUNER_DURATION_MINUTES", default=30)
-PRUNER_IDLE_THRESHOLD = env.float("PRUNER_IDLE_THRESHOLD", default=0.01)  # fraction 0-1
-PRUNER_GRACE_SECONDS = env.int("PRUNER_GRACE_SECONDS", default=300)
-PRUNER_MAX_SCALE_DOWNS = env.int("PRUNER_MAX_SCALE_DOWNS", default=20)  # owners per run
+PRUNER_RUN_MODE = env.str("PRUNER_RUN_MODE", default="dry-run")
+if PRUNER_RUN_MODE not in ("dry-run", "scale-down"):
+    raise ImproperlyConfigured(f"PRUNER_RUN_MODE must be dry-run or scale-down, not {PRUNER_RUN_MODE!r}")
+# Plain numbers, refused by name when they are not; their ranges are checked (and named) by
+# the pruner's own parameters when a run starts.
+PRUNER_DURATION_MINUTES = _env_number("PRUNER_DURATION_MINUTES", default=30, kind=int, low=None,
+                                      what="the idle window in minutes")
+PRUNER_IDLE_THRESHOLD = _env_number("PRUNER_IDLE_THRESHOLD", default=0.01, kind=float, low=None,
+                                    what="the idle utilization, a fraction of 1")
+PRUNER_GRACE_SECONDS = _env_number("PRUNER_GRACE_SECONDS", default=300, kind=int, low=None,
+                                   what="the grace period in seconds")
+PRUNER_MAX_SCALE_DOWNS = _env_number("PRUNER_MAX_SCALE_DOWNS", default=20, kind=int, low=None,
+                                     what="the most owners scaled down per run")
 PRUNER_LABEL_SCHEME = env.str("PRUNER_LABEL_SCHEME", default="auto")  # auto, pod, exported
 # Watts: a GPU drawing more is not idle whatever its utilization (unset: power not looked at).
-PRUNER_POWER_THRESHOLD_WATTS = env.float("PRUNER_POWER_THRESHOLD_WATTS", default=None)
+PRUNER_POWER_THRESHOLD_WATTS = _env_number("PRUNER_POWER_THRESHOLD_WATTS", default=None, kind=float, low=None,
+                                           what="the power draw in watts above which a GPU is busy")
 PRUNER_OWNER_KINDS = env.list("PRUNER_OWNER_KINDS", default=[])  # e.g. Deployment,InferenceService; empty: all
 PRUNER_PROTECTED_NAMESPACES = env.list("PRUNER_PROTECTED_NAMESPACES",
                                        default=["kube-system", "kube-public", "kube-node-lease"])
+if not [n for n in PRUNER_PROTECTED_NAMESPACES if n.strip()]:
+    raise ImproperlyConfigured("PRUNER_PROTECTED_NAMESPACES must name at least one namespace the pruner never "
+                               "touches (unset: kube-system, kube-public, kube-node-lease)")
 # Days a prune run's skip rows are kept (the run keeps its counts per reason); pruned by the beat.
 PRUNER_SKIP_RETENTION_DAYS = env.float("PRUNER_SKIP_RETENTION_DAYS", default=7.0)
 if not (0 < PRUNER_SKIP_RETENTION_DAYS <= 3650):  # also false for NaN

@@ -212,14 +212,22 @@ class OrgAdmin(JsonAsTablesMixin, admin.ModelAdmin):
 
     def _allow(self, request, queryset, allowed: bool) -> None:
         now = clock.now()
+        word = "allowed" if allowed else "disallowed"
+        changed, kept = 0, []
         for org in queryset.select_related("cluster"):
+            if org.scale_to_zero_allowed == allowed:   # the service changes nothing on it
+                kept.append(org.slug)
+                continue
             outcome = services.org_scale_to_zero_allow(org=org, allowed=allowed, actor=request.user, now=now)
+            changed += 1
             if outcome is not None and not outcome.complete:
                 self.message_user(request, f"{outcome.summary()}; retried every minute", messages.WARNING)
             elif outcome is not None:
                 self.message_user(request, f"{org}: {len(outcome.patched)} workload(s) patched")
-        self.message_user(request, f"scale to zero {'allowed' if allowed else 'disallowed'} for "
-                                   f"{queryset.count()} org(s)")
+        text = f"scale to zero {word} for {changed} org(s)"
+        if kept:
+            text += f"; left as they were (already {word}): {', '.join(sorted(kept))}"
+        self.message_user(request, text)
 
     @admin.action(permissions=["disallow_scale_to_zero"], description="Disallow scale to zero (and revert now)…")
     def disallow_scale_to_zero(self, request, queryset):
@@ -249,6 +257,8 @@ class OrgAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         result = services.dormancy_sweep(now=clock.now(), actor=request.user)
         self.message_user(request, f"sweep: {len(result.switched)} org(s) turned dormant: "
                                    f"{', '.join(result.switched) or 'none'}")
+        if result.queued is False:
+            self.message_user(request, result.queue_failure(), messages.WARNING)
 
     @admin.action(permissions=["run_dormancy_sweep"], description="Run the dormancy sweep now (all orgs)…")
     def run_dormancy_sweep_now(self, request, queryset):

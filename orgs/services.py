@@ -178,10 +178,26 @@ class SweepResult:
     switched: tuple[str, ...]
     lines: tuple[str, ...] = ()
     switches: tuple[tuple[int, int], ...] = ()   # (org id, switch id) of each org marked
+    # Whether the switches' cluster work reached the queue (None: nothing queued, or queued
+    # when the caller's transaction commits), and why not.
+    queued: bool | None = None
+    queue_error: str = ""
 
     def as_dict(self) -> dict:
-        return {"now": self.now.isoformat(), "cutoff": self.cutoff.isoformat(), "dry_run": self.dry_run,
+        body = {"now": self.now.isoformat(), "cutoff": self.cutoff.isoformat(), "dry_run": self.dry_run,
                 "dormant": list(self.switched), "lines": list(self.lines)}
+        if self.queued is not None:
+            body["queued"] = self.queued
+        if self.queue_error:
+            body["queue_error"] = self.queue_error
+        return body
+
+    def queue_failure(self) -> str:
+        """What could not be queued, and what becomes of it ("" when nothing failed)."""
+        if self.queued is not False:
+            return ""
+        return (f"{len(self.switched)} org(s) turned dormant and are marked, but their scale to zero could not be "
+                f"queued ({self.queue_error}); the retry task applies it {RETRY_PROMISE} once the queue answers")
 
 
 # Mark the orgs the plan chose, and record their switches, in one statement. IMPORTANT:
@@ -316,6 +332,7 @@ def _dormancy_sweep(*, now: datetime, actor, dry_run: bool, budget: int | None, 
     params = {"now": ops.adapt_datetimefield_value(now),
               "cause": DormancySwitch.Cause.ADMIN if actor else DormancySwitch.Cause.SWEEP,
               "actor": actor.pk if actor else None, "actor_label": actor_label_current()}
+    queue_errors: list[str] = []
     with transaction.atomic():
         switched = _sweep_statement(plan.chosen, params, now=now, actor=actor)
         slugs = tuple(sorted(slug for _, slug, _ in switched))
@@ -323,12 +340,15 @@ def _dormancy_sweep(*, now: datetime, actor, dry_run: bool, budget: int | None, 
             audit(action="dormancy_sweep", actor=actor, org=None, old={}, new={"dormant": list(slugs)}, at=now)
         if switched and enqueue:
             pairs = [(org_id, switch_id) for org_id, _, switch_id in switched]
-            transaction.on_commit(lambda: _enqueue_applies(pairs))
+            transaction.on_commit(lambda: queue_errors.append(_enqueue_applies(pairs)))
     changed = sorted(set(plan.to_dormant) - set(slugs))
     lines = tuple(f"{s}: dormant" for s in slugs) + tuple(
         f"{s}: changed since the sweep read it (activity, flag or exemption): left awake" for s in changed)
+    # No entry: nothing was queued, or the caller's own transaction holds the commit.
+    queued = not queue_errors[0] if queue_errors else None
     return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs, lines=lines,
-                       switches=tuple(sorted((org_id, switch_id) for org_id, _, switch_id in switched)))
+                       switches=tuple(sorted((org_id, switch_id) for org_id, _, switch_id in switched)),
+                       queued=queued, queue_error=queue_errors[0] if queue_errors else "")
 
 
 # --- scale to zero on the cluster ---------------------------------------------------------------
@@ -372,23 +392,31 @@ class ClusterWorkloads:
 
 
 def workloads_read(gateway: kube.KubeGateway, *, namespace: str | None, cluster: Cluster,
-                   now: datetime | None = None) -> ClusterWorkloads:
-    """The pynodes and models (and what serves them) of one namespace, or of all.
+                   now: datetime | None = None, served: discovery.ServedGroups | None = None) -> ClusterWorkloads:
+    """The pynodes and models (and what serves them) of one namespace, or of all
+    (`served`: the API groups just read, else the recorded answer or a fresh one).
 
     A kind the cluster does not serve (no KServe, say) is "none here", not a failure; a
     kind whose read fails is named in `unreadable` and the rest is still read, so what
-    can be applied is."""
+    can be applied is. After a read that got no answer the cluster is not asked for the
+    other kinds (each would spend the gateway's retries): they are unreadable for the same reason."""
     now = now or clock.now()
-    served = discovery.served_groups(cluster=cluster, now=now, gateway=gateway)
+    served = served or discovery.served_groups(cluster=cluster, now=now, gateway=gateway)
     unserved: list[str] = []
     unreadable: dict[str, KubeError] = {}
     by_namespace: dict[str, Workloads] = {}
+    silent: KubeError | None = None   # a read that got no answer: the cluster is not asked again
     for kind, attr, resource in _KINDS:
+        if silent is not None:
+            unreadable[kind] = silent
+            continue
         try:
             items = discovery.list_if_served(gateway, resource, cluster=cluster, now=now, served=served,
                                              namespace=namespace)
         except KubeError as exc:
             unreadable[kind] = exc
+            if exc.code == 0:
+                silent = exc
             continue
         if items is None:
             unserved.append(kind)
@@ -601,27 +629,59 @@ def _record_outcome(org: Org, outcome: ApplyOutcome, *, now: datetime, switch_id
               new={**new, "setting": outcome.setting}, at=now, cause=outcome.cause)
 
 
-def orgs_reconcile(*, now: datetime, cluster: Cluster | None = None) -> list[ApplyOutcome]:
+@dataclass
+class ReconcileResult:
+    """What a reconcile did: each org's outcome, and the clusters it could not reconcile
+    (name -> why: unreadable, or it stopped answering), whose other orgs were not touched."""
+
+    outcomes: list[ApplyOutcome] = field(default_factory=list)
+    clusters_failed: dict[str, str] = field(default_factory=dict)
+
+
+def _unanswered(exc: KubeError | None) -> bool:
+    return exc is not None and exc.code == 0
+
+
+def orgs_reconcile(*, now: datetime, cluster: Cluster | None = None) -> ReconcileResult:
     """Check every org's workloads against its wanted setting and repair what drifted,
     including models and pynodes that appeared since (they get the org's setting).
     Reads each cluster once (cluster-wide lists), then writes only what must change.
-    Each outcome says what it was: a first apply, a switch not yet applied, a drift repair."""
-    outcomes = []
+    Each outcome says what it was: a first apply, a switch not yet applied, a drift repair.
+
+    A cluster that cannot be read, or that gives no answer (connection refused, timeout),
+    is a failure of the reconcile, named in `clusters_failed`: its orgs are not tried one
+    by one, each spending the gateway's retries on it (as `orgs_apply_unapplied` does)."""
+    result = ReconcileResult()
     clusters = [cluster] if cluster else clusters_with_orgs()
     for each in clusters:
         try:
             gateway = kube.gateway_for(each)
-            discovery.cluster_discovery_refresh(cluster=each, now=now, gateway=gateway)
-            by_namespace = workloads_read(gateway, namespace=None, cluster=each, now=now)
+            served = discovery.cluster_discovery_refresh(cluster=each, now=now, gateway=gateway)
+            by_namespace = workloads_read(gateway, namespace=None, cluster=each, now=now, served=served)
+            unread = by_namespace.unreadable
+            if unread and (len(unread) + len(by_namespace.unserved) == len(_KINDS)
+                           or any(_unanswered(exc) for exc in unread.values())):
+                # No kind of workload could be read, or the cluster gave no answer: no org can be checked.
+                raise next((exc for exc in unread.values() if _unanswered(exc)), next(iter(unread.values())))
         except KubeError as exc:
             logger.error("reconcile of cluster %s: cannot read workloads: %s", each.name, exc)
             Org.objects.filter(cluster=each).update(last_error=f"reconcile could not read the cluster: {exc}")
+            result.clusters_failed[each.name] = f"could not be read: {exc}"
             continue
-        for org in Org.objects.filter(cluster=each):
+        orgs = list(Org.objects.filter(cluster=each).order_by("slug"))
+        for done, org in enumerate(orgs, start=1):
             kind = _kind_of_apply(org, org.wanted, None)
-            outcomes.append(org_scale_to_zero_apply(org_id=org.id, now=now, cause=f"reconcile: {kind}",
-                                                    workloads=by_namespace.of(org.namespace)))
-    return outcomes
+            outcome = org_scale_to_zero_apply(org_id=org.id, now=now, cause=f"reconcile: {kind}",
+                                              workloads=by_namespace.of(org.namespace))
+            result.outcomes.append(outcome)
+            unanswered = next((exc for exc in outcome.failures if _unanswered(exc)), None)
+            if unanswered is not None and done < len(orgs):
+                result.clusters_failed[each.name] = (
+                    f"stopped answering ({unanswered}); {len(orgs) - done} org(s) not checked: "
+                    f"{', '.join(o.slug for o in orgs[done:])}")
+                logger.error("reconcile of cluster %s: %s", each.name, result.clusters_failed[each.name])
+                break
+    return result
 
 
 def _unapplied_orgs(now: datetime):
@@ -703,35 +763,93 @@ class SyncResult:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    not_synced: list[str] = field(default_factory=list)   # the namespaces an error kept from syncing
 
 
-def orgs_sync(*, cluster: Cluster, now: datetime) -> SyncResult:
-    """Create or update an Org for every namespace labelled `capacity.io/org=<slug>`."""
+def orgs_sync(*, cluster: Cluster, now: datetime, actor=None) -> SyncResult:
+    """Create or update an Org for every namespace labelled `capacity.io/org=<slug>`.
+
+    One org, one namespace: when several namespaces carry the same org label the org is
+    left as it was and the error names them all (moving it to either would leave the other's
+    workloads as the product last set them, and the next sync would move it back). An org
+    moves to a newly labelled namespace only once its old namespace is gone; the move is
+    audited, and the new namespace counts as never applied (the retry task applies it)."""
     result = SyncResult()
-    for ns in kube.gateway_for(cluster).list(kube.NAMESPACES, label_selector=labels.ORG_LABEL):
+    gateway = kube.gateway_for(cluster)
+    by_slug: dict[str, list[str]] = {}
+    for ns in gateway.list(kube.NAMESPACES, label_selector=labels.ORG_LABEL):
         namespace = ns["metadata"]["name"]
         slug = (ns["metadata"].get("labels") or {}).get(labels.ORG_LABEL, "")
         if not slug or slugify(slug) != slug:
             result.errors.append(f"namespace {namespace}: label {labels.ORG_LABEL}={slug!r} is not a valid slug "
                                  "(lowercase letters, digits, hyphens)")
+            result.not_synced.append(namespace)
             continue
+        by_slug.setdefault(slug, []).append(namespace)
+    for slug, namespaces in sorted(by_slug.items()):
         org = Org.objects.filter(slug=slug).first()
+        if len(namespaces) > 1:
+            kept = f"org {slug!r} is left in namespace {org.namespace}" if org is not None else "no org is created"
+            result.errors.append(f"org {slug!r}: namespaces {', '.join(sorted(namespaces))} all carry "
+                                 f"{labels.ORG_LABEL}={slug}; {kept} (keep the label on one namespace only)")
+            result.not_synced += sorted(namespaces)
+            continue
+        [namespace] = namespaces
+        clash = Org.objects.filter(cluster=cluster, namespace=namespace).exclude(slug=slug).first()
         if org is None:
-            clash = Org.objects.filter(cluster=cluster, namespace=namespace).first()
             if clash is not None:
                 result.errors.append(f"namespace {namespace}: already the namespace of org {clash.slug!r}")
+                result.not_synced.append(namespace)
                 continue
             # A new org counts as active from now: it is not dormant at birth.
             Org.objects.create(slug=slug, cluster=cluster, namespace=namespace, last_activity_at=now)
             result.created.append(slug)
         elif org.cluster_id != cluster.id:
             result.errors.append(f"namespace {namespace}: org {slug!r} already lives on cluster {org.cluster.name!r}")
+            result.not_synced.append(namespace)
         elif org.namespace != namespace:
-            Org.objects.filter(id=org.id).update(namespace=namespace)
+            error = _org_move_refused(gateway, org=org, namespace=namespace, clash=clash)
+            if error:
+                result.errors.append(error)
+                result.not_synced.append(namespace)
+                continue
+            _org_move(org=org, namespace=namespace, actor=actor, now=now)
             result.updated.append(slug)
         else:
             result.unchanged.append(slug)
     return result
+
+
+def _org_move_refused(gateway: kube.KubeGateway, *, org: Org, namespace: str, clash: Org | None) -> str:
+    """Why the org cannot move to `namespace` ("" when it can): its old namespace still
+    exists (its workloads would be left as the product last set them), or another org
+    holds the new one."""
+    label = f"{labels.ORG_LABEL}={org.slug}"
+    if clash is not None:
+        return f"namespace {namespace}: labelled {label}, but already the namespace of org {clash.slug!r}"
+    try:
+        gateway.get(kube.NAMESPACES, org.namespace)
+    except NotFound:
+        return ""
+    except KubeError as exc:
+        return (f"namespace {namespace}: labelled {label}, but whether org {org.slug!r}'s namespace {org.namespace} "
+                f"is gone could not be read ({exc}); the org is left there")
+    return (f"namespace {namespace}: labelled {label}, but org {org.slug!r} lives in namespace {org.namespace}, "
+            f"which still exists; the org is left there (delete {org.namespace} to move it, or remove the label "
+            f"from {namespace})")
+
+
+def _org_move(*, org: Org, namespace: str, actor, now: datetime) -> None:
+    """Move the org to its new namespace, audited. What was applied held in the old one:
+    the new one counts as never applied (the retry task applies the org's setting)."""
+    with transaction.atomic():
+        locked = Org.objects.select_for_update().get(id=org.id)
+        old = {"namespace": locked.namespace, "applied": locked.applied}
+        Org.objects.filter(id=org.id).update(namespace=namespace, applied="", pending=[], drift=[])
+        audit(action="org_namespace_move", actor=actor, org=locked, old=old,
+              new={"namespace": namespace, "applied": ""}, at=now,
+              cause=f"sync: namespace {old['namespace']} is gone and {namespace} carries "
+                    f"{labels.ORG_LABEL}={org.slug}")
 
 
 # --- exemptions and snoozes ------------------------------------------------------------------

@@ -49,7 +49,8 @@ def scale_to_zero_reconcile_cluster(cluster_id: int) -> dict | None:
     cluster = _cluster(cluster_id)
     if cluster is None:
         return None
-    return _summary(services.orgs_reconcile(now=clock.now(), cluster=cluster))
+    result = services.orgs_reconcile(now=clock.now(), cluster=cluster)
+    return {**_summary(result.outcomes), "clusters_failed": result.clusters_failed}
 
 
 @shared_task

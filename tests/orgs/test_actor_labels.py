@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_a_token_issued_from_the_shell_is_audited_as_the_shell_user_and_the_panel_shows_it(client, capsys):
-    User.objects.create_user("model-gateway")
+    User.objects.create_user("model-gateway").user_permissions.add(Permission.objects.get(codename="record_activity"))
     call_command("issue_activity_token", "model-gateway", "--user", "model-gateway")
     [record] = AuditEntry.objects.filter(action="activity_token_issue")
     assert record.actor is None and record.actor_label.startswith("cli:") and "@" in record.actor_label

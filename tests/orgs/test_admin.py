@@ -10,6 +10,7 @@ from orgs import services
 from audit.models import AuditEntry
 from orgs.models import Org
 from orgs.planning import MIN_SCALE
+from tests.orgs.test_safety import broker_down  # noqa: F401 - the fixture
 from tests.orgs.test_services import ksvc_min_scale, make_idle, scenario
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,6 +120,38 @@ def test_run_the_sweep_now(client, cluster):
     record = AuditEntry.objects.get(action="dormancy_sweep")
     assert record.actor == user and record.new == {"dormant": ["globex"]}
     assert Org.objects.get(slug="globex").switches.get().cause == "admin"
+
+
+def test_a_sweep_now_whose_scale_to_zero_the_queue_refused_warns_and_says_the_retry_task_applies_it(
+        client, cluster, broker_down):  # noqa: F811
+    make_idle("globex")
+    page = act(client, operator("run_dormancy_sweep"), "run_dormancy_sweep_now", "acme")
+    shown = [(m.level_tag, str(m)) for m in page.context["messages"]]
+    assert shown[0] == ("info", "sweep: 1 org(s) turned dormant: globex")
+    [(level, warning)] = shown[1:]
+    assert level == "warning"
+    assert warning.startswith("1 org(s) turned dormant and are marked, but their scale to zero could not be queued "
+                              "(OperationalError")
+    assert warning.endswith("the retry task applies it within 2 minutes once the queue answers")
+    assert Org.objects.get(slug="globex").dormant
+    assert ksvc_min_scale(cluster.gateway, "pynode", ns="globex") == "1", "nothing reached the cluster yet"
+
+
+def test_allow_and_disallow_count_only_the_orgs_they_changed_and_name_the_others(client, cluster, make_org):
+    make_org("initech", cluster=cluster.cluster, scale_to_zero_allowed=False)
+    user = operator("disallow_scale_to_zero")
+
+    page = act(client, user, "disallow_scale_to_zero", "acme", "initech")
+    assert [str(m) for m in page.context["messages"]][-1] == (
+        "scale to zero disallowed for 1 org(s); left as they were (already disallowed): initech")
+    assert list(AuditEntry.objects.filter(action="org_disallow_scale_to_zero").values_list("org__slug", flat=True)) \
+        == ["acme"]
+
+    page = act(client, user, "disallow_scale_to_zero", "acme", "initech")
+    assert [str(m) for m in page.context["messages"]] == [
+        "scale to zero disallowed for 0 org(s); left as they were (already disallowed): acme, initech"]
+    assert AuditEntry.objects.filter(action="org_disallow_scale_to_zero").count() == 1
+    assert not Org.objects.filter(scale_to_zero_allowed=True, slug__in=["acme", "initech"]).exists()
 
 
 ACTIONS = {"disallow_scale_to_zero": "disallow_scale_to_zero", "allow_scale_to_zero": "allow_scale_to_zero",

@@ -226,13 +226,13 @@ def test_a_snoozed_model_of_a_dormant_org_returns_to_its_floor_and_sleeps_again_
     assert AuditEntry.objects.get(action="workload_snooze").actor == ops
 
     # The reconcile keeps the snoozed model warm and calls nothing drift.
-    reconciled = [o for o in services.orgs_reconcile(now=clock.now()) if o.org == "acme"][0]
+    reconciled = [o for o in services.orgs_reconcile(now=clock.now()).outcomes if o.org == "acme"][0]
     assert reconciled.drift == [] and reconciled.patched == []
     assert "inferenceservice acme/big: snoozed for" in " ".join(reconciled.skipped)
 
     # The snooze ends: nothing runs then; the next apply lets the model sleep, and says why.
     later = now + timedelta(hours=1, minutes=1)
-    reconciled = [o for o in services.orgs_reconcile(now=later) if o.org == "acme"][0]
+    reconciled = [o for o in services.orgs_reconcile(now=later).outcomes if o.org == "acme"][0]
     cluster.advance(0)
     assert ann(gw, kube.REVISIONS, "big-predictor-00001") == "0"
     assert "the snooze of inferenceservice acme/big ended at" in reconciled.cause

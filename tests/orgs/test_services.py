@@ -106,6 +106,75 @@ def test_sync_orgs_registers_labelled_namespaces_and_names_bad_labels(cluster, c
     assert result.created == [] and sorted(result.unchanged) == ["acme", "globex"]
 
 
+def labelled_namespace(gw, name: str, org: str) -> None:
+    gw.create(kube.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                "metadata": {"name": name, "labels": {"capacity.io/org": org}}})
+
+
+def test_two_namespaces_with_one_org_label_leave_the_org_where_it_is_and_sync_the_rest(cluster, orgs, capsys):
+    """Both namespaces labelled acme: the org used to flip between them on every run,
+    unaudited ('updated 1 ['acme']'), and acme was counted twice."""
+    labelled_namespace(cluster.gateway, "acme-copy", "acme")
+    labelled_namespace(cluster.gateway, "initech", "initech")
+    for run in range(2):
+        with pytest.raises(CommandError) as failed:
+            call_command("sync_orgs", "--cluster", cluster.cluster.name)
+        out, err = capsys.readouterr()
+        assert str(failed.value) == ("3 namespace(s) could not be synced (weird, acme, acme-copy), see the errors "
+                                     "above; the others are synced")
+        assert out.strip() == (f"cluster {cluster.cluster.name}: created {1 - run} {['initech'] if not run else []}, "
+                               f"updated 0 [], unchanged {1 + run}")
+        assert ("error: org 'acme': namespaces acme, acme-copy all carry capacity.io/org=acme; org 'acme' is left in "
+                "namespace acme (keep the label on one namespace only)") in err.splitlines()
+        assert Org.objects.get(slug="acme").namespace == "acme"
+    assert sorted(Org.objects.values_list("slug", "namespace")) == [("acme", "acme"), ("globex", "globex"),
+                                                                    ("initech", "initech")]
+    assert not AuditEntry.objects.filter(org__slug="acme").exists()
+
+
+def test_an_org_moves_only_once_its_old_namespace_is_gone_audited_and_applied_there(cluster, orgs, celery_eager,
+                                                                                      capsys):
+    gw = cluster.gateway
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    assert Org.objects.get(slug="acme").applied == "enabled"
+    labelled_namespace(gw, "acme-v2", "acme")
+    gw.create(kube.KNATIVE_SERVICES, {
+        "apiVersion": "serving.knative.dev/v1", "kind": "Service",
+        "metadata": {"name": "pynode", "namespace": "acme-v2", "labels": {"capacity.io/component": "pynode"}},
+        "spec": {"template": {"metadata": {"annotations": {MIN_SCALE: "1"}},
+                              "spec": {"containers": [{"image": "pynode:1"}]}}}}, namespace="acme-v2")
+    gw.patch(kube.NAMESPACES, "acme", {"metadata": {"labels": {"capacity.io/org": None}}})
+    cluster.advance(0)
+
+    # The old namespace still exists: its workloads are the org's, so the org stays there.
+    with pytest.raises(CommandError, match=r"^2 namespace\(s\) could not be synced \(weird, acme-v2\)"):
+        call_command("sync_orgs", "--cluster", cluster.cluster.name)
+    assert ("error: namespace acme-v2: labelled capacity.io/org=acme, but org 'acme' lives in namespace acme, which "
+            "still exists; the org is left there (delete acme to move it, or remove the label from acme-v2)"
+            ) in capsys.readouterr().err.splitlines()
+    assert Org.objects.get(slug="acme").namespace == "acme"
+    assert not AuditEntry.objects.filter(action="org_namespace_move").exists()
+
+    gw.delete(kube.NAMESPACES, "acme")
+    cluster.advance(60)
+    with pytest.raises(CommandError, match=r"^1 namespace\(s\) could not be synced \(weird\)"):
+        call_command("sync_orgs", "--cluster", cluster.cluster.name)
+    assert "updated 1 ['acme'], unchanged 1" in capsys.readouterr().out
+    org = Org.objects.get(slug="acme")
+    assert (org.namespace, org.applied, org.dormant) == ("acme-v2", "", True)
+    move = AuditEntry.objects.get(action="org_namespace_move")
+    assert (move.org, move.old, move.new) == (org, {"namespace": "acme", "applied": "enabled"},
+                                              {"namespace": "acme-v2", "applied": ""})
+    assert move.cause == "sync: namespace acme is gone and acme-v2 carries capacity.io/org=acme"
+    assert move.actor is None and move.actor_label.startswith("cli:")
+
+    # Nothing was applied in the new namespace: the retry task applies the org's setting there.
+    [outcome] = [o for o in services.orgs_apply_unapplied(now=clock.now() + services.RETRY_GRACE) if o.org == "acme"]
+    assert outcome.complete and outcome.kind == "first apply" and outcome.setting == "enabled"
+    assert ksvc_min_scale(gw, "pynode", ns="acme-v2") == "0"
+
+
 def test_sweep_enables_scale_to_zero_on_knative_1_21(cluster, orgs, celery_eager):
     gw = cluster.gateway
     make_idle("acme")
@@ -153,9 +222,9 @@ def test_kubernetes_writes_only_where_the_state_changes(cluster, orgs, celery_ea
     patches_after_switch = gw.calls_total(("patch",))
     assert patches_after_switch == 3  # pynode template + two model revisions
 
-    outcomes = services.orgs_reconcile(now=clock.now(), cluster=cluster.cluster)
+    result = services.orgs_reconcile(now=clock.now(), cluster=cluster.cluster)
     assert gw.calls_total(("patch",)) == patches_after_switch, "nothing changed, nothing written"
-    assert all(not o.patched for o in outcomes)
+    assert result.outcomes and all(not o.patched for o in result.outcomes) and result.clusters_failed == {}
 
 
 def test_old_knative_patches_the_podautoscaler_and_it_stays(sim_cluster_factory, celery_eager):

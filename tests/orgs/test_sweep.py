@@ -14,6 +14,7 @@ from django.db import connection, connections
 from config import clock
 from orgs.models import DormancySwitch, Org
 from orgs.services import dormancy_sweep, org_mark_active
+from tests.orgs.test_safety import broker_down  # noqa: F401 - the fixture
 
 
 def test_runs_on_postgresql():
@@ -197,4 +198,38 @@ def test_with_the_broker_down_a_sweep_marks_and_records_and_says_once_what_it_co
     assert len(errors) == 1, "the broker is tried once, not once per org"
     assert "for 20 of 20 org(s)" in errors[0] and "the retry task applies them within 2 minutes" in errors[0]
     later = clock.now() + timedelta(minutes=1)
+    assert clusters_with_unapplied_orgs(now=later) == [orgs[0].cluster_id], "the retry task picks them up"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_sweep_says_when_its_scale_to_zero_was_queued(make_org, monkeypatch, capsys):
+    from orgs import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.org_scale_to_zero_apply, "apply_async",
+                        lambda args, kwargs, priority, **options: sent.append(args[0]))
+    org = make_org("idle", idle_hours=30)
+    call_command("sweep_dormancy", "--queue")
+    assert sent == [org.id]
+    assert "  scale to zero queued for the workers" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queued_sweep_the_queue_refused_says_so_exits_1_and_the_retry_task_applies_it(make_org, broker_down,
+                                                                                         capsys):
+    from orgs.services import RETRY_GRACE, clusters_with_unapplied_orgs
+
+    orgs = [make_org(f"idle-{i}", idle_hours=30) for i in range(2)]
+    with pytest.raises(CommandError) as refused:
+        call_command("sweep_dormancy", "--queue")
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("2 org(s) turned dormant and are marked, but their scale to zero could not be queued "
+                              "(OperationalError")
+    assert message.endswith("; the retry task applies it within 2 minutes once the queue answers")
+    out = capsys.readouterr().out
+    assert "2 org(s) turned dormant" in out and "queued for the workers" not in out
+    assert Org.objects.filter(dormant=True).count() == 2, "the org rows hold the intent"
+    later = clock.now() + RETRY_GRACE + timedelta(seconds=1)
     assert clusters_with_unapplied_orgs(now=later) == [orgs[0].cluster_id], "the retry task picks them up"

@@ -122,3 +122,82 @@ def test_the_retry_pass_tries_a_cluster_that_does_not_answer_for_one_org_only(si
     live.refresh_from_db()
     assert live.applied == "enabled", "the other cluster's org was applied by its own task"
     assert ksvc_min_scale(handle.gateway, "pynode", ns="live") == "0"
+
+
+def _down_cluster(tmp_path):
+    """A cluster row whose API server is a port nothing listens on: connection refused."""
+    import socket
+
+    from clusters.models import Cluster
+    from simcluster.kubeconfig import write_kubeconfig
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    return Cluster.objects.create(name="down", kubeconfig_path=str(
+        write_kubeconfig(tmp_path / "down", f"http://127.0.0.1:{closed}")))
+
+
+def test_a_reconcile_names_a_cluster_that_does_not_answer_in_one_line_exits_1_and_asks_it_no_more(
+        sim_cluster_factory, tmp_path, make_org, settings, celery_eager, capsys):
+    """It used to exit 0 saying nothing, or try each org of the silent cluster with the
+    gateway's full retries (1m46s for 30 orgs), each 'NOT fully applied (drift repair)'."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from clusters.kube import gateway_for
+
+    handle = sim_cluster_factory(world(orgs={"live": [pynode("live")]}))
+    handle.advance(0)
+    down = _down_cluster(tmp_path)
+    silent = [make_org(f"down-{i}", idle_hours=48, cluster=down, dormant=True) for i in range(5)]
+    make_org("live", idle_hours=48, cluster=handle.cluster, dormant=True)
+
+    with pytest.raises(CommandError) as failed:
+        call_command("reconcile_scale_to_zero")
+
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith("cluster down could not be read: 0 ") and "ConnectionError" in message
+    assert message.endswith("; the scheduled reconcile tries it again")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "live: scale to zero enabled applied (first apply): 1 workload(s) patched"
+    assert len(out) == 2 and out[1].startswith("  ksvc live/pynode: min-scale 1 → 0"), "no line for the silent orgs"
+    assert ksvc_min_scale(handle.gateway, "pynode", ns="live") == "0", "the other cluster is reconciled"
+    # API discovery and one list, each with its retries, whatever the number of orgs.
+    assert gateway_for(down).calls_total() <= 2 * settings.KUBE_RETRY_ATTEMPTS
+    for org in silent:
+        org.refresh_from_db()
+        assert org.reconciled_at is None and org.applied == ""
+        assert org.last_error.startswith("reconcile could not read the cluster: 0 ")
+        assert not AuditEntry.objects.filter(org=org).exists()
+
+
+def test_a_reconcile_stops_asking_a_cluster_that_stops_answering(sim_cluster_factory, make_org, monkeypatch,
+                                                                  celery_eager):
+    from config import clock
+    from orgs import services
+
+    slugs = ("a-org", "b-org", "c-org")
+    handle = sim_cluster_factory(world(orgs={slug: [pynode(slug)] for slug in slugs}))
+    handle.advance(0)
+    orgs = [make_org(slug, idle_hours=48, cluster=handle.cluster, dormant=True) for slug in slugs]
+    read = services.workloads_read
+
+    def read_then_go_silent(*args, **kwargs):
+        found = read(*args, **kwargs)
+        handle.server.stop()      # the API server goes away between the read and the first apply
+        return found
+
+    monkeypatch.setattr(services, "workloads_read", read_then_go_silent)
+    result = services.orgs_reconcile(now=clock.now())
+
+    [tried] = result.outcomes
+    assert tried.org == "a-org" and not tried.complete
+    [(name, why)] = result.clusters_failed.items()
+    assert name == handle.cluster.name
+    assert why.startswith("stopped answering (0 ") and why.endswith("); 2 org(s) not checked: b-org, c-org")
+    for org in orgs[1:]:
+        org.refresh_from_db()
+        assert org.reconciled_at is None and org.last_error == "" and org.applied == ""
+        assert not AuditEntry.objects.filter(org=org).exists()

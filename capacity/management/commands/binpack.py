@@ -38,7 +38,7 @@ class Command(CliActorMixin, BaseCommand):
             explain.append((namespace, name))
         try:
             cluster = cluster_resolve(name=opts["cluster"])
-        except ObjectDoesNotExist as exc:
+        except (ObjectDoesNotExist, KubeError) as exc:
             raise CommandError(str(exc)) from None
         try:
             run, plan = pod_deletion_costs_apply(cluster=cluster, actor=None, trigger=BinpackRun.Trigger.COMMAND,

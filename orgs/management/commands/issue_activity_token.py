@@ -18,4 +18,8 @@ class Command(CliActorMixin, BaseCommand):
             account = get_user_model().objects.get(username=user)
         except get_user_model().DoesNotExist:
             raise CommandError(f"no user {user!r}") from None
-        self.stdout.write(activity_token_issue(caller=caller, user=account, actor=None, now=clock.now()))
+        try:
+            token = activity_token_issue(caller=caller, user=account, actor=None, now=clock.now())
+        except ValueError as exc:
+            raise CommandError(f"{exc}; no token issued") from None
+        self.stdout.write(token)

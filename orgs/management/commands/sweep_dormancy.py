@@ -34,12 +34,14 @@ class Command(CliActorMixin, BaseCommand):
                               f"{result.cutoff:%Y-%m-%d %H:%M} UTC)")
             for line in result.lines:
                 self.stdout.write(f"  {line}")
-            if queue and result.switched:
+            if result.queued:
                 self.stdout.write("  scale to zero queued for the workers")
             for outcome in outcomes:
                 self.stdout.write(f"  {outcome.summary()}")
                 for note in outcome.notes:
                     self.stdout.write(f"    {note}")
+        if result.queued is False:
+            raise CommandError(result.queue_failure())
         if incomplete:
             raise CommandError(f"{len(incomplete)} of {len(outcomes)} dormant org(s) not fully scaled to zero "
                                f"(the retry task tries again every minute): {incomplete[0].summary()}")

@@ -25,4 +25,5 @@ class Command(CliActorMixin, BaseCommand):
         for error in result.errors:
             self.stderr.write(f"error: {error}")
         if result.errors:
-            raise CommandError(f"{len(result.errors)} namespace(s) could not be synced")
+            raise CommandError(f"{len(result.not_synced)} namespace(s) could not be synced "
+                               f"({', '.join(result.not_synced)}), see the errors above; the others are synced")
