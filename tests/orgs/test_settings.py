@@ -2,13 +2,9 @@
 naming the variable; a plain number is read as written."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.settings_check import ROOT, manage_check
+from tests.settings_check import manage_check, settings_read
 
 
 @pytest.mark.parametrize(("name", "value", "wanted"), [
@@ -36,11 +32,6 @@ def test_a_bad_orgs_setting_stops_the_start_naming_the_variable(name, value, wan
 
 
 def test_plain_numbers_are_read_as_written():
-    env = {"ORGS_DORMANT_AFTER_HOURS": "1.5e1", "ORGS_SWEEP_BUDGET": "0", "ORGS_ACTIVITY_THROTTLE_SECONDS": " 0 "}
-    base = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", "from django.conf import settings as s; "
-         "print(s.ORGS_DORMANT_AFTER.total_seconds(), s.ORGS_SWEEP_BUDGET, s.ORGS_ACTIVITY_THROTTLE_SECONDS)"],
-        cwd=ROOT, capture_output=True, text=True, env={**base, "DJANGO_DEBUG": "1", **env}, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1].split() == ["54000.0", "0", "0"]
+    read = settings_read("ORGS_DORMANT_AFTER.total_seconds()", "ORGS_SWEEP_BUDGET", "ORGS_ACTIVITY_THROTTLE_SECONDS",
+                         ORGS_DORMANT_AFTER_HOURS="1.5e1", ORGS_SWEEP_BUDGET="0", ORGS_ACTIVITY_THROTTLE_SECONDS=" 0 ")
+    assert read == ["54000.0", "0", "0"]

@@ -2,13 +2,9 @@
 the product at start-up, naming the variable; a plain number is read as written."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.settings_check import ROOT, manage_check
+from tests.settings_check import manage_check, settings_read
 
 
 @pytest.mark.parametrize(("name", "value", "wanted"), [
@@ -29,11 +25,6 @@ def test_a_bad_pruner_setting_stops_the_start_naming_the_variable(name, value, w
 
 
 def test_a_threshold_written_with_an_exponent_is_read_as_written():
-    base = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", "from django.conf import settings as s; "
-         "print(s.PRUNER_IDLE_THRESHOLD, s.PRUNER_POWER_THRESHOLD_WATTS)"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**base, "DJANGO_DEBUG": "1", "PRUNER_IDLE_THRESHOLD": "5e-3", "PRUNER_POWER_THRESHOLD_WATTS": "75"})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1].split() == ["0.005", "75.0"]
+    read = settings_read("PRUNER_IDLE_THRESHOLD", "PRUNER_POWER_THRESHOLD_WATTS",
+                         PRUNER_IDLE_THRESHOLD="5e-3", PRUNER_POWER_THRESHOLD_WATTS="75")
+    assert read == ["0.005", "75.0"]
