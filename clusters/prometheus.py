@@ -33,6 +33,10 @@ from clusters.errors import PrometheusError
 from config.threads import SharedThreads
 
 _STATUS = re.compile(r"HTTP Status Code (\d+)")
+# What a bearer token may hold to go into an Authorization header: visible ASCII (RFC 6750's
+# b64token is a subset). A newline would split the header (requests refuses it, quoting the
+# whole value), a non-ASCII character cannot be sent at all.
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _TLS_REASON = re.compile(r"certificate verify failed: ([^'\"()]+)")
 TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
 
@@ -46,12 +50,21 @@ class Sample:
     timestamp: float
 
 
+class UnexpectedAnswer(ValueError):
+    """A 200 answer whose body is not what the API documents (raised inside `_call`)."""
+
+
 class PrometheusGateway:
     def __init__(self, url: str, *, token: str | None = None, ca_bundle: str | None = None,
                  verify_tls: bool = True, retries: int = 4, backoff: float = 0.2,
                  backoff_max: float = 10.0, timeout: float = 30.0):
         if not url or not url.startswith(("http://", "https://")):
             raise PrometheusError(f"Prometheus URL must start with http:// or https://, got {url!r}")
+        if token and not _HEADER_SAFE.fullmatch(token):
+            # IMPORTANT: never quote the token (it would reach the run's errors and the output).
+            raise PrometheusError("the Prometheus token holds characters not allowed in a header (a newline, "
+                                  "space, control or non-ASCII character): check the flag, variable or file it "
+                                  "comes from")
         if verify_tls and ca_bundle:
             _check_ca_file(ca_bundle)
         # `other=0`: a TLS failure (an untrusted certificate) is refused at once; asking
@@ -103,18 +116,17 @@ class PrometheusGateway:
                                   f"({reason})") from None
         except requests.RequestException as exc:
             raise PrometheusError(f"no answer from Prometheus at {self.url}: {exc}", transient=True) from None
-        except (KeyError, ValueError) as exc:
-            raise PrometheusError(f"Prometheus at {self.url} sent an unexpected answer: {exc}") from None
+        except UnexpectedAnswer as exc:
+            raise PrometheusError(f"unexpected answer from Prometheus: {exc} (from {self.url})") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrometheusError(f"unexpected answer from Prometheus: {type(exc).__name__}: {exc} "
+                                  f"(from {self.url})") from None
 
     def query(self, promql: str, *, at: datetime | None = None) -> list[Sample]:
-        """An instant query; `at` pins the evaluation time (inject the clock)."""
+        """An instant query; `at` pins the evaluation time (inject the clock). An answer that
+        is no instant vector is a PrometheusError saying what was wrong with it."""
         form = {"query": promql, **({"time": at.timestamp()} if at else {})}
-        result = self._call(self._post, "/api/v1/query", form)
-        samples = []
-        for series in result:
-            timestamp, value = series["value"]
-            samples.append(Sample(labels=series.get("metric", {}), value=float(value), timestamp=float(timestamp)))
-        return samples
+        return self._call(lambda: _samples(self._post("/api/v1/query", form)))
 
     def query_many(self, promqls: list[str], *, at: datetime | None = None) -> list[list[Sample]]:
         """Several instant queries sent at once; their answers in the same order. The first
@@ -145,16 +157,65 @@ class PrometheusGateway:
         if response.status_code != 200:
             # The client's own wording, so that every failure reads alike.
             raise PrometheusApiClientException(f"HTTP Status Code {response.status_code} ({response.content!r})")
-        return orjson.loads(response.content)["data"]["result"]
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise UnexpectedAnswer(f"the body is not JSON ({exc})") from None
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, dict):
+            raise UnexpectedAnswer(f"no data object in {_excerpt(response.content)}")
+        if data.get("resultType", "vector") != "vector":
+            raise UnexpectedAnswer(f"a {data.get('resultType')!r} result where an instant vector was asked for")
+        return data.get("result")
 
     def query_range(self, promql: str, *, start: datetime, end: datetime, step: str) -> list[dict]:
-        return self._call(self._client.custom_query_range, promql, start_time=start, end_time=end, step=step)
+        def ranged():
+            result = self._client.custom_query_range(promql, start_time=start, end_time=end, step=step)
+            if not isinstance(result, list):
+                raise UnexpectedAnswer(f"the range query's result is not a list of series: {_excerpt(result)}")
+            for series in result:
+                values = series.get("values") if isinstance(series, dict) else None
+                if not isinstance(values, list) or not isinstance(series.get("metric", {}), dict):
+                    raise UnexpectedAnswer(f"a range series without labels and values: {_excerpt(series)}")
+                for point in values:
+                    try:
+                        float(point[0]), float(point[1])
+                    except (TypeError, ValueError, IndexError, KeyError):
+                        raise UnexpectedAnswer(f"a range sample {_excerpt(point)} is no [time, value] pair "
+                                               "of numbers") from None
+            return result
+        return self._call(ranged)
 
     def ready(self) -> bool:
         try:
             return bool(self._call(self._client.check_prometheus_connection))
         except PrometheusError:
             return False
+
+
+def _excerpt(value, limit: int = 200) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _samples(result) -> list[Sample]:
+    """An instant vector's elements; anything else raises `UnexpectedAnswer` naming what."""
+    if not isinstance(result, list):
+        raise UnexpectedAnswer(f"the result is {_excerpt(result)}, not a list of series")
+    samples = []
+    for series in result:
+        point = series.get("value") if isinstance(series, dict) else None
+        labels = series.get("metric", {}) if isinstance(series, dict) else None
+        if not isinstance(point, list) or len(point) != 2 or not isinstance(labels, dict):
+            raise UnexpectedAnswer(f"a series without a [time, value] pair and labels: {_excerpt(series)}")
+        timestamp, value = point
+        try:
+            # Prometheus writes values as strings ("1.5", "NaN", "+Inf"); a number is refused
+            # by the same rule as any other text float() cannot read.
+            samples.append(Sample(labels=labels, value=float(value), timestamp=float(timestamp)))
+        except (TypeError, ValueError):
+            raise UnexpectedAnswer(f"a sample value {value!r} at {timestamp!r} is not a number") from None
+    return samples
 
 
 # Threads sending the second and later queries of `query_many`, shared by every gateway of

@@ -2,14 +2,18 @@
 
 Each action re-reads the owner right before changing it (never act on a stale view),
 returns what it took away (`restore_state`) and what it set (`applied_state`), and
-raises the gateway's errors on failure. Restore puts `restore_state` back only while
-the owner still holds `applied_state`: a user who scaled back up meanwhile wins.
+raises the gateway's errors on failure. Every write carries the `resourceVersion` of
+that read, so a change made in between is refused (409 Conflict) and the caller reads
+again. Restore puts `restore_state` back only while the owner is the object the prune
+acted on (same UID) and still holds exactly `applied_state`: an owner who scaled back
+up, stopped the notebook again themselves, or deleted and re-created the workload wins.
 """
 from __future__ import annotations
 
 from datetime import datetime
 
 from clusters import kube
+from clusters.errors import Conflict, Invalid
 from clusters.labels import MIN_SCALE
 
 from .planning import (
@@ -65,24 +69,49 @@ def _target_state(method: str, now: datetime) -> dict:
     return {"templateAnnotations": {MIN_SCALE_ANNOTATION: "0"}}
 
 
-def _write(gateway: kube.KubeGateway, kind: str, namespace: str, name: str, method: str, state: dict) -> dict:
+def _write(gateway: kube.KubeGateway, kind: str, namespace: str, name: str, method: str, state: dict,
+           resource_version: str = "") -> dict:
     resource = RESOURCES[kind]
+    # The version read just before: the API server refuses the write (409) when the object
+    # changed since, as a merge patch with metadata.resourceVersion is a compare-and-swap
+    # (for the scale subresource too: a Scale carries its object's version).
+    meta = {"resourceVersion": resource_version} if resource_version else {}
     if method == M_SCALE:
-        return gateway.set_scale(resource, name, state["replicas"], namespace=namespace)
+        replicas = state.get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise Invalid(f"replicas must be a whole number >= 0, got {replicas!r}", code=400)
+        patch = {"spec": {"replicas": state["replicas"]}, **({"metadata": meta} if meta else {})}
+        return gateway.patch(resource, name, patch, namespace=namespace, patch_type="merge", subresource="scale")
     if "annotations" in state:
-        patch = {"metadata": {"annotations": state["annotations"]}}
+        patch = {"metadata": {"annotations": state["annotations"], **meta}}
     elif "minReplicas" in state:
         patch = {"spec": {"predictor": {"minReplicas": state["minReplicas"]}}}
     else:
         patch = {"spec": {"template": {"metadata": {"annotations": state["templateAnnotations"]}}}}
+    if meta and "metadata" not in patch:
+        patch["metadata"] = meta
     # A JSON merge patch with null removes the key: restoring "absent" is exact.
     return gateway.patch(resource, name, patch, namespace=namespace, patch_type="merge")
 
 
-def _at_target(method: str, current: dict, target: dict) -> bool:
+def _stopped(method: str, current: dict, target: dict) -> bool:
+    """Whether the owner is already where a scale-down would take it."""
     if method == M_NOTEBOOK:  # any stop time means stopped
         return current["annotations"][NOTEBOOK_STOP_ANNOTATION] is not None
     return current == target
+
+
+def _uid(obj: dict) -> str:
+    return (obj.get("metadata") or {}).get("uid") or ""
+
+
+def _version(obj: dict) -> str:
+    return (obj.get("metadata") or {}).get("resourceVersion") or ""
+
+
+def _other_object(obj: dict, uid: str) -> bool:
+    """The owner read is not the object seen (deleted and created again under its name)."""
+    return bool(uid) and bool(_uid(obj)) and _uid(obj) != uid
 
 
 def read_owner(gateway: kube.KubeGateway, kind: str, namespace: str, name: str) -> dict:
@@ -93,23 +122,32 @@ def read_owner(gateway: kube.KubeGateway, kind: str, namespace: str, name: str) 
 
 
 def scale_to_zero_intent(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
-                         now: datetime) -> tuple[dict, dict, dict]:
+                         now: datetime, uid: str = "") -> tuple[dict, dict, dict]:
     """Re-read the owner and say what scaling it to zero would take away and set.
 
     Returns (owner as re-read, restore_state, applied_state); changes nothing, so the
-    caller can record both states before `write` touches the cluster."""
+    caller can record both states before `write` touches the cluster. `uid`: the owner
+    the plan saw; another object under its name is left alone."""
     obj = read_owner(gateway, kind, namespace, name)
+    if _other_object(obj, uid):
+        raise NothingToDo(f"{kind} {namespace}/{name} was deleted and created again since the plan (UID {uid}, "
+                          f"now {_uid(obj)}): it is not the workload seen idle")
     if _annotations(obj).get(OPT_OUT_ANNOTATION) == "false":
         raise NothingToDo(f"{kind} {namespace}/{name} opted out ({OPT_OUT_ANNOTATION}: \"false\") since the plan")
     before, target = current_state(method, obj), _target_state(method, now)
-    if _at_target(method, before, target):
+    if _stopped(method, before, target):
+        if method == M_KNATIVE_MIN_SCALE:
+            raise NothingToDo(f"{kind} {namespace}/{name} already has min-scale \"0\": Knative scales it by its "
+                              "traffic, nothing left to lower")
         raise NothingToDo(f"{kind} {namespace}/{name} is already scaled to zero")
     return obj, before, target
 
 
-def write(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str, state: dict) -> dict:
-    """Set `state` (an applied_state or a restore_state) on the owner."""
-    return _write(gateway, kind, namespace, name, method, state)
+def write(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str, state: dict,
+          resource_version: str = "") -> dict:
+    """Set `state` (an applied_state or a restore_state) on the owner; with
+    `resource_version`, only while it is still at that version (else `Conflict`)."""
+    return _write(gateway, kind, namespace, name, method, state, resource_version)
 
 
 # What the owner holds now, against a recorded intent.
@@ -117,23 +155,43 @@ APPLIED, NOT_APPLIED, CHANGED = "applied", "not-applied", "changed"
 
 
 def settle(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
-           restore_state: dict, applied_state: dict) -> tuple[dict, str, dict]:
+           restore_state: dict, applied_state: dict, uid: str = "") -> tuple[dict, str, dict]:
     """Whether a scale-down whose outcome was not recorded took effect, from the owner's
-    real state: (owner, APPLIED | NOT_APPLIED | CHANGED, its current state)."""
+    real state: (owner, APPLIED | NOT_APPLIED | CHANGED, its current state). Only exactly
+    what the prune wrote, on the object it wrote to (`uid`), counts as applied."""
     obj = read_owner(gateway, kind, namespace, name)
     state = current_state(method, obj)
-    if _at_target(method, state, applied_state):
+    if _other_object(obj, uid):
+        return obj, CHANGED, state
+    if state == applied_state:
         return obj, APPLIED, state
     if state == restore_state:
         return obj, NOT_APPLIED, state
     return obj, CHANGED, state
 
 
+# Re-reads of an owner whose restore write was refused because it changed meanwhile (409).
+RESTORE_ATTEMPTS = 3
+
+
 def restore(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
-            restore_state: dict, applied_state: dict) -> tuple[dict, bool]:
-    """Put `restore_state` back. Returns (owner, restored?) — False when it changed since."""
-    obj = read_owner(gateway, kind, namespace, name)
-    if not _at_target(method, current_state(method, obj), applied_state):
-        return obj, False
-    _write(gateway, kind, namespace, name, method, restore_state)
-    return obj, True
+            restore_state: dict, applied_state: dict, uid: str = "") -> tuple[dict, bool, str]:
+    """Put `restore_state` back, only on the object the prune acted on (`uid`) and while it
+    still holds exactly `applied_state`. Returns (owner, restored?, why not) — nothing is
+    written when it changed since. A change racing the write (409) is read again."""
+    for attempt in range(RESTORE_ATTEMPTS):
+        obj = read_owner(gateway, kind, namespace, name)
+        if _other_object(obj, uid):
+            return obj, False, (f"the {kind} was deleted and created again since the prune (UID {uid}, now "
+                                f"{_uid(obj)}): it is another workload")
+        state = current_state(method, obj)
+        if state != applied_state:
+            return obj, False, f"it now holds {state}, not what the prune set ({applied_state})"
+        try:
+            _write(gateway, kind, namespace, name, method, restore_state, _version(obj))
+        except Conflict:
+            if attempt == RESTORE_ATTEMPTS - 1:
+                raise
+            continue
+        return obj, True, ""
+    raise AssertionError("unreachable")

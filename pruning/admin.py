@@ -87,18 +87,26 @@ class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Restore: put back what the prune took away")
+    # The restore writes to the cluster: viewing decisions is not enough for it. The model's
+    # change permission is what operators who restore already hold (no field of a decision
+    # is editable in the admin, so it grants nothing else here).
+    @admin.action(description="Restore: put back what the prune took away", permissions=["change"])
     def restore_selected(self, request, queryset):
         from clusters.kube import gateway_for
         from config import clock
 
-        done = changed = 0
+        done = changed = already = not_acted = failed = 0
         selected = list(queryset.select_related("run__cluster"))
         for decision in selected:
+            if decision.restore == PruneDecision.Restore.RESTORED:
+                already += 1
+                continue
             if not decision.restorable:
+                not_acted += 1   # a skip, a dry run, a failed action: nothing was taken away
                 continue
             cluster = decision.run.cluster
             if cluster is None:
+                failed += 1
                 self.message_user(request, f"{decision}: its run has no cluster", messages.ERROR)
                 continue
             try:
@@ -106,15 +114,25 @@ class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                     kube_gateway=gateway_for(cluster), decision=decision,
                     actor=request.user.get_username(), now=clock.now())
             except (KubeError, ValueError) as exc:
+                failed += 1
                 self.message_user(request, f"{decision}: {exc}", messages.ERROR)
                 continue
             if result.restore == PruneDecision.Restore.RESTORED:
                 done += 1
             elif result.restore == PruneDecision.Restore.CHANGED:
                 changed += 1
+                self.message_user(request, f"{decision}: {result.error}", messages.WARNING)
             else:
+                failed += 1
                 self.message_user(request, f"{decision}: {result.error}", messages.ERROR)
         # Django's admin shows messages through `capfirst`: lead with the count so the
-        # verbs read as written.
-        self.message_user(request, f"{len(selected)} selected: restored {done}; left alone {changed} "
-                                   "changed since the prune")
+        # verbs read as written. Every selected row is counted once, under one heading.
+        parts = [f"restored {done}", f"left alone {changed} changed since the prune"]
+        if already:
+            parts.append(f"{already} already restored")
+        if not_acted:
+            parts.append(f"{not_acted} never scaled to zero by a prune (nothing to restore)")
+        if failed:
+            parts.append(f"{failed} failed")
+        self.message_user(request, f"{len(selected)} selected: {'; '.join(parts)}",
+                          messages.ERROR if failed else messages.SUCCESS)

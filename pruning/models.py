@@ -20,7 +20,8 @@ class PruneRun(models.Model):
     cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.SET_NULL,
                                 related_name="prune_runs", help_text="The cluster this run looked at.")
     actor = models.CharField(max_length=150, blank=True,
-                             help_text="Who started the run: a user name, 'cli', or empty for the schedule.")
+                             help_text="Who started the run: a user name, the command's cli:<os user>@<host>, or "
+                                       "empty for the schedule.")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.DRY_RUN,
                             help_text="Dry run decides and records only; scale down acts on the cluster.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING,

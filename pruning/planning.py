@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from clusters.labels import (
-    ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
+    ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, MIN_SCALE, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
 )
 # A candidate pod is the cluster snapshot's pod view, read one by one or from a filtered
 # list (only the pods Prometheus saw idle); the objects of the owner walk have their own view.
@@ -47,7 +47,17 @@ R_HELD_SNOOZED = "snoozed-by-operator"
 R_CAP = "cap-reached"
 R_SAME_OWNER = "owner-already-in-plan"
 R_AT_ZERO = "already-at-zero"
-R_MISSING_POWER = "missing-power-data"      # a power threshold is set and a GPU has no power samples
+R_MISSING_POWER = "missing-power-data"      # a power threshold is set and a GPU's power data misses part of the window
+# Another GPU pod of the same owner was busy, or has no complete data for the window (it
+# was no candidate: every GPU of it at or above the threshold, or no series at all; or it
+# is young, pending, has a gap…): scaling the owner to zero would stop that pod too.
+R_OWNER_NOT_IDLE = "another-pod-not-idle"
+# The owner's pods could not be told (no selector, or one that does not find the pod seen
+# idle): it is never counted idle.
+R_OWNER_PODS_UNKNOWN = "owner-pods-unknown"
+# A Knative Service whose template already has min-scale "0": Knative scales it by its
+# traffic, and the pruner has nothing left to lower.
+R_MIN_SCALE_ZERO = "min-scale-already-zero"
 R_KIND_NOT_SELECTED = "owner-kind-not-selected"
 
 # Action methods, per owner kind
@@ -56,6 +66,18 @@ M_NOTEBOOK = "notebook-stop"          # kubeflow-resource-stopped annotation
 M_KSERVE_STOP = "kserve-stop"         # serving.kserve.io/stop: "true" (KServe >= 0.15)
 M_MIN_REPLICAS = "kserve-min-replicas"  # spec.predictor.minReplicas: 0 (older KServe)
 M_KNATIVE_MIN_SCALE = "knative-min-scale"  # autoscaling.knative.dev/min-scale: "0"
+
+# What each method does to the owner, as messages say it. Setting a Knative Service's
+# template annotation makes a new Revision, which starts its `initial-scale` pods (1 unless
+# config-autoscaler says otherwise) and goes to zero once it has no traffic (orgs.planning).
+EFFECT = {
+    M_SCALE: "scaled to zero",
+    M_NOTEBOOK: "stopped (scaled to zero)",
+    M_KSERVE_STOP: "stopped (scaled to zero)",
+    M_MIN_REPLICAS: "set to minReplicas 0 (scaled to zero once it has no traffic)",
+    M_KNATIVE_MIN_SCALE: "set to min-scale 0 (a new revision starts its initial-scale pods, 1 by default, "
+                         "and goes to zero once it has no traffic)",
+}
 
 # The owner kinds the pruner acts on, by the names an operator filters on (`--owner-kinds`);
 # a Knative Service is "KnativeService" there, its kind being plain "Service".
@@ -82,6 +104,10 @@ class ObjectView:
     owner: tuple[str, str] | None
     replicas: int | None = None       # spec.replicas where the kind has one
     min_replicas: int | None = None   # InferenceService spec.predictor.minReplicas
+    # spec.selector as requirements ((key, operator, values), operator In, NotIn, Exists or
+    # DoesNotExist), for the kinds that select their pods; None where the object has none.
+    selector: tuple | None = None
+    template_annotations: Mapping = field(default_factory=dict)   # spec.template.metadata.annotations
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,11 @@ class ClusterView:
     pods: dict            # (namespace, name) -> clusters.snapshot.PodView
     objects: dict         # (kind, namespace, name) -> ObjectView
     kserve_stop_supported: bool = True
+    # Owner key (kind, namespace, name) -> the (namespace, name) of each of its GPU pods that
+    # is neither finished nor being deleted, as read from the cluster by the owner's selector
+    # (`reads.cluster_view_read`): an owner is idle only when every one of them is. None:
+    # `pods` holds every pod of the owners (a view built whole, in tests).
+    owner_pods: Mapping | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +247,91 @@ def already_at_zero(obj: ObjectView, method: str) -> bool:
         return obj.annotations.get(KSERVE_STOP_ANNOTATION) == "true"
     if method == M_MIN_REPLICAS:
         return obj.min_replicas == 0
+    if method == M_KNATIVE_MIN_SCALE:
+        return obj.template_annotations.get(MIN_SCALE) == "0"
     return False
+
+
+def selector_requirements(selector: dict | None) -> tuple | None:
+    """A `metav1.LabelSelector` (matchLabels, matchExpressions) as requirements, or None."""
+    if not isinstance(selector, dict):
+        return None
+    reqs = [(k, "In", (str(v),)) for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or ():
+        reqs.append((expr.get("key", ""), expr.get("operator", ""), tuple(sorted(expr.get("values") or ()))))
+    return tuple(reqs)
+
+
+def selector_matches(reqs: tuple, labels: Mapping) -> bool:
+    """Whether `labels` satisfy every requirement (Kubernetes' label selector semantics;
+    an operator it does not know matches nothing)."""
+    for key, op, values in reqs:
+        if op == "In":
+            if labels.get(key) not in values:
+                return False
+        elif op == "NotIn":
+            if key in labels and labels[key] in values:
+                return False
+        elif op == "Exists":
+            if key not in labels:
+                return False
+        elif op == "DoesNotExist":
+            if key in labels:
+                return False
+        else:
+            return False
+    return True
+
+
+def selector_text(reqs: tuple) -> str:
+    """The requirements as a `labelSelector` query parameter."""
+    parts = []
+    for key, op, values in reqs:
+        if op == "In" and len(values) == 1:
+            parts.append(f"{key}={values[0]}")
+        elif op in ("In", "NotIn"):
+            parts.append(f"{key} {op.lower()} ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(key)
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+        else:   # unknown operator: a selector that matches nothing would hide pods; refuse instead
+            raise ValueError(f"unknown label selector operator {op!r}")
+    return ",".join(parts)
+
+
+def owner_selector(owner: Owner, view: ClusterView) -> tuple | None:
+    """What selects every pod of `owner` in its namespace (a little more, never less, as
+    labels go), or None when that cannot be told. A Deployment's selector also matches its
+    older ReplicaSets' pods; every pod of an InferenceService, or of any revision of a
+    Knative Service, carries its name in a label; a Notebook's pods are its StatefulSet's."""
+    if owner.kind == "InferenceService":
+        return ((ISVC_LABEL, "In", (owner.name,)),)
+    if owner.kind == "Service":
+        return ((KNATIVE_SERVICE_LABEL, "In", (owner.name,)),)
+    if owner.kind == "Notebook":
+        for (kind, ns, _), obj in view.objects.items():
+            if kind == "StatefulSet" and ns == owner.namespace and obj.owner == ("Notebook", owner.name):
+                return obj.selector
+        return None
+    obj = view.objects.get(owner.key)
+    return obj.selector if obj is not None else None
+
+
+def counts_for_owner(pod: PodView, *, has_gpu_series: bool = False) -> bool:
+    """A pod that holds or asks for GPUs for its owner: neither finished nor being deleted
+    (pending, running or of unknown state), and asking for GPUs or seen with GPU series."""
+    return ((pod.gpus > 0 or has_gpu_series) and not pod.terminating
+            and pod.phase not in ("Succeeded", "Failed"))
+
+
+def _owner_pods_from_view(view: ClusterView, seen) -> dict:
+    out: dict = {}
+    for key, pod in view.pods.items():
+        owner, _ = resolve_owner(pod, view)
+        if owner is not None and counts_for_owner(pod, has_gpu_series=key in seen):
+            out.setdefault(owner.key, set()).add(key)
+    return out
 
 
 def _idle_reason(pod: PodView | None, series: list[GpuSeries], s: PruneSettings,
@@ -239,6 +354,12 @@ def _idle_reason(pod: PodView | None, series: list[GpuSeries], s: PruneSettings,
     return ""
 
 
+def _power_unknown(gpus: list[GpuSeries], s: PruneSettings) -> bool:
+    """A power threshold is set and some GPU's power data does not cover the window."""
+    return s.power_threshold_watts is not None and any(
+        g.max_power_watts is None or not g.power_complete for g in gpus)
+
+
 def _drawing(gpus: list[GpuSeries], s: PruneSettings) -> bool:
     return s.power_threshold_watts is not None and any(
         g.max_power_watts is not None and g.max_power_watts > s.power_threshold_watts for g in gpus)
@@ -255,7 +376,7 @@ def pods_to_look_up(series: list[GpuSeries], settings: PruneSettings) -> set[tup
         peak = max((g.max_utilization for g in gpus if g.max_utilization is not None), default=None)
         if (peak is not None and peak >= settings.idle_threshold) or _drawing(gpus, settings):
             continue
-        if settings.power_threshold_watts is not None and any(g.max_power_watts is None for g in gpus):
+        if _power_unknown(gpus, settings):
             continue
         out.add(key)
     return out
@@ -272,11 +393,24 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
     decisions: list[Decision] = []
     planned: set[tuple] = set()
     busy = 0 if pods_seen is None else max(pods_seen - len(by_pod), 0)
-    for (ns, name), gpus in sorted(by_pod.items()):
+    # Why each pod of the series is not idle ("" = idle, with data for all its GPUs and
+    # the whole window): an owner is idle only when every one of its GPU pods is.
+    why_not: dict[tuple[str, str], str] = {}
+    for key, gpus in by_pod.items():
         peak = max((g.max_utilization for g in gpus if g.max_utilization is not None), default=None)
         # IMPORTANT: one busy GPU keeps the whole pod (gpu-pruner flagged per GPU); so does
         # one GPU drawing more power than the threshold, whatever its utilization says.
         if (peak is not None and peak >= settings.idle_threshold) or _drawing(gpus, settings):
+            why_not[key] = "busy"
+        elif _power_unknown(gpus, settings):
+            why_not[key] = R_MISSING_POWER   # unknown draw: never counted idle
+        else:
+            why_not[key] = _idle_reason(view.pods.get(key), gpus, settings, now)
+    owner_pods = view.owner_pods if view.owner_pods is not None else _owner_pods_from_view(view, by_pod)
+    for (ns, name), gpus in sorted(by_pod.items()):
+        peak = max((g.max_utilization for g in gpus if g.max_utilization is not None), default=None)
+        reason = why_not[(ns, name)]
+        if reason == "busy":
             busy += 1
             continue
         ids = tuple(sorted(g.gpu for g in gpus))
@@ -284,14 +418,10 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
         def skip(reason, owner=None, method=""):
             decisions.append(Decision(ns, name, ids, peak, SKIP, reason, owner, method))
 
-        if settings.power_threshold_watts is not None and any(g.max_power_watts is None for g in gpus):
-            skip(R_MISSING_POWER)   # unknown draw: never counted idle
-            continue
-        pod = view.pods.get((ns, name))
-        reason = _idle_reason(pod, gpus, settings, now)
         if reason:
             skip(reason)
             continue
+        pod = view.pods[(ns, name)]
         owner, why = resolve_owner(pod, view)
         if owner is None:
             skip(why)
@@ -313,7 +443,13 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
         elif owner.key in planned:
             skip(R_SAME_OWNER, owner, method)
         elif obj is not None and already_at_zero(obj, method):
-            skip(R_AT_ZERO, owner, method)
+            skip(R_MIN_SCALE_ZERO if method == M_KNATIVE_MIN_SCALE else R_AT_ZERO, owner, method)
+        # A selector that does not even find this pod says nothing of the owner's others.
+        elif (ns, name) not in owner_pods.get(owner.key, ()):
+            skip(R_OWNER_PODS_UNKNOWN, owner, method)
+        # IMPORTANT: before the cap, so that an owner kept by a busy pod takes no place in it.
+        elif any(why_not.get(other, "not-a-candidate") for other in owner_pods[owner.key]):
+            skip(R_OWNER_NOT_IDLE, owner, method)
         elif len(planned) >= settings.max_scale_downs:
             skip(R_CAP, owner, method)
         else:

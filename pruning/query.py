@@ -25,7 +25,9 @@ of namespaces, never with one series per GPU of the fleet:
    those pods with its peak utilization (one busy GPU keeps the whole pod), the GPUs with
    a gap — some `step`-long slot of the window without a sample in the `max_gap` before
    it —, and their peak power draw (`DCGM_FI_DEV_POWER_USAGE`, watts) when the run has a
-   power threshold. Each kind of series carries its name in the PART_LABEL label.
+   power threshold, with the GPUs whose power data has such a gap (a peak read from part
+   of the window proves a draw, never its absence). Each kind of series carries its name
+   in the PART_LABEL label.
 
 Both label schemes are matched in the same query: `pod`/`namespace` series (no `exported_pod`
 label) and `exported_pod`/`exported_namespace` series (honor_labels=false scrapes). With
@@ -43,21 +45,29 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from clusters.errors import PrometheusError
+
 GR_ENGINE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 POWER = "DCGM_FI_DEV_POWER_USAGE"   # watts
 SCHEMES = ("auto", "pod", "exported")
 # The label naming each kind of series in the follow-up's answer (no exporter label is called so).
 PART_LABEL = "prune_part"
-P_PEAK, P_GAP, P_WATTS = "peak", "gap", "watts"
+P_PEAK, P_GAP, P_WATTS, P_WATTS_GAP = "peak", "gap", "watts", "watts-gap"
 # Up to this many candidate pods the follow-up names them in its selectors (sent in the
 # POST body, about 25 bytes each). Beyond, it walks every GPU series as one query per GPU
 # would: measured at 10,000 GPUs, naming 2,000 pods answered in 0.13 s, walking all in 0.17 s.
 FOLLOWUP_NAMES_MAX = 5000
 
 # Constructs Python's `re` accepts but Go's RE2 (Prometheus) rejects: lookaround,
-# backreferences, possessive/atomic groups, conditionals.
-_RE2_UNSUPPORTED = re.compile(r"\(\?(?:[=!]|<[=!]|>|\(|P=)|\\[1-9]|[*+?}]\+")
+# backreferences, possessive/atomic groups, conditionals, `\Z` (RE2 has only `\z`).
+_RE2_UNSUPPORTED = re.compile(r"\(\?(?:[=!]|<[=!]|>|\(|P=)|\\[1-9]|[*+?}]\+|(?<!\\)\\Z")
+# RE2 refuses a repeat count over 1000 (Python's `re` takes any).
+RE2_MAX_REPEAT = 1000
+_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+# Unicode classes RE2 has and Python's `re` does not (`\pL`, `\p{Greek}`, `\PN`): checked
+# by Prometheus only; an escaped backslash is kept as it is.
+_RE2_CLASS = re.compile(r"\\\\|\\[pP](?:\{\^?\w+\}|[A-Za-z])")
 
 
 class FilterError(ValueError):
@@ -67,15 +77,20 @@ class FilterError(ValueError):
 def validate_regex(pattern: str, *, what: str) -> str:
     if not isinstance(pattern, str):
         raise FilterError(f"{what} filter must be text, got {type(pattern).__name__}")
+    checked = _RE2_CLASS.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else "x", pattern)
     try:
-        re.compile(pattern)
+        re.compile(checked)
     except re.error as exc:
         raise FilterError(f"{what} filter {pattern!r} is not a valid regular expression: {exc}") from None
-    bad = _RE2_UNSUPPORTED.search(pattern)
+    bad = _RE2_UNSUPPORTED.search(checked)
     if bad:
         raise FilterError(
             f"{what} filter {pattern!r} uses {bad.group(0)!r}, which Prometheus' RE2 regular "
-            "expressions do not support (no lookaround, backreferences or possessive repeats)")
+            "expressions do not support (no lookaround, backreferences, possessive repeats or \\Z)")
+    for repeat in _REPEAT.finditer(checked):
+        if any(n and int(n) > RE2_MAX_REPEAT for n in repeat.groups()):
+            raise FilterError(f"{what} filter {pattern!r} repeats {repeat.group(0)!r} times; Prometheus' RE2 "
+                              f"regular expressions allow at most {RE2_MAX_REPEAT}")
     return pattern
 
 
@@ -216,13 +231,24 @@ class IdleQuery:
         match = (dict(namespaces=_literals({ns for ns, _ in pods}), pods=_literals({p for _, p in pods}))
                  if len(pods) <= FOLLOWUP_NAMES_MAX else {})
         peaks = self._per_gpu(lambda s, scale: f"max_over_time({s}[{w}]){scale}", **match)
-        slots = self._per_gpu(lambda s, scale: f"count_over_time(count_over_time({s}[{gap}])[{w}:{step}])",
-                              **match)
+
+        def slots(s, scale=""):
+            # The subquery's steps are aligned to multiples of `step`: a series sampled only
+            # after the last of them (the last seconds of the window) has no slot at all and
+            # would come back from no count. Its samples of the last step count as 0 slots.
+            return (f"(count_over_time(count_over_time({s}[{gap}])[{w}:{step}]) "
+                    f"or max_over_time({s}[{step}]) * 0)")
+
         # Fewer sampled slots than the window holds: a gap (only those GPUs come back).
-        parts = [_tag(f"({peaks})", P_PEAK), _tag(f"(({slots}) < {self.expected_steps})", P_GAP)]
+        parts = [_tag(f"({peaks})", P_PEAK),
+                 _tag(f"(({self._per_gpu(slots, **match)}) < {self.expected_steps})", P_GAP)]
         if self.power_threshold_watts is not None:
             watts = " or ".join(f"max_over_time({s}[{w}])" for s in self._selectors(POWER, **match))
             parts.append(_tag(f"({watts})", P_WATTS))
+            # As for utilization: a power series sampled over part of the window only. Its
+            # peak proves a draw, never the absence of one (planning: missing power data).
+            watt_slots = " or ".join(slots(s) for s in self._selectors(POWER, **match))
+            parts.append(_tag(f"(({watt_slots}) < {self.expected_steps})", P_WATTS_GAP))
         return " or ".join(parts)
 
 
@@ -241,6 +267,7 @@ class GpuSeries:
     max_utilization: float | None   # None: no usable value (NaN)
     complete: bool                  # samples throughout the window, no gap
     max_power_watts: float | None = None   # None: no power sample (or power not asked for)
+    power_complete: bool = True            # power samples throughout the window (when asked for)
 
 
 @dataclass(frozen=True)
@@ -288,14 +315,19 @@ def parse_census(samples) -> tuple[int, dict]:
     for item in samples:
         labels = item.labels
         ns = labels.get("exported_namespace") or labels.get("namespace", "")
-        per_ns[ns] = per_ns.get(ns, 0) + int(float(item.value))
+        value = float(item.value)
+        # A count is a whole number >= 0; anything else is no census (NaN would crash int()).
+        if not math.isfinite(value) or value < 0 or value != int(value):
+            raise PrometheusError(f"unexpected answer from Prometheus: the census counted {value:g} GPU pods "
+                                  f"in namespace {ns!r}, not a whole number")
+        per_ns[ns] = per_ns.get(ns, 0) + int(value)
     return sum(per_ns.values()), per_ns
 
 
 def parse_followup(samples, *, pods, label_scheme: str = "auto") -> tuple[GpuSeries, ...]:
     """The follow-up's answer: one `GpuSeries` per GPU of the candidate `pods`."""
     wanted = set(pods)
-    peaks, gappy, watts = {}, set(), {}
+    peaks, gappy, watts, watts_gappy = {}, set(), {}, set()
     for item in samples:
         labels, value = item.labels, float(item.value)
         part = labels.get(PART_LABEL)
@@ -309,8 +341,10 @@ def parse_followup(samples, *, pods, label_scheme: str = "auto") -> tuple[GpuSer
             gappy.add(key)
         elif part == P_WATTS and not math.isnan(value):
             watts[key] = value
+        elif part == P_WATTS_GAP:
+            watts_gappy.add(key)
     return tuple(GpuSeries(ns, pod, gpu, labels.get("modelName", ""), labels.get("Hostname", ""), peak,
-                           (ns, pod, gpu) not in gappy, watts.get((ns, pod, gpu)))
+                           (ns, pod, gpu) not in gappy, watts.get((ns, pod, gpu)), (ns, pod, gpu) not in watts_gappy)
                  for (ns, pod, gpu), (labels, peak) in sorted(peaks.items()))
 
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from clusters import kube
 from clusters.selectors import namespace_version
 
-from .planning import ObjectView
+from .planning import ObjectView, selector_requirements
 
 KSERVE_NAMESPACE = "kserve"
 KSERVE_STOP_SINCE = (0, 15)  # serving.kserve.io/stop is honoured from KServe 0.15 on
@@ -26,11 +26,14 @@ def object_view(obj: dict) -> ObjectView:
     replicas = spec.get("replicas")
     if replicas is None and obj.get("kind") in ("Deployment", "ReplicaSet", "StatefulSet"):
         replicas = 1  # the API default when unset
+    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
     return ObjectView(
         kind=obj.get("kind", ""), namespace=meta.get("namespace", ""), name=meta.get("name", ""),
         uid=meta.get("uid", ""), annotations=meta.get("annotations") or {},
         labels=meta.get("labels") or {}, owner=_controller(meta), replicas=replicas,
-        min_replicas=(spec.get("predictor") or {}).get("minReplicas"))
+        min_replicas=(spec.get("predictor") or {}).get("minReplicas"),
+        selector=selector_requirements(spec.get("selector")),
+        template_annotations=(template.get("metadata") or {}).get("annotations") or {})
 
 
 def kserve_stop_supported(gateway: kube.KubeGateway) -> bool:

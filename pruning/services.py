@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import socket
 import time
 import uuid
@@ -127,6 +128,12 @@ class PruneParams:
             if value is not None and not str(value).strip():
                 raise PruneParamError(name, f"the {name.replace('_', ' ')} filter is empty: leave it out "
                                             "to match everything")
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:   # an undecodable byte of a command-line argument
+                    raise PruneParamError(name, f"the {name.replace('_', ' ')} filter {value!r} is not UTF-8 "
+                                                "text") from None
         self.query()  # filters, label scheme and gap resolution fail here, before any run is recorded
 
     @classmethod
@@ -274,7 +281,16 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                                            cluster=cluster, namespaces=namespaces),
                                        held_namespaces=holds.namespaces, held_owners=holds.owners))
     except (PrometheusError, KubeError) as exc:
-        run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(exc)]
+        blamed = _filter_refused(exc, params)
+        run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(blamed or exc)]
+        _finish(run, started, kube_gateway, calls_before)
+        if blamed is not None:
+            raise blamed from None
+        raise
+    except Exception as exc:
+        # Nothing was written to the cluster yet: the run says it failed, and why, rather
+        # than staying `running` until the reconcile blames a dead worker.
+        run.status, run.errors = PruneRun.Status.FAILED, [f"refused: {type(exc).__name__}: {exc}"]
         _finish(run, started, kube_gateway, calls_before)
         raise
     run.pods_seen, run.busy_pods = plan.pods_seen, plan.busy
@@ -304,6 +320,37 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     run.status = PruneRun.Status.PARTIAL if run.failed or unsettled else PruneRun.Status.SUCCEEDED
     _finish(run, started, kube_gateway, calls_before)
     return run
+
+
+class FilterRefused(PrometheusError):
+    """Prometheus refused a run's query over one of its regular-expression filters;
+    `field` names the run parameter (the CLI maps it to its flag)."""
+
+    def __init__(self, message: str, *, field: str):
+        super().__init__(message, status=400)
+        self.field = field
+
+
+_REGEXP_REFUSED = re.compile(r"(?:regexp|regular expression)[^`]*`([^`]*)`")
+
+
+def _filter_refused(exc: Exception, params: PruneParams) -> FilterRefused | None:
+    """A 400 over a regular expression names the filter it came from. The filters are
+    checked before a run with Python's `re`, which is not Prometheus' RE2: some patterns
+    only Prometheus refuses."""
+    if not isinstance(exc, PrometheusError) or exc.status != 400 or not _REGEXP_REFUSED.search(str(exc)):
+        return None
+    fragment = _REGEXP_REFUSED.search(str(exc)).group(1)
+    given = [(f, getattr(params, f)) for f in ("namespace", "model_name") if getattr(params, f) is not None]
+    named = [(f, v) for f, v in given if fragment and fragment in v] or given
+    if not named:
+        return None
+    field, value = named[0]
+    what = {"namespace": "namespace", "model_name": "GPU model"}[field]
+    also = f" (or the GPU model filter {named[1][1]!r})" if len(named) > 1 else ""
+    return FilterRefused(f"Prometheus refused the {what} filter {value!r}{also} as a regular expression (it reads "
+                         f"them as RE2, which has no lookaround, backreferences, \\Z or repeats over 1000): {exc}",
+                         field=field)
 
 
 def _count(run: PruneRun, rows: list[PruneDecision] | None = None) -> None:
@@ -392,7 +439,8 @@ def _workload(d: PruneDecision) -> str:
 
 
 def _scale_down_audit(d: PruneDecision, run: PruneRun) -> None:
-    util = "" if d.max_utilization is None else f", at most {d.max_utilization:g}% used"
+    # max_utilization is a fraction (0–1); shown as a percentage.
+    util = "" if d.max_utilization is None else f", at most {d.max_utilization * 100:.3g}% used"
     audit(app="pruning", action="workload_scale_to_zero", at=d.acted_at or clock.now(),
           actor_label=actor_label_current() or run.actor,
           cause=f"idle GPUs ({d.reason or 'idle'}{util}); prune run #{run.pk}", target=_workload(d),
@@ -406,7 +454,8 @@ def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: Pru
     for _ in range(CONFLICT_ATTEMPTS):
         try:
             owner, before, target = actions.scale_to_zero_intent(
-                gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name, method=d.method, now=now)
+                gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name, method=d.method, now=now,
+                uid=d.owner_uid)
         except actions.NothingToDo as exc:
             d.decision, d.reason, d.error = PruneDecision.Decision.SKIP, "changed-before-action", str(exc)
             d.result, d.restore_state, d.applied_state = "", None, None
@@ -422,10 +471,12 @@ def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: Pru
         d.result, d.restore_state, d.applied_state, d.error = PruneDecision.Result.ACTING, before, target, ""
         d.save(update_fields=["result", "restore_state", "applied_state", "error"])
         try:
+            # Only onto the owner as just read: a change in between is a 409, read again.
             actions.write(gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name,
-                          method=d.method, state=target)
+                          method=d.method, state=target,
+                          resource_version=(owner.get("metadata") or {}).get("resourceVersion") or "")
         except Conflict as exc:
-            last_conflict = exc   # changed under us: re-read and decide again
+            last_conflict = exc   # changed under us, nothing written: re-read and decide again
             continue
         except KubeError as exc:
             if is_transient(exc):
@@ -466,7 +517,8 @@ def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRu
     try:
         owner, outcome, state = actions.settle(gateway, kind=d.owner_kind, namespace=d.namespace,
                                                name=d.owner_name, method=d.method,
-                                               restore_state=d.restore_state, applied_state=d.applied_state)
+                                               restore_state=d.restore_state, applied_state=d.applied_state,
+                                               uid=d.owner_uid)
     except NotFound:
         return _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
                              error=f"{cause}; the {d.owner_kind} no longer exists: nothing to restore") or True
@@ -501,10 +553,11 @@ def _params_fields(parameters: dict) -> dict:
 
 def _event_message(d: PruneDecision, run: PruneRun, params: PruneParams | None) -> str:
     peak = "no" if d.max_utilization is None else f"{d.max_utilization:.3f}"
+    effect = planning.EFFECT.get(d.method, "scaled to zero")
     if params is None:
-        return f"Pod {d.namespace}/{d.pod} looked idle: scaled to zero ({d.method}) by prune run {run.pk}."
+        return f"Pod {d.namespace}/{d.pod} looked idle: {effect} ({d.method}) by prune run {run.pk}."
     return (f"GPUs of pod {d.namespace}/{d.pod} stayed under {params.idle_threshold:g} utilization "
-            f"(max {peak}) for {params.window_seconds // 60} min: scaled to zero ({d.method}) by prune run "
+            f"(max {peak}) for {params.window_seconds // 60} min: {effect} ({d.method}) by prune run "
             f"{run.pk}. Restore from the capacity admin, or scale it back up.")
 
 
@@ -617,15 +670,18 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
         raise ValueError(f"decision {decision.pk} ({decision.namespace}/{decision.pod}) was not acted on "
                          f"(result {decision.result or 'none'!r}): nothing to restore")
     try:
-        owner, restored = actions.restore(
+        owner, restored, why_not = actions.restore(
             kube_gateway, kind=decision.owner_kind, namespace=decision.namespace, name=decision.owner_name,
-            method=decision.method, restore_state=decision.restore_state, applied_state=decision.applied_state)
+            method=decision.method, restore_state=decision.restore_state, applied_state=decision.applied_state,
+            uid=decision.owner_uid)
     except KubeError as exc:
         decision.restore, decision.error = PruneDecision.Restore.FAILED, f"restore failed ({describe_failure(exc)})"
         decision.save(update_fields=["restore", "error"])
         return decision
     decision.restored_by, decision.restored_at = actor, now
     decision.restore = PruneDecision.Restore.RESTORED if restored else PruneDecision.Restore.CHANGED
+    if not restored:
+        decision.error = f"not restored, nothing was written: {why_not}"
     if restored:
         try:
             kube_gateway.create_event(owner, reason="GPUIdleRestored", component=EVENT_COMPONENT, now=now,

@@ -55,10 +55,20 @@ def test_run_page_charts_each_pod_and_restore_action_scales_back(world, admin_cl
     assert (acted.restore, acted.restored_by) == ("restored", "admin")
 
 
-def test_prune_command_json_one_object_per_decision(world):
+def clock_at_the_cluster(world, settings, tmp_path):
+    """The product's clock moved to the simulated cluster's time through the offset file
+    (a scale-down is evaluated now: `--at` is for dry runs only)."""
+    from django.utils import timezone
+
+    offset = tmp_path / "offset"
+    offset.write_text(str((world.now() - timezone.now()).total_seconds()))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+
+
+def test_prune_command_json_one_object_per_decision(world, settings, tmp_path):
+    clock_at_the_cluster(world, settings, tmp_path)
     out = io.StringIO()
-    call_command("prune", "--cluster", "sim", "--json", "-r", "scale-down", "--at", world.now().isoformat(),
-                 "-n", "team-.*", stdout=out)
+    call_command("prune", "--cluster", "sim", "--json", "-r", "scale-down", "-n", "team-.*", stdout=out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert len(lines) == 2
     assert {(d["decision"], d["reason"]) for d in lines} == {("prune", "idle"), ("skip", "owner-already-in-plan")}
@@ -119,3 +129,87 @@ def test_beat_schedule_and_task_prune_each_cluster(world, settings, tmp_path):
     assert (run.cluster, run.actor, run.mode, run.acted) == (world.cluster, "", "scale-down", 1)
     assert replicas(world) == 0
     assert PruneDecision.objects.filter(run=run, event_sent=True).count() == 1
+
+
+def test_a_scale_down_as_of_another_time_is_refused_and_changes_nothing(world):
+    with pytest.raises(CommandError, match="--at: only a dry run may be evaluated as of another time"):
+        call_command("prune", "--cluster", "sim", "-r", "scale-down", "--at", world.now().isoformat(),
+                     stdout=io.StringIO())
+    assert not PruneRun.objects.exists() and replicas(world) == 2
+
+
+def test_the_command_is_audited_as_run_from_its_shell(world, settings, tmp_path):
+    from audit.models import AuditEntry
+    from config.actors import cli_label
+
+    clock_at_the_cluster(world, settings, tmp_path)
+    call_command("prune", "--cluster", "sim", "-r", "scale-down", stdout=io.StringIO())
+    run = PruneRun.objects.get()
+    assert run.actor == cli_label() and run.actor.startswith("cli:") and "@" in run.actor
+    entry = AuditEntry.objects.get(app="pruning", action="workload_scale_to_zero")
+    assert entry.actor_label == cli_label()
+
+
+@pytest.fixture
+def viewer(db):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_prunedecision", "view_prunerun"]))
+    return user
+
+
+def test_a_view_only_user_cannot_restore_and_one_allowed_to_can(world, client, viewer):
+    from django.contrib.auth.models import Permission
+
+    from clusters.kube import gateway_for
+
+    run = prune_run_execute(kube_gateway=gateway_for(world.cluster), prometheus=world.prometheus(),
+                            now=world.now(), cluster=world.cluster, params=PruneParams(run_mode="scale-down"))
+    acted = run.decisions.get(result="succeeded")
+    client.force_login(viewer)
+    listing = client.get("/admin/pruning/prunedecision/").content.decode()
+    assert "restore_selected" not in listing
+    client.post("/admin/pruning/prunedecision/", {"action": "restore_selected", "_selected_action": [acted.pk]})
+    acted.refresh_from_db()
+    assert acted.restore == "" and replicas(world) == 0
+
+    viewer.user_permissions.add(Permission.objects.get(codename="change_prunedecision"))
+    assert "restore_selected" in client.get("/admin/pruning/prunedecision/").content.decode()
+    client.post("/admin/pruning/prunedecision/", {"action": "restore_selected", "_selected_action": [acted.pk]})
+    acted.refresh_from_db()
+    assert acted.restore == "restored" and replicas(world) == 2
+
+
+def test_the_restore_message_counts_every_selected_decision(world, admin_client):
+    from clusters.kube import gateway_for
+
+    run = prune_run_execute(kube_gateway=gateway_for(world.cluster), prometheus=world.prometheus(),
+                            now=world.now(), cluster=world.cluster, params=PruneParams(run_mode="scale-down"))
+    pks = list(run.decisions.values_list("pk", flat=True))
+    assert len(pks) == 2   # the one acted on, and its owner's other pod (skipped)
+    post = lambda: admin_client.post("/admin/pruning/prunedecision/",  # noqa: E731
+                                     {"action": "restore_selected", "_selected_action": pks}, follow=True)
+    text = post().content.decode()
+    assert ("2 selected: restored 1; left alone 0 changed since the prune; 1 never scaled to zero by a prune "
+            "(nothing to restore)") in text
+    text = post().content.decode()
+    assert "2 selected: restored 0; left alone 0 changed since the prune; 1 already restored; 1 never" in text
+
+
+def test_a_filter_only_prometheus_refuses_is_named_by_its_flag(world):
+    # \p{Nope} passes Python's check (RE2's \p classes are left to Prometheus), and
+    # Prometheus refuses it: the error names the flag, the run says why it failed.
+    with pytest.raises(CommandError) as caught:
+        call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-n", r"\p{Nope}",
+                     stdout=io.StringIO())
+    assert str(caught.value).startswith(r"--namespace: Prometheus refused the namespace filter '\\p{Nope}'")
+    run = PruneRun.objects.get()
+    assert run.status == "failed" and "Prometheus refused the namespace filter" in run.errors[0]
+
+
+def test_an_re2_class_python_does_not_know_is_taken(world):
+    out = io.StringIO()
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-n", r"\p{Ll}+-\p{Ll}",
+                 stdout=out)
+    assert "team-a/web-" in out.getvalue() and "would scale to zero (idle)" in out.getvalue()

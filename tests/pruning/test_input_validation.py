@@ -46,6 +46,14 @@ def cluster():
     (["--at", ""], "--at: is empty"),
     (["--at", "yesterday"], "--at: Invalid isoformat string"),
     (["--cluster", ""], "--cluster: is empty"),
+    # Undecodable bytes of an argument (`-n $'org-\xff'`): Python keeps them as lone surrogates.
+    (["-n", "org-\udcff"], "--namespace: is not UTF-8 text"),
+    (["-m", "\udcffA10G"], "--model-name: is not UTF-8 text"),
+    (["--cluster", "sim\udcff"], "--cluster: is not UTF-8 text"),
+    # Python's `re` takes these, Prometheus' RE2 does not.
+    (["-n", "a{2000}"], "namespace filter 'a{2000}' repeats '{2000}' times; Prometheus' RE2 regular expressions "
+                        "allow at most 1000"),
+    (["-n", "team-a\\Z"], "uses '\\\\Z', which Prometheus' RE2 regular expressions do not support"),
 ])
 def test_bad_flags_are_named_and_nothing_starts(cluster, args, message):
     with pytest.raises(CommandError) as caught:
@@ -75,3 +83,9 @@ def test_params_refuse_wrong_types_and_empty_filters(field, value):
     with pytest.raises(PruneParamError) as caught:
         PruneParams(**{field: value})
     assert caught.value.field == field
+
+
+def test_params_refuse_a_filter_that_is_not_utf8():
+    with pytest.raises(PruneParamError) as caught:
+        PruneParams(namespace="org-\udcff")
+    assert caught.value.field == "namespace" and "is not UTF-8 text" in str(caught.value)

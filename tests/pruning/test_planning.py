@@ -145,3 +145,108 @@ def test_safety_opt_out_protected_namespace_org_and_already_zero():
         "a": "opted-out", "b": "protected-namespace", "c": "org-disallows-scale-to-zero",
         "d": "already-at-zero"}
     assert not pl.to_prune
+
+
+def test_one_idle_replica_of_an_owner_whose_other_pods_are_busy_is_not_pruned():
+    # Three pods of one Deployment: one idle, two at 85 %. Scaling the Deployment to zero
+    # would stop the busy two.
+    pods = [make_pod(f"pod-{i}") for i in range(3)]
+    series = [gpu("pod-0", 0.0), gpu("pod-1", 0.85), gpu("pod-2", 0.85)]
+    d = only(plan(series, view(pods, DEPLOY)))
+    assert (d.pod, d.decision, d.reason, d.owner.name) == ("pod-0", "skip", "another-pod-not-idle", "web")
+
+
+@pytest.mark.parametrize("other,why", [
+    (None, "the other pod is no candidate at all (busy, or no series)"),
+    (gpu("pod-1", 0.0, complete=False), "the other pod has a gap"),
+])
+def test_an_owner_with_a_pod_without_complete_data_is_not_idle(other, why):
+    pods = [make_pod("pod-0"), make_pod("pod-1")]
+    both = frozenset({("team-a", "pod-0"), ("team-a", "pod-1")})
+    v = p.ClusterView({(x.namespace, x.name): x for x in pods}, {(o.kind, o.namespace, o.name): o for o in DEPLOY},
+                      owner_pods={("Deployment", "team-a", "web"): both})
+    series = [gpu("pod-0", 0.0)] + ([other] if other else [])
+    reasons = {d.pod: d.reason for d in plan(series, v).decisions}
+    assert reasons["pod-0"] == "another-pod-not-idle", why
+    assert not plan(series, v).to_prune
+
+
+def test_every_pod_of_the_owner_idle_prunes_it_once_and_unknown_owner_pods_never_do():
+    pods = [make_pod("pod-0"), make_pod("pod-1")]
+    objs = {(o.kind, o.namespace, o.name): o for o in DEPLOY}
+    both = frozenset({("team-a", "pod-0"), ("team-a", "pod-1")})
+    series = [gpu("pod-0", 0.0), gpu("pod-1", 0.0)]
+    v = p.ClusterView({(x.namespace, x.name): x for x in pods}, objs,
+                      owner_pods={("Deployment", "team-a", "web"): both})
+    assert [(d.decision, d.reason) for d in plan(series, v).decisions] == [("prune", "idle"),
+                                                                             ("skip", "owner-already-in-plan")]
+    unknown = p.ClusterView({(x.namespace, x.name): x for x in pods}, objs, owner_pods={})
+    assert {d.reason for d in plan(series, unknown).decisions} == {"owner-pods-unknown"}
+
+
+def test_an_owner_kept_by_a_busy_pod_takes_no_place_under_the_cap():
+    pods = [make_pod("a-0", owner=("ReplicaSet", "a")), make_pod("a-1", owner=("ReplicaSet", "a")),
+            make_pod("b-0", owner=("ReplicaSet", "b"))]
+    objs = [make_obj("ReplicaSet", "a"), make_obj("ReplicaSet", "b")]
+    pl = plan([gpu("a-0", 0.0), gpu("a-1", 0.9), gpu("b-0", 0.0)], view(pods, objs), max_scale_downs=1)
+    assert {d.pod: (d.decision, d.reason) for d in pl.decisions} == {
+        "a-0": ("skip", "another-pod-not-idle"), "b-0": ("prune", "idle")}
+
+
+def test_finished_pods_and_pods_without_gpus_do_not_keep_their_owner():
+    pods = [make_pod("pod-0"), make_pod("done", phase="Succeeded"), make_pod("cpu", gpus=0),
+            make_pod("leaving", deleting=True)]
+    d = only(plan([gpu("pod-0", 0.0)], view(pods, DEPLOY)))
+    assert (d.decision, d.reason) == ("prune", "idle")
+
+
+def test_owner_selectors_match_as_kubernetes_does():
+    reqs = p.selector_requirements({"matchLabels": {"app": "web"},
+                                    "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu", "x"]},
+                                                         {"key": "canary", "operator": "DoesNotExist"}]})
+    assert p.selector_text(reqs) == "app=web,tier in (gpu,x),!canary"
+    assert p.selector_matches(reqs, {"app": "web", "tier": "gpu"})
+    assert not p.selector_matches(reqs, {"app": "web", "tier": "gpu", "canary": "1"})
+    assert not p.selector_matches(reqs, {"app": "web"})
+    assert p.selector_requirements(None) is None
+
+
+KSVC_CHAIN = [make_obj("ReplicaSet", "rev-1-deployment-abc", owner=("Deployment", "rev-1-deployment")),
+              make_obj("Deployment", "rev-1-deployment", owner=("Revision", "rev-1")),
+              make_obj("Revision", "rev-1", labels={"serving.knative.dev/service": "svc"})]
+
+
+def test_a_knative_service_already_at_min_scale_zero_is_no_candidate_and_takes_no_place_under_the_cap():
+    at_zero = p.ObjectView("Service", "team-a", "svc", "uid-svc", {}, {}, None,
+                           template_annotations={"autoscaling.knative.dev/min-scale": "0"})
+    pods = [make_pod("kn", owner=("ReplicaSet", "rev-1-deployment-abc")), make_pod("z", owner=("ReplicaSet", "rs"))]
+    pl = plan([gpu("kn", 0.0), gpu("z", 0.0)], view(pods, KSVC_CHAIN + [at_zero] + DEPLOY), max_scale_downs=1)
+    assert {d.pod: (d.decision, d.reason) for d in pl.decisions} == {
+        "kn": ("skip", "min-scale-already-zero"), "z": ("prune", "idle")}
+    assert "min-scale 0" in p.EFFECT[p.M_KNATIVE_MIN_SCALE] and "new revision" in p.EFFECT[p.M_KNATIVE_MIN_SCALE]
+
+
+def test_object_views_keep_the_selector_and_the_template_annotations():
+    from pruning.selectors import object_view
+
+    v = object_view({"kind": "Service", "metadata": {"name": "svc", "namespace": "a"},
+                     "spec": {"template": {"metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "0"}}}}})
+    assert v.template_annotations == {"autoscaling.knative.dev/min-scale": "0"} and v.selector is None
+    d = object_view({"kind": "Deployment", "metadata": {"name": "web", "namespace": "a"},
+                     "spec": {"selector": {"matchLabels": {"app": "web"}}}})
+    assert d.selector == (("app", "In", ("web",)),)
+
+
+def test_an_owner_whose_selector_does_not_find_the_idle_pod_is_never_counted_idle():
+    # The selector found other pods, all idle, but not this one: it tells nothing of the owner.
+    pods = [make_pod("pod-0")]
+    v = p.ClusterView({("team-a", "pod-0"): pods[0]}, {(o.kind, o.namespace, o.name): o for o in DEPLOY},
+                      owner_pods={("Deployment", "team-a", "web"): frozenset()})
+    assert only(plan([gpu("pod-0", 0.0)], v)).reason == "owner-pods-unknown"
+
+
+def test_a_pod_seen_with_gpu_series_counts_for_its_owner_whatever_it_asks_for():
+    # A MIG slice or a shared GPU is no nvidia.com/gpu request, yet DCGM reports it.
+    pods = [make_pod("pod-0"), make_pod("mig", gpus=0)]
+    pl = plan([gpu("pod-0", 0.0), gpu("mig", 0.7)], view(pods, DEPLOY))
+    assert {d.pod: d.reason for d in pl.decisions} == {"pod-0": "another-pod-not-idle"}

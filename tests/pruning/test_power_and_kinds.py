@@ -3,6 +3,7 @@ owner-kind filter, end to end: simulated cluster, real Prometheus, database, the
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -161,3 +162,65 @@ def test_settings_set_the_power_threshold_and_owner_kinds(settings):
     settings.PRUNER_OWNER_KINDS = ["inferenceservice", "ksvc"]
     params = PruneParams.from_settings()
     assert params.power_threshold_watts == 90.0 and params.owner_kinds == ("InferenceService", "KnativeService")
+
+
+def test_power_data_that_does_not_cover_the_window_is_missing_power_data(tmp_path, prometheus_factory):
+    # "late" has power samples for the last 12 s of the window only: a low reading there says
+    # nothing of the 30 minutes before. "steady" has them throughout.
+    with World.start(tmp_path) as world:
+        world.prometheus_factory = prometheus_factory
+        world.create(deployment("late", "team-a", util="0"))
+        world.create(deployment("steady", "team-a", util="0"))
+        world.record_history(minutes=40)
+        end = world.now()
+
+        def power(series):
+            out = list(series)
+            for s in series:
+                pod = s.labels.get("pod", "")
+                if s.metric == "DCGM_FI_DEV_GPU_UTIL" and pod.startswith(("late-", "steady-")):
+                    samples = [(t, 40.0) for t, _ in s.samples]
+                    if pod.startswith("late-"):
+                        samples = [(end - timedelta(seconds=12), 40.0), (end, 40.0)]
+                    out.append(Series("DCGM_FI_DEV_POWER_USAGE", dict(s.labels), samples))
+            return out
+
+        run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=power),
+                                now=end, params=PruneParams(run_mode="scale-down", power_threshold_watts=100))
+        assert decisions(run) == {"late": ("skip", "missing-power-data"), "steady": ("prune", "idle")}
+        apps = k8s.AppsV1Api(world.api)
+        assert apps.read_namespaced_deployment_scale("late", "team-a").spec.replicas == 1
+        assert apps.read_namespaced_deployment_scale("steady", "team-a").spec.replicas == 0
+
+
+def test_a_gpu_whose_power_data_has_a_gap_is_never_idle_but_one_drawing_is_busy():
+    from datetime import datetime, timezone
+
+    from pruning.planning import ClusterView, PruneSettings, plan_prune, pods_to_look_up
+    from pruning.query import GpuSeries
+
+    series = [GpuSeries("a", "gappy", "G1", "A10G", "n1", 0.0, True, 40.0, False),
+              GpuSeries("a", "hot", "G2", "A10G", "n1", 0.0, True, 250.0, False)]   # a draw seen: busy anyway
+    s = PruneSettings(power_threshold_watts=100.0)
+    assert pods_to_look_up(series, s) == set()
+    plan = plan_prune(series=series, view=ClusterView({}, {}), settings=s, now=datetime.now(timezone.utc))
+    assert [(d.pod, d.reason) for d in plan.decisions] == [("gappy", "missing-power-data")] and plan.busy == 1
+
+
+def test_utilization_data_for_the_last_seconds_only_is_a_gap(tmp_path, prometheus_factory):
+    # The same hole on the utilization side: samples only after the window's last whole
+    # step were no slot at all, and so no gap.
+    with World.start(tmp_path) as world:
+        world.prometheus_factory = prometheus_factory
+        world.create(deployment("late", "team-a", util="0"))
+        world.create(deployment("steady", "team-a", util="0"))
+        world.record_history(minutes=40)
+        end = world.now()
+
+        def late_data(series):
+            return [Series(s.metric, s.labels, [(end - timedelta(seconds=12), 0.0), (end, 0.0)])
+                    if s.labels.get("pod", "").startswith("late-") else s for s in series]
+
+        run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=late_data),
+                                now=end, params=PruneParams())
+        assert decisions(run) == {"late": ("skip", "gap-in-data"), "steady": ("prune", "idle")}

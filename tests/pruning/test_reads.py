@@ -93,12 +93,14 @@ def test_few_idle_pods_are_read_one_by_one_and_a_gathered_namespace_is_listed(ma
     assert (run.pods_seen, run.busy_pods, run.idle_candidates, run.planned) == (42, 30, 12, 3)
     # No cluster-wide read at all.
     assert all(ns is not None for _, _, ns in world.gateway.reads), world.gateway.reads
-    # team-a: its two idle pods and their owners one by one; team-c: listed, once per kind.
+    # team-a: its two idle pods and their owners one by one, and each owner's pods by its
+    # selector (one LIST each); team-c: listed, once per kind (its pods tell the owner's).
     team_a = sorted((verb, res) for verb, res, ns in world.gateway.reads if ns == "team-a")
-    assert team_a == [("get", "deployments.apps")] * 2 + [("get", "pods")] * 2 + [("get", "replicasets.apps")] * 2
+    assert team_a == ([("get", "deployments.apps")] * 2 + [("get", "pods")] * 2 + [("get", "replicasets.apps")] * 2
+                      + [("list", "pods")] * 2)
     team_c = sorted((verb, res) for verb, res, ns in world.gateway.reads if ns == "team-c")
     assert team_c == [("list", "deployments.apps"), ("list", "pods"), ("list", "replicasets.apps")]
-    assert run.kube_api_calls == 9
+    assert run.kube_api_calls == 11
 
 
 def test_many_idle_pods_are_read_with_cluster_wide_lists(make_world):
@@ -140,10 +142,12 @@ def test_pods_read_by_get_share_one_get_of_each_owner(make_world):
     plan = reads.ReadPlan(list_namespaces=frozenset(), get_pods=batch, estimated_cost_gets=len(batch))
     view = reads.cluster_view_read(world.gateway, pods=batch, plan=plan)
     assert set(view.pods) == batch and len(batch) == 10
-    # Ten pods of one Deployment: ten pod GETs, then its ReplicaSet and Deployment once each.
+    # Ten pods of one Deployment: ten pod GETs, then its ReplicaSet and Deployment once each,
+    # and one LIST of the Deployment's pods.
     assert sorted(world.gateway.reads) == ([("get", "deployments.apps", "team-c")] + [("get", "pods", "team-c")] * 10
-                                           + [("get", "replicasets.apps", "team-c")])
+                                           + [("get", "replicasets.apps", "team-c"), ("list", "pods", "team-c")])
     assert {kind for kind, _, _ in view.objects} == {"ReplicaSet", "Deployment"}
+    assert view.owner_pods == {("Deployment", "team-c", "batch"): batch}
 
 
 def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_its_owners_are_not(tmp_path, prometheus_factory):
@@ -169,10 +173,11 @@ def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_its_owners_are_no
         assert (run.pods_seen, run.busy_pods, run.idle_candidates, run.planned) == (22, 21, 1, 1)
         assert [(d.owner_name, d.decision) for d in run.decisions.all()] == [("idle", "prune")]
         # "mixed" came back with the candidates (a GPU under the threshold): its pod was read
-        # while the follow-up said it is busy, and nothing of its owners.
+        # while the follow-up said it is busy, and nothing of its owners ("idle"'s pods: one LIST).
         assert sorted(world.gateway.reads) == [("get", "deployments.apps", "team-a"), ("get", "pods", "team-a"),
-                                               ("get", "pods", "team-a"), ("get", "replicasets.apps", "team-a")]
-        assert run.kube_api_calls == 4
+                                               ("get", "pods", "team-a"), ("get", "replicasets.apps", "team-a"),
+                                               ("list", "pods", "team-a")]
+        assert run.kube_api_calls == 5
 
 
 def test_cluster_wide_pages_whose_continue_expires_are_read_again_in_one_list(make_world, monkeypatch):
@@ -193,3 +198,21 @@ def test_cluster_wide_pages_whose_continue_expires_are_read_again_in_one_list(ma
     # The first page, its expired continue (410 Expired), then one LIST of every pod.
     assert [r for r in world.gateway.reads if r[1] == "pods"] == [("list", "pods", None)] * 3
     assert world.gateway.errors[("list", "pods")] == 1
+
+
+@pytest.mark.parametrize("resources,phase,deleting,counts", [
+    ({"limits": {"nvidia.com/gpu": "1"}}, "Running", False, True),
+    ({"requests": {"nvidia.com/mig-1g.5gb": "1"}}, "Pending", False, True),   # a MIG slice, still waiting
+    ({"limits": {"nvidia.com/gpu": "0"}, "requests": {"cpu": "2"}}, "Running", False, False),
+    ({"limits": {"nvidia.com/gpu": "1"}}, "Succeeded", False, False),
+    ({"limits": {"nvidia.com/gpu": "1"}}, "Running", True, False),
+])
+def test_which_listed_pods_count_for_their_owner(resources, phase, deleting, counts):
+    import orjson
+
+    from clusters.snapshot import POD_LIST
+
+    meta = {"name": "p", "namespace": "a", **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})}
+    page = POD_LIST.decode(orjson.dumps({"items": [{"metadata": meta, "status": {"phase": phase},
+                                                    "spec": {"containers": [{"name": "c", "resources": resources}]}}]}))
+    assert reads._counts_for_owner(page.items[0]) is counts

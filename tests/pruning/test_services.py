@@ -261,6 +261,10 @@ def test_knative_service_raw_inference_service_and_multi_gpu_pods(world: World):
     events = k8s.CoreV1Api(world.api).list_event_for_all_namespaces().items
     announced = {(e.involved_object.kind, e.involved_object.name, e.involved_object.api_version)
                  for e in events if e.reason == "GPUIdleScaledToZero"}
+    # What the min-scale lever does, said as it is: a new revision, at zero once without traffic.
+    kn_event = next(e for e in events if e.reason == "GPUIdleScaledToZero" and e.involved_object.name == "kn")
+    assert "set to min-scale 0 (a new revision starts its initial-scale pods" in kn_event.message
+    assert "scaled to zero (knative-min-scale)" not in kn_event.message
     assert announced == {("Service", "kn", "serving.knative.dev/v1"),
                          ("InferenceService", "raw", "serving.kserve.io/v1beta1"),
                          ("Deployment", "pair", "apps/v1")}
@@ -302,3 +306,173 @@ def test_hostile_filters_match_nothing_and_invalid_ones_are_refused_before_a_run
     with pytest.raises(FilterError, match="GPU model filter"):
         PruneParams(model_name="a)")
     assert PruneRun.objects.count() == runs
+
+
+def _two_of_three_busy(series):
+    """Of the three pods of "mixed", the first stays idle; the other two ran at 85 %."""
+    from prometheus_fixtures import Series
+
+    names = sorted({s.labels.get("pod", "") for s in series if s.labels.get("pod", "").startswith("mixed-")})
+    busy = set(names[1:])
+    assert len(names) == 3
+    value = {"DCGM_FI_DEV_GPU_UTIL": 85.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.85}
+    return [Series(s.metric, s.labels, [(t, value[s.metric]) for t, _ in s.samples])
+            if s.labels.get("pod") in busy and s.metric in value else s for s in series]
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["pods-read-one-by-one", "namespace-listed"])
+def test_an_owner_with_one_idle_pod_among_busy_ones_is_left_running(world: World, monkeypatch, listed):
+    from pruning import reads
+
+    if listed:   # the pods are read by LIST, the owner's other pods picked from it
+        monkeypatch.setattr(reads, "PODS_PER_GET", 1)
+    world.create(deployment("mixed", "team-a", replicas=3, util="0"))
+    world.create(deployment("idle", "team-b", util="0"))
+    world.record_history(minutes=40)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=_two_of_three_busy),
+                            now=world.now(), params=PruneParams(run_mode="scale-down", max_scale_downs=1))
+    got = {d.owner_name: (d.decision, d.reason, d.result) for d in run.decisions.all()}
+    # The one idle pod of "mixed" is skipped, and takes no place under the cap of one.
+    assert got == {"mixed": ("skip", "another-pod-not-idle", ""), "idle": ("prune", "idle", "succeeded")}
+    assert (run.status, run.busy_pods, run.acted) == ("succeeded", 2, 1)
+    apps = k8s.AppsV1Api(world.api)
+    assert apps.read_namespaced_deployment_scale("mixed", "team-a").spec.replicas == 3
+    assert apps.read_namespaced_deployment_scale("idle", "team-b").spec.replicas == 0
+    assert [e.target for e in AuditEntry.objects.filter(action="workload_scale_to_zero")] == ["Deployment team-b/idle"]
+
+
+def test_restore_leaves_a_notebook_its_owner_stopped_again_stopped(world: World):
+    world.create(notebook("nb", "team-b", util="0"))
+    world.record_history(minutes=40)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(run_mode="scale-down"))
+    d = run.decisions.get(result="succeeded")
+    custom = k8s.CustomObjectsApi(world.api)
+
+    def stopped():
+        nb = custom.get_namespaced_custom_object("kubeflow.org", "v1", "team-b", "notebooks", "nb")
+        return (nb["metadata"].get("annotations") or {}).get("kubeflow-resource-stopped")
+
+    assert stopped() == d.applied_state["annotations"]["kubeflow-resource-stopped"]
+    # The owner started the notebook, worked, and stopped it again: its own stop, not the prune's.
+    patch = lambda value: custom.patch_namespaced_custom_object(  # noqa: E731
+        "kubeflow.org", "v1", "team-b", "notebooks", "nb", {"metadata": {"annotations": {
+            "kubeflow-resource-stopped": value}}})
+    patch(None)
+    patch("2030-01-01T00:00:00Z")
+    d = prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice", now=world.now())
+    assert d.restore == "changed" and "not restored, nothing was written" in d.error
+    assert stopped() == "2030-01-01T00:00:00Z"   # still stopped, as its owner left it
+    assert not AuditEntry.objects.filter(action="workload_restore").exists()
+
+
+def test_restore_leaves_a_deployment_deleted_and_created_again_alone(world: World):
+    world.create(deployment("web", "team-a", replicas=2, util="0"))
+    world.record_history(minutes=40)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(run_mode="scale-down"))
+    d = run.decisions.get(result="succeeded")
+    assert d.owner_uid and d.applied_state == {"replicas": 0}
+    apps = k8s.AppsV1Api(world.api)
+    apps.delete_namespaced_deployment("web", "team-a")
+    world.control.advance(0)
+    world.create(deployment("web", "team-a", replicas=0, util="0"))   # its owner's new one, asked to sleep
+    d = prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice", now=world.now())
+    assert d.restore == "changed" and "deleted and created again" in d.error
+    assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 0
+    assert not AuditEntry.objects.filter(action="workload_restore").exists()
+
+
+def test_restore_does_not_overwrite_a_scale_made_between_its_read_and_its_write(world: World):
+    from clusters.kube import KubeGateway
+
+    world.create(deployment("web", "team-a", replicas=2, util="0"))
+    world.record_history(minutes=40)
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(run_mode="scale-down"))
+    d = run.decisions.get(result="succeeded")
+    apps = k8s.AppsV1Api(world.api)
+
+    class OwnerScalesUpRightAfterTheRead(KubeGateway):
+        raced = False
+
+        def get(self, resource, name, **kwargs):
+            obj = super().get(resource, name, **kwargs)
+            if resource.name == "deployments.apps" and not self.raced:
+                self.raced = True   # the owner scales back up to one while the restore decides
+                apps.patch_namespaced_deployment_scale("web", "team-a", {"spec": {"replicas": 1}})
+            return obj
+
+    gateway = OwnerScalesUpRightAfterTheRead.from_kubeconfig(world.kubeconfig)
+    try:
+        d = prune_decision_restore(kube_gateway=gateway, decision=d, actor="alice", now=world.now())
+    finally:
+        gateway.close()
+    assert gateway.raced and d.restore == "changed" and "{'replicas': 1}" in d.error
+    assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 1   # the owner's, not 2
+
+
+def test_a_scale_made_just_before_the_prunes_write_is_read_again_and_kept_for_restore(world: World):
+    from clusters.kube import KubeGateway
+
+    world.create(deployment("web", "team-a", replicas=2, util="0"))
+    world.record_history(minutes=40)
+    apps = k8s.AppsV1Api(world.api)
+
+    class OwnerScalesRightBeforeTheWrite(KubeGateway):
+        raced = False
+
+        def patch(self, resource, name, patch, **kwargs):
+            if resource.name == "deployments.apps" and not self.raced:
+                self.raced = True
+                apps.patch_namespaced_deployment_scale("web", "team-a", {"spec": {"replicas": 3}})
+            return super().patch(resource, name, patch, **kwargs)
+
+    gateway = OwnerScalesRightBeforeTheWrite.from_kubeconfig(world.kubeconfig)
+    try:
+        run = prune_run_execute(kube_gateway=gateway, prometheus=world.prometheus(), now=world.now(),
+                                params=PruneParams(run_mode="scale-down"))
+    finally:
+        gateway.close()
+    d = run.decisions.get(result="succeeded")
+    # The first write was refused (409) and the owner read again: what it took away is the 3
+    # the owner had set, and restore gives back that 3, not the 2 of the first read.
+    assert gateway.raced and d.restore_state == {"replicas": 3}
+    assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 0
+    prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice", now=world.now())
+    assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 3
+
+
+def test_the_audit_says_the_utilization_as_a_percentage(world: World):
+    from prometheus_fixtures import Series
+
+    world.create(deployment("web", "team-a", util="0"))
+    world.record_history(minutes=40)
+    value = {"DCGM_FI_DEV_GPU_UTIL": 0.6, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.006}   # 0.6 %, under 1 %
+
+    def light(series):
+        return [Series(s.metric, s.labels, [(t, value[s.metric]) for t, _ in s.samples]) if s.metric in value else s
+                for s in series]
+
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=light),
+                            now=world.now(), params=PruneParams(run_mode="scale-down"))
+    d = run.decisions.get(result="succeeded")
+    assert d.max_utilization == pytest.approx(0.006)
+    entry = AuditEntry.objects.get(action="workload_scale_to_zero")
+    assert "at most 0.6% used" in entry.cause, entry.cause
+
+
+def test_a_knative_service_its_owner_set_to_min_scale_zero_is_left_to_knative(world: World):
+    world.create(knative_service("kn", "team-c", util="0"))
+    world.create(deployment("web", "team-a", util="0"))
+    world.record_history(minutes=40)
+    custom = k8s.CustomObjectsApi(world.api)
+    # Its owner already lowered min-scale to 0; the pod seen idle still runs.
+    custom.patch_namespaced_custom_object("serving.knative.dev", "v1", "team-c", "services", "kn", {
+        "spec": {"template": {"metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "0"}}}}})
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams(run_mode="scale-down", max_scale_downs=1))
+    got = {d.owner_name: (d.decision, d.reason, d.result) for d in run.decisions.all()}
+    assert got == {"kn": ("skip", "min-scale-already-zero", ""), "web": ("prune", "idle", "succeeded")}
+    assert not any(e.reason == "GPUIdleScaledToZero" and e.involved_object.name == "kn"
+                   for e in k8s.CoreV1Api(world.api).list_event_for_all_namespaces().items)

@@ -12,6 +12,8 @@ from datetime import datetime
 from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError, PrometheusError
+from config.actors import CliActorMixin, actor_label_current
+from pruning.planning import EFFECT
 from pruning.query import FilterError
 
 
@@ -47,15 +49,27 @@ def _check_flags(opts: dict) -> None:
     for flag in ("cluster", "namespace", "model_name", "prometheus_url", "prometheus_token", "prometheus_ca_file",
                  "owner_kinds", "at"):
         value = opts[flag]
+        name = "--" + flag.replace("_", "-")
         if value is not None and not value.strip():
-            name = "--" + flag.replace("_", "-")
             raise CommandError(f"{name}: is empty; leave the flag out to use the default")
+        if value is not None and not _utf8(value):
+            # Python keeps undecodable bytes of an argument as lone surrogates, which no
+            # database, header or query can carry. (The token is never quoted.)
+            raise CommandError(f"{name}: is not UTF-8 text (it holds a byte no UTF-8 text has)")
     if opts["prometheus_ca_file"] and opts["insecure_skip_tls_verify"]:
         raise CommandError("--prometheus-ca-file and --insecure-skip-tls-verify exclude each other: "
                            "a CA file is for verifying the certificate")
 
 
-class Command(BaseCommand):
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class Command(CliActorMixin, BaseCommand):
     help = "Find pods whose GPUs stayed idle and scale their owners to zero (dry run by default)."
 
     def add_arguments(self, parser):
@@ -110,7 +124,7 @@ class Command(BaseCommand):
         _check_flags(opts)
         try:
             cluster = cluster_resolve(name=opts["cluster"])
-        except ObjectDoesNotExist as exc:
+        except (ObjectDoesNotExist, KubeError) as exc:
             raise CommandError(str(exc)) from None
         try:
             params = PruneParams.from_settings(
@@ -136,15 +150,26 @@ class Command(BaseCommand):
             raise CommandError(f"--at: {exc}" if opts["at"] and "isoformat" in str(exc) else str(exc)) from None
         if at is not None and at.tzinfo is None:
             raise CommandError("--at needs a time zone, e.g. 2026-01-01T12:00:00Z")
+        if at is not None and params.run_mode != "dry-run":
+            # The data would be of then, the workloads acted on of now.
+            raise CommandError("--at: only a dry run may be evaluated as of another time; a scale-down acts on "
+                               "the workloads as they are now, by the GPU data of now (leave out --at, or use "
+                               "-r dry-run)")
         runs = 0
         while True:
             try:
+                # The shell account and host the command runs under (cli:<user>@<host>), as the
+                # audit rows written meanwhile record it.
                 run = prune_run_execute(kube_gateway=gateway_for(cluster), prometheus=prometheus, params=params,
-                                        now=at or clock.now(), cluster=cluster, actor="cli")
+                                        now=at or clock.now(), cluster=cluster, actor=actor_label_current())
             except (PrometheusError, KubeError) as exc:
+                message = str(exc)
+                field = getattr(exc, "field", "")
+                if field in FLAGS:
+                    message = f"{FLAGS[field]}: {message}"
                 if not opts["daemon_mode"]:
-                    raise CommandError(str(exc)) from None
-                self.stderr.write(f"prune run failed: {exc}")
+                    raise CommandError(message) from None
+                self.stderr.write(f"prune run failed: {message}")
             else:
                 self._report(run, opts["json"])
             runs += 1
@@ -165,7 +190,9 @@ class Command(BaseCommand):
                     "event_sent": d.event_sent, "restore_state": d.restore_state}))
             else:
                 owner = f"{d.owner_kind}/{d.owner_name}" if d.owner_kind else "-"
-                verb = {"dry-run": "would scale to zero", "succeeded": "scaled to zero",
+                effect = EFFECT.get(d.method, "scaled to zero")
+                would = "would scale to zero" if effect == "scaled to zero" else f"would be {effect}"
+                verb = {"dry-run": would, "succeeded": effect,
                         "acting": f"outcome not yet known: {d.error}",
                         "failed": f"FAILED: {d.error}"}.get(d.result, "skip")
                 more = f" (+{d.count - 1} more)" if d.count > 1 else ""
