@@ -28,10 +28,15 @@ def answering():
     bodies = {"candidates": CENSUS_OK, "census": CENSUS_OK}
 
     class Fake(BaseHTTPRequestHandler):
+        def do_GET(self):   # a range query: the candidates' body
+            self._answer(bodies["candidates"])
+
         def do_POST(self):
             form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
             query = form.get("query", [""])[0]
-            body = bodies["census" if "group by" in query else "candidates"]
+            self._answer(bodies["census" if "group by" in query else "candidates"])
+
+        def _answer(self, body: bytes):
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -80,29 +85,15 @@ def test_a_malformed_answer_is_a_clear_refusal(answering, body, says):
     (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{}}]}}',
      "a range series without labels and values"),
 ])
-def test_a_malformed_range_answer_is_a_clear_refusal(body, says):
+def test_a_malformed_range_answer_is_a_clear_refusal(answering, body, says):
     from datetime import datetime, timedelta, timezone
 
-    class Fake(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        end = datetime.now(timezone.utc)
-        with pytest.raises(PrometheusError, match="unexpected answer from Prometheus") as caught:
-            PrometheusGateway(f"http://127.0.0.1:{server.server_address[1]}", retries=0).query_range(
-                "up", start=end - timedelta(minutes=5), end=end, step="60s")
-        assert says in str(caught.value)
-    finally:
-        server.shutdown()
+    url, set_bodies = answering
+    set_bodies(body)
+    end = datetime.now(timezone.utc)
+    with pytest.raises(PrometheusError, match="unexpected answer from Prometheus") as caught:
+        PrometheusGateway(url, retries=0).query_range("up", start=end - timedelta(minutes=5), end=end, step="60s")
+    assert says in str(caught.value)
 
 
 @pytest.mark.django_db
