@@ -27,6 +27,10 @@ from clusters.labels import GPU_RESOURCE
 # Pod phases in which a pod bound to a node holds what it requested: the scheduler stops
 # counting a pod once it has finished (Succeeded, Failed) or is being deleted.
 HOLDING_PHASES = ("Pending", "Running")
+# Every NVIDIA device resource a pod may ask for: whole GPUs (`nvidia.com/gpu`, the only one
+# a node's GPU count and the capacity planners count), MIG slices (`nvidia.com/mig-1g.5gb`…)
+# and shared GPUs (`nvidia.com/gpu.shared`). Each gets DCGM series of its own.
+NVIDIA_DEVICE_PREFIX = GPU_RESOURCE.split("/")[0] + "/"
 
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -179,6 +183,18 @@ def _fields(obj: dict, fields_type: type, kind: str) -> Any:
         raise ValueError(f"not a {kind} the views can read: {exc}") from None
 
 
+def asks_nvidia_device(spec: Optional[_PodSpec]) -> bool:
+    """Whether a pod's containers ask for any NVIDIA device (a request or limit above 0)."""
+    for container in (spec and spec.containers) or ():
+        resources = container.resources
+        if resources:
+            for given in (resources.requests, resources.limits):
+                for key, value in (given or {}).items():
+                    if key.startswith(NVIDIA_DEVICE_PREFIX) and str(value).strip() not in ("0", ""):
+                        return True
+    return False
+
+
 def _gpus(resources: dict | None) -> int:
     value = (resources or {}).get(GPU_RESOURCE, 0)
     try:
@@ -232,6 +248,9 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     unschedulable_message: str | None = None
     # The version read: a write conditioned on it applies only to the pod as it was read.
     resource_version: str = ""
+    # Asks for NVIDIA devices that are not whole GPUs (MIG slices, shared GPUs), which `gpus`
+    # does not count; read only for a pod that asks for no whole GPU.
+    nvidia_slices: bool = False
 
     @property
     def controller(self) -> OwnerRef | None:
@@ -244,6 +263,11 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
     def live(self) -> bool:
         """Neither finished nor being deleted: it holds, or is waiting for, what it requested."""
         return self.phase in HOLDING_PHASES and not self.terminating
+
+    @property
+    def asks_nvidia(self) -> bool:
+        """Asks for some NVIDIA device: whole GPUs, MIG slices or shared GPUs."""
+        return self.gpus > 0 or self.nvidia_slices
 
     @property
     def holds_gpus(self) -> bool:
@@ -283,7 +307,7 @@ class PodView(msgspec.Struct, frozen=True, gc=False):
         return cls(meta.namespace or "", meta.name, meta.uid or "", spec.nodeName if spec else None,
                    (status.phase if status else None) or "Pending", _frozen(meta.labels), _frozen(meta.annotations),
                    gpus, owners, bool(meta.deletionTimestamp), meta.creationTimestamp or "",
-                   unschedulable, meta.resourceVersion or "")
+                   unschedulable, meta.resourceVersion or "", gpus == 0 and asks_nvidia_device(spec))
 
 
 @dataclass(frozen=True)

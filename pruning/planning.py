@@ -20,6 +20,9 @@ from clusters.snapshot import PodView
 
 from .query import GpuSeries
 
+# A pod in these phases holds nothing for its owner any more.
+FINISHED_PHASES = ("Succeeded", "Failed")
+
 OPT_OUT_ANNOTATION = PRUNE_OPT_OUT
 
 # Decisions
@@ -319,10 +322,17 @@ def owner_selector(owner: Owner, view: ClusterView) -> tuple | None:
 
 
 def counts_for_owner(pod: PodView, *, has_gpu_series: bool = False) -> bool:
-    """A pod that holds or asks for GPUs for its owner: neither finished nor being deleted
-    (pending, running or of unknown state), and asking for GPUs or seen with GPU series."""
-    return ((pod.gpus > 0 or has_gpu_series) and not pod.terminating
-            and pod.phase not in ("Succeeded", "Failed"))
+    """A pod that holds or asks for GPUs for its owner (`pod_counts_for_owner`)."""
+    return pod_counts_for_owner(nvidia=pod.asks_nvidia or has_gpu_series, phase=pod.phase,
+                                deleting=pod.terminating)
+
+
+def pod_counts_for_owner(*, nvidia: bool, phase: str | None, deleting: bool) -> bool:
+    """The rule, on a pod's fields: it asks for some NVIDIA device (whole GPUs, MIG slices,
+    shared GPUs: each gets DCGM series) or is seen with GPU series, and is neither finished
+    nor being deleted (pending, running or of unknown state: an owner with such a pod is
+    not known to be idle)."""
+    return nvidia and not deleting and phase not in FINISHED_PHASES
 
 
 def _owner_pods_from_view(view: ClusterView, seen) -> dict:

@@ -26,13 +26,13 @@ from datetime import datetime
 
 from clusters import kube
 from clusters.errors import NotFound
-from clusters.labels import GPU_RESOURCE, ISVC_LABEL, KNATIVE_SERVICE_LABEL
-from clusters.snapshot import POD_LIST, PodView, gc_paused
+from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
+from clusters.snapshot import POD_LIST, PodView, asks_nvidia_device, gc_paused
 from config.threads import SharedThreads
 
 from .planning import (
-    ClusterView, ObjectView, PruneSettings, counts_for_owner, owner_selector, pods_to_look_up, resolve_owner,
-    selector_matches, selector_text,
+    ClusterView, ObjectView, PruneSettings, counts_for_owner, owner_selector, pod_counts_for_owner, pods_to_look_up,
+    resolve_owner, selector_matches, selector_text,
 )
 from .query import IdleAnswer, IdleQuery, parse_candidates, parse_census, parse_followup
 from .selectors import kserve_stop_supported, object_view
@@ -55,7 +55,6 @@ PODS_PER_GET = 15
 LIST_PAGE_SIZE = 1000
 
 ALL_NAMESPACES = None   # `ReadPlan.list_namespaces` when every kind is listed cluster-wide
-NVIDIA_RESOURCES = GPU_RESOURCE.split("/")[0] + "/"   # "nvidia.com/": gpu, mig-1g.5gb, gpu.shared…
 # GETs in flight at once (gpu-pruner's pass also keeps ten). The gateway is thread-safe and
 # its connection pool holds ten connections on a 2-core host (five per core).
 GET_CONCURRENCY = 10
@@ -233,20 +232,10 @@ class _Objects:
 
 
 def _counts_for_owner(item) -> bool:
-    """`planning.counts_for_owner` on a pod's decoded fields, without making its view; any
-    NVIDIA device resource counts (`nvidia.com/gpu`, MIG slices, shared GPUs), since each
-    gets DCGM series."""
-    meta, spec, status = item.metadata, item.spec, item.status
-    if meta.deletionTimestamp or (status is not None and status.phase in ("Succeeded", "Failed")):
-        return False
-    for container in (spec and spec.containers) or ():
-        resources = container.resources
-        if resources:
-            for given in (resources.requests, resources.limits):
-                for key, value in (given or {}).items():
-                    if key.startswith(NVIDIA_RESOURCES) and str(value).strip() not in ("0", ""):
-                        return True
-    return False
+    """`planning.pod_counts_for_owner` on a pod's decoded fields, without making its view."""
+    status = item.status
+    return pod_counts_for_owner(nvidia=asks_nvidia_device(item.spec), phase=status.phase if status else None,
+                                deleting=bool(item.metadata.deletionTimestamp))
 
 
 def _pods_read(gateway: kube.KubeGateway, wanted: frozenset, plan: ReadPlan, *, others: dict | None = None) -> dict:

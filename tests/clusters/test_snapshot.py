@@ -191,3 +191,19 @@ def test_a_snapshot_whose_pages_expire_is_read_again_in_one_list(sim_cluster_fac
     assert next(p for p in snapshot.pods if p.name == "p0-0").labels["seen"] == "late"
     # first page, the expired continue (410), then one full LIST
     assert gateway.calls[("list", "pods")] == 3 and gateway.errors[("list", "pods")] == 1
+
+
+@pytest.mark.parametrize("resources,gpus,asks", [
+    ({"limits": {"nvidia.com/gpu": "2"}}, 2, True),
+    ({"requests": {"nvidia.com/mig-1g.5gb": "1"}, "limits": {"nvidia.com/mig-1g.5gb": "1"}}, 0, True),
+    ({"limits": {"nvidia.com/gpu.shared": "1"}}, 0, True),
+    ({"limits": {"nvidia.com/gpu": "0", "nvidia.com/mig-2g.10gb": "0"}, "requests": {"cpu": "4"}}, 0, False),
+    ({"limits": {"amd.com/gpu": "1"}}, 0, False),
+])
+def test_a_pod_view_counts_whole_gpus_and_tells_any_nvidia_device_apart(resources, gpus, asks):
+    # The capacity planners count whole GPUs only (a node's nvidia.com/gpu); a MIG slice or
+    # a shared GPU is an NVIDIA device all the same (the pruner's owners count it).
+    view = PodView.from_object({"metadata": {"name": "p", "namespace": "a"},
+                                "spec": {"containers": [{"name": "c", "resources": resources}]},
+                                "status": {"phase": "Running"}})
+    assert (view.gpus, view.asks_nvidia) == (gpus, asks)

@@ -193,6 +193,22 @@ def test_an_owner_kept_by_a_busy_pod_takes_no_place_under_the_cap():
         "a-0": ("skip", "another-pod-not-idle"), "b-0": ("prune", "idle")}
 
 
+def test_a_busy_mig_slice_pod_keeps_its_owner_like_a_whole_gpu_pod():
+    # Another pod of the Deployment asks for a MIG slice, not a whole GPU: it holds an
+    # NVIDIA device all the same, so without idle data of its own the owner is not idle.
+    mig = PodView.from_object({
+        "metadata": {"name": "pod-1", "namespace": "team-a", "uid": "uid-pod-1",
+                     "creationTimestamp": OLD.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                          "uid": "uid-rs", "controller": True}]},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "resources": {
+            "limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+        "status": {"phase": "Running"}})
+    assert (mig.gpus, mig.asks_nvidia) == (0, True)
+    d = only(plan([gpu("pod-0", 0.0)], view([make_pod("pod-0"), mig], DEPLOY)))
+    assert (d.decision, d.reason) == ("skip", "another-pod-not-idle")
+
+
 def test_finished_pods_and_pods_without_gpus_do_not_keep_their_owner():
     pods = [make_pod("pod-0"), make_pod("done", phase="Succeeded"), make_pod("cpu", gpus=0),
             make_pod("leaving", deleting=True)]
