@@ -3,6 +3,9 @@ owners, a namespace LIST where idle pods gather, cluster-wide LISTs when most ar
 Counted through the real gateway against the simulated cluster and a real Prometheus."""
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from clusters import kube
@@ -23,12 +26,16 @@ class ScopedCounts(KubeGateway):
         super().__init__(*args, **kwargs)
         self.reads: list[tuple[str, str, str | None]] = []
 
+        self.on_read = lambda verb, resource: None
+
     def get(self, resource, name, *, namespace=None, subresource=None):
         self.reads.append(("get", resource.name, namespace))
+        self.on_read("get", resource.name)
         return super().get(resource, name, namespace=namespace, subresource=subresource)
 
     def list_page(self, resource, *, namespace=None, **kwargs):
         self.reads.append(("list", resource.name, namespace))
+        self.on_read("list", resource.name)
         return super().list_page(resource, namespace=namespace, **kwargs)
 
 
@@ -150,7 +157,37 @@ def test_pods_read_by_get_share_one_get_of_each_owner(make_world):
     assert view.owner_pods == {("Deployment", "team-c", "batch"): batch}
 
 
-def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_its_owners_are_not(tmp_path, prometheus_factory):
+class FollowupTimed:
+    """The product's Prometheus gateway, with the follow-up query (the one a pass starts
+    with `query_started`) answering either before the candidate pods are read or only once
+    the owners' pods have been listed (a Prometheus slower than the Kubernetes reads)."""
+
+    def __init__(self, inner, gateway: ScopedCounts, *, late: bool):
+        self.inner, self.late = inner, late
+        self.walked, self.future = threading.Event(), None
+        self._pool = ThreadPoolExecutor(1)
+        gateway.on_read = self._on_read
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def query_started(self, promql, *, at=None):
+        def answer():
+            if self.late:
+                assert self.walked.wait(10), "the owners were never walked while the follow-up was out"
+            return self.inner.query(promql, at=at)
+        self.future = self._pool.submit(answer)
+        return self.future
+
+    def _on_read(self, verb, resource):
+        if verb == "get" and resource == "pods" and not self.late:
+            self.future.result(timeout=10)   # the follow-up has answered before any pod is read
+        if verb == "list" and resource == "pods":
+            self.walked.set()
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["follow-up first", "follow-up late"])
+def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_never_planned(tmp_path, prometheus_factory, late):
     from prometheus_fixtures import Series
 
     with World.start(tmp_path) as world:
@@ -168,16 +205,20 @@ def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_its_owners_are_no
             return [Series(s.metric, s.labels, [(t, 50.0) for t, _ in s.samples])
                     if s in mixed and s.labels["gpu"] == busy_gpu else s for s in series]
 
-        run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=one_gpu_busy),
-                                now=world.now(), params=PruneParams(max_scale_downs=50))
+        prometheus = FollowupTimed(world.prometheus(transform=one_gpu_busy), world.gateway, late=late)
+        run = prune_run_execute(kube_gateway=world.gateway, prometheus=prometheus, now=world.now(),
+                                params=PruneParams(max_scale_downs=50))
         assert (run.pods_seen, run.busy_pods, run.idle_candidates, run.planned) == (22, 21, 1, 1)
         assert [(d.owner_name, d.decision) for d in run.decisions.all()] == [("idle", "prune")]
-        # "mixed" came back with the candidates (a GPU under the threshold): its pod was read
-        # while the follow-up said it is busy, and nothing of its owners ("idle"'s pods: one LIST).
-        assert sorted(world.gateway.reads) == [("get", "deployments.apps", "team-a"), ("get", "pods", "team-a"),
-                                               ("get", "pods", "team-a"), ("get", "replicasets.apps", "team-a"),
-                                               ("list", "pods", "team-a")]
-        assert run.kube_api_calls == 5
+        # "mixed" came back with the candidates (a GPU under the threshold): its pod is read
+        # while the follow-up says it is busy. Its owners are walked too only when the
+        # follow-up is still out once the pods are read (the walk then costs no time of its
+        # own); either way it is never planned, and the reads stay those of the candidates.
+        owners = [("get", "deployments.apps", "team-a"), ("get", "replicasets.apps", "team-a"),
+                  ("list", "pods", "team-a")]
+        expected = sorted([("get", "pods", "team-a")] * 2 + owners * (2 if late else 1))
+        assert sorted(world.gateway.reads) == expected
+        assert run.kube_api_calls == len(expected)
 
 
 def test_cluster_wide_pages_whose_continue_expires_are_read_again_in_one_list(make_world, monkeypatch):
