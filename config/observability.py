@@ -63,13 +63,14 @@ def _task_postrun(task_id=None, task=None, state=None, **_) -> None:
 
 def _worker_metrics_server(**_) -> None:
     """Serve this worker's counters on CELERY_METRICS_PORT (unset: no server)."""
-    port = os.environ.get("CELERY_METRICS_PORT", "")
-    if not port:
+    from django.conf import settings
+
+    port = settings.CELERY_METRICS_PORT  # a port number, checked when the settings load
+    if port is None:
         return
     from prometheus_client import start_http_server
 
-    start_http_server(int(port), addr=os.environ.get("CELERY_METRICS_ADDR", "0.0.0.0"),
-                      registry=_process_registry())
+    start_http_server(port, addr=settings.CELERY_METRICS_ADDR, registry=_process_registry())
     log.info("worker metrics on port %s", port)
 
 

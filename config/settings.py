@@ -5,6 +5,7 @@ in-process cache and a filesystem Celery broker when no Redis URL is set.
 """
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,7 +20,59 @@ VAR_DIR = Path(environ.Env().str("VAR_DIR", default=str(BASE_DIR / "var")))
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+def _plain(number: float) -> str:
+    """A bound as an operator writes it: 31536000, 0.1 (not :g's 3.1536e+07)."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def _env_number(name: str, *, default: float | None, kind: type, low: float | None, high: float | None = None,
+                above: bool = False, what: str) -> float | None:
+    """A number from the environment (unset or empty: `default`), refused by name with
+    ImproperlyConfigured unless it is a plain, finite `kind` (int: a whole number) at least
+    `low` (`above`: more than `low`) and at most `high`. Not env.float/env.int: django-environ's
+    float keeps only the digits, signs and separators of the text ("1e12" read as 112,
+    "1.5e1" as 1.51, "24h" as 24) and fails on "nan" with an error naming no variable; its
+    int fails on "abc" with a bare ValueError naming no variable."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    # isfinite: NaN fails every comparison and inf passes a missing bound; neither is a setting.
+    if value is None or not math.isfinite(value) \
+            or (low is not None and not ((value > low) if above else (value >= low))) \
+            or (high is not None and not value <= high):
+        bounds = " and ".join(([f"{'above' if above else 'at least'} {_plain(low)}"] if low is not None else [])
+                              + ([f"at most {_plain(high)}"] if high is not None else []))
+        bounds = f" {bounds}" if bounds else ""
+        raise ImproperlyConfigured(f"{name} must be {what}: a {'whole ' if kind is int else ''}number{bounds}, "
+                                   f"not {raw!r}")
+    return value
+
+
+# The words an on/off setting may be (any case). Not env.bool: django-environ reads every
+# word it does not know ("ture", "yes please", "2") as False, silently.
+_FLAG_WORDS = {"true": True, "1": True, "yes": True, "on": True,
+               "false": False, "0": False, "no": False, "off": False}
+
+
+def _env_flag(name: str, *, default: bool) -> bool:
+    """An on/off setting from the environment (unset or empty: `default`), refused by name
+    with ImproperlyConfigured unless it is one of `_FLAG_WORDS`."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        return _FLAG_WORDS[raw.lower()]
+    except KeyError:
+        raise ImproperlyConfigured(f"{name} must be on or off: one of true/false, 1/0, yes/no, on/off "
+                                   f"(any case), not {raw!r}") from None
+
+
+DEBUG = _env_flag("DJANGO_DEBUG", default=False)
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
     if not DEBUG:
@@ -33,23 +86,31 @@ CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])  # ht
 
 # --- HTTPS: on by default when DEBUG is off (`manage.py check --deploy` is clean) ----------
 # DJANGO_HTTPS=0 only where the panel is really served over plain HTTP (tests, a laptop).
-HTTPS = env.bool("DJANGO_HTTPS", default=not DEBUG)
-SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=HTTPS)
+HTTPS = _env_flag("DJANGO_HTTPS", default=not DEBUG)
+SECURE_SSL_REDIRECT = _env_flag("DJANGO_SECURE_SSL_REDIRECT", default=HTTPS)
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
-SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS else 0)  # 1 year
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
-SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=HTTPS)
-if env.bool("DJANGO_TRUST_X_FORWARDED_PROTO", default=False):
+# Seconds browsers keep to HTTPS (with HTTPS on, 1 year by default, what the HSTS preload list
+# asks for; 0: no header); at most ten years, so a slip of the keyboard cannot pin browsers for ever.
+SECURE_HSTS_SECONDS = _env_number("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS else 0, kind=int,
+                                  low=0, high=315_360_000, what="the seconds browsers keep to HTTPS (HSTS)")
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_flag("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+SECURE_HSTS_PRELOAD = _env_flag("DJANGO_SECURE_HSTS_PRELOAD", default=HTTPS)
+if _env_flag("DJANGO_TRUST_X_FORWARDED_PROTO", default=False):
     # Only behind a TLS-terminating proxy that sets (and strips any client's) X-Forwarded-Proto.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_AGE = env.int("DJANGO_SESSION_COOKIE_AGE", default=8 * 3600)  # seconds: one shift
+# Seconds a panel login lasts (default one shift, 8 h): a minute to a year.
+SESSION_COOKIE_AGE = _env_number("DJANGO_SESSION_COOKIE_AGE", default=8 * 3600, kind=int, low=60, high=31_536_000,
+                                 what="the seconds a panel login lasts")
 
 # --- The control plane's own observability (config/observability.py, config/health.py) ---
 # Bearer token for /metrics; unset = /metrics open with DEBUG on, 403 with DEBUG off.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
-READYZ_TIMEOUT_SECONDS = env.float("READYZ_TIMEOUT_SECONDS", default=2.0)  # per check
+# Seconds per readiness check: above 0, at most a minute (the kubelet's probe gives up long before;
+# deploy/web.yaml waits 5 s).
+READYZ_TIMEOUT_SECONDS = _env_number("READYZ_TIMEOUT_SECONDS", default=2.0, kind=float, low=0, above=True, high=60,
+                                     what="the seconds each readiness check may take")
 
 INSTALLED_APPS = [
     "admin_interface",
@@ -195,56 +256,49 @@ CELERY_TASK_ACKS_LATE = True
 # re-read and record before moving on).
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_TASK_ALWAYS_EAGER = _env_flag("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "config.beat:ClockedDatabaseScheduler"
-# How long beat sleeps at most between checks, in seconds (tests with a fast clock lower it).
-CELERY_BEAT_MAX_INTERVAL = env.float("CELERY_BEAT_MAX_INTERVAL", default=60.0)
+# How long beat sleeps at most between checks, in seconds (tests with a fast clock lower it):
+# above 0, at most an hour (beat notices a schedule edited in the admin only when it wakes).
+CELERY_BEAT_MAX_INTERVAL = _env_number("CELERY_BEAT_MAX_INTERVAL", default=60.0, kind=float, low=0, above=True,
+                                       high=3600, what="the most seconds beat sleeps between checks")
+# The port a Celery worker serves its own /metrics on (config/observability.py; unset: none).
+CELERY_METRICS_PORT = _env_number("CELERY_METRICS_PORT", default=None, kind=int, low=1, high=65_535,
+                                  what="the port a worker serves its metrics on")
+CELERY_METRICS_ADDR = env.str("CELERY_METRICS_ADDR", default="0.0.0.0")
 CELERY_TIMEZONE = "UTC"
 
 # --- The injected clock (config/clock.py) ---------------------------------------------
 # A file holding a number of seconds to add to the wall clock; tests move time with it.
 CLOCK_OFFSET_FILE = env.str("CLOCK_OFFSET_FILE", default="")
 # Set by `make demo` only: enables the demo controls (demo_clock, demo_load).
-DEMO_MODE = env.bool("DEMO_MODE", default=False)
+DEMO_MODE = _env_flag("DEMO_MODE", default=False)
 
 # --- The default cluster ------------------------------------------------------------
 DEFAULT_CLUSTER_NAME = env.str("CLUSTER_NAME", default="default")
 KUBECONFIG = env.str("KUBECONFIG", default="")
 KUBE_CONTEXT = env.str("KUBE_CONTEXT", default="")
-KUBE_IN_CLUSTER = env.bool("KUBE_IN_CLUSTER", default=False)
+KUBE_IN_CLUSTER = _env_flag("KUBE_IN_CLUSTER", default=False)
 PROMETHEUS_URL = env.str("PROMETHEUS_URL", default="")
 # The *name* of the variable holding the token for the default cluster; never the token.
 PROMETHEUS_TOKEN_ENV = env.str("PROMETHEUS_TOKEN_ENV", default="PROMETHEUS_TOKEN")
-# Gateway retries: attempts in all, first backoff and cap in seconds.
-KUBE_RETRY_ATTEMPTS = env.int("KUBE_RETRY_ATTEMPTS", default=5)
-KUBE_RETRY_BACKOFF = env.float("KUBE_RETRY_BACKOFF", default=0.2)
-KUBE_RETRY_BACKOFF_MAX = env.float("KUBE_RETRY_BACKOFF_MAX", default=10.0)
-KUBE_REQUEST_TIMEOUT = env.float("KUBE_REQUEST_TIMEOUT", default=30.0)
-
-
-def _env_number(name: str, *, default: float | None, kind: type, low: float | None, high: float | None = None,
-                above: bool = False, what: str) -> float | None:
-    """A number from the environment (unset or empty: `default`), refused by name with
-    ImproperlyConfigured unless it is a plain `kind` (int: a whole number) at least `low`
-    (`above`: more than `low`) and at most `high`. Not env.float/env.int: django-environ's
-    float keeps only the digits, signs and separators of the text ("1e12" read as 112,
-    "1.5e1" as 1.51, "24h" as 24) and fails on "nan" with an error naming no variable."""
-    raw = env.str(name, default="").strip()
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    # NaN fails every comparison, so it fails the check (a number with no bounds: value == value).
-    if value is None or value != value or (low is not None and not ((value > low) if above else (value >= low))) \
-            or (high is not None and not value <= high):
-        bounds = " and ".join(([f"{'above' if above else 'at least'} {low:g}"] if low is not None else [])
-                              + ([f"at most {high:g}"] if high is not None else []))
-        bounds = f" {bounds}" if bounds else ""
-        raise ImproperlyConfigured(f"{name} must be {what}: a {'whole ' if kind is int else ''}number{bounds}, "
-                                   f"not {raw!r}")
-    return value
+# Gateway retries (clusters/kube.py), all inside one call, so inside one task: attempts in
+# all (1: no retry; at most 20), the first wait and the cap on any wait in seconds (0..60: a
+# worker sleeps through them; the cap not below the first wait).
+KUBE_RETRY_ATTEMPTS = _env_number("KUBE_RETRY_ATTEMPTS", default=5, kind=int, low=1, high=20,
+                                  what="the attempts in all of a Kubernetes API request")
+KUBE_RETRY_BACKOFF = _env_number("KUBE_RETRY_BACKOFF", default=0.2, kind=float, low=0, high=60,
+                                 what="the seconds before the first retry of a Kubernetes API request")
+KUBE_RETRY_BACKOFF_MAX = _env_number("KUBE_RETRY_BACKOFF_MAX", default=10.0, kind=float, low=0, high=60,
+                                     what="the most seconds between two attempts of a Kubernetes API request")
+if KUBE_RETRY_BACKOFF_MAX < KUBE_RETRY_BACKOFF:
+    raise ImproperlyConfigured(f"KUBE_RETRY_BACKOFF_MAX must be at least KUBE_RETRY_BACKOFF (the cap on the waits "
+                               f"between retries cannot be below the first wait), not {_plain(KUBE_RETRY_BACKOFF_MAX)} s "
+                               f"with KUBE_RETRY_BACKOFF at {_plain(KUBE_RETRY_BACKOFF)} s")
+# Seconds one Kubernetes API request may take: above 0, at most 300 (the broker's
+# visibility_timeout above: a task still waiting then is handed to a second worker).
+KUBE_REQUEST_TIMEOUT = _env_number("KUBE_REQUEST_TIMEOUT", default=30.0, kind=float, low=0, above=True, high=300,
+                                   what="the seconds one Kubernetes API request may take")
 
 
 # --- Orgs: activity, dormancy and scale to zero -------------------------------------
@@ -285,28 +339,32 @@ if not [n for n in PRUNER_PROTECTED_NAMESPACES if n.strip()]:
     raise ImproperlyConfigured("PRUNER_PROTECTED_NAMESPACES must name at least one namespace the pruner never "
                                "touches (unset: kube-system, kube-public, kube-node-lease)")
 # Days a prune run's skip rows are kept (the run keeps its counts per reason); pruned by the beat.
-PRUNER_SKIP_RETENTION_DAYS = env.float("PRUNER_SKIP_RETENTION_DAYS", default=7.0)
-if not (0 < PRUNER_SKIP_RETENTION_DAYS <= 3650):  # also false for NaN
-    raise ImproperlyConfigured(f"PRUNER_SKIP_RETENTION_DAYS must be a number of days in (0, 3650], "
-                               f"not {PRUNER_SKIP_RETENTION_DAYS!r}")
+PRUNER_SKIP_RETENTION_DAYS = _env_number("PRUNER_SKIP_RETENTION_DAYS", default=7.0, kind=float, low=0, above=True,
+                                         high=3650, what="the days a prune run's skip rows are kept")
 
 # --- Capacity: defrag jobs (empty a GPU node safely) ---------------------------------
-CAPACITY_DEFRAG_TIMEOUT_SECONDS = env.int("CAPACITY_DEFRAG_TIMEOUT_SECONDS", default=1800)
-CAPACITY_DEFRAG_POLL_SECONDS = env.float("CAPACITY_DEFRAG_POLL_SECONDS", default=10.0)
-CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = env.int("CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER", default=2)
+# A job's defaults: its timeout and the seconds between two checks. The same bounds as an
+# operator's own choice in the panel (capacity.defrag.services.TIMEOUT_RANGE, POLL_RANGE), so
+# the default never fails a job start.
+CAPACITY_DEFRAG_TIMEOUT_SECONDS = _env_number("CAPACITY_DEFRAG_TIMEOUT_SECONDS", default=1800, kind=int, low=1,
+                                              high=86_400, what="the seconds a defrag job may run")
+CAPACITY_DEFRAG_POLL_SECONDS = _env_number("CAPACITY_DEFRAG_POLL_SECONDS", default=10.0, kind=float, low=0.1,
+                                           high=3600, what="the seconds between two checks of a defrag job")
+# Defrag jobs running at once in one cluster, each emptying a node (0: no new job starts).
+CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = _env_number("CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER", default=2, kind=int,
+                                                      low=0, high=100,
+                                                      what="the most defrag jobs running at once in a cluster")
 # How long an abort waits for replacements to become ready before it stops as abort-stuck,
 # naming what holds the room and leaving the choice (keep or delete the orphans) to the operator.
-CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = env.int("CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS", default=300)
-if not 1 <= CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS <= 86400:
-    raise ImproperlyConfigured(f"CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS must be 1..86400 seconds, "
-                               f"got {CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}")
+CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = _env_number("CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS", default=300, kind=int,
+                                                     low=1, high=86_400,
+                                                     what="the seconds an abort waits for replacements")
 # Seconds one reading of a cluster serves its dashboard and GPU map (the pages say how old
 # it is); 0 reads the cluster for every page. At 5,000 nodes a reading takes about two
 # seconds; longer than the dashboard's own 10 s reload, so an open page reads at most every
 # other reload.
-CAPACITY_MAP_CACHE_SECONDS = env.int("CAPACITY_MAP_CACHE_SECONDS", default=15)
-if not 0 <= CAPACITY_MAP_CACHE_SECONDS <= 300:
-    raise ImproperlyConfigured(f"CAPACITY_MAP_CACHE_SECONDS must be 0..300 seconds, got {CAPACITY_MAP_CACHE_SECONDS}")
+CAPACITY_MAP_CACHE_SECONDS = _env_number("CAPACITY_MAP_CACHE_SECONDS", default=15, kind=int, low=0, high=300,
+                                         what="the seconds one reading of a cluster serves its pages")
 # How the cluster's kube-scheduler scores nodes (NodeResourcesFit scoringStrategy type): the
 # defrag advice places each replacement where that scheduler would. LeastAllocated is
 # kube-scheduler's default (spreads onto the emptiest node, often an empty one: emptying a
@@ -322,19 +380,20 @@ if CAPACITY_SCHEDULER_SCORING not in ("LeastAllocated", "MostAllocated"):
 # ModelServing pods are grouped by modelserving.volcano.sh/group-name regardless).
 BINPACK_GROUP_LABEL = env.str("BINPACK_GROUP_LABEL", default=SERVING_GROUP_LABEL)
 # Overwrite costs an operator set by hand (pods without our marker annotation).
-BINPACK_OVERRIDE_MANUAL = env.bool("BINPACK_OVERRIDE_MANUAL", default=False)
-BINPACK_MAX_WRITES = env.int("BINPACK_MAX_WRITES", default=10_000)  # pods patched per run
+BINPACK_OVERRIDE_MANUAL = _env_flag("BINPACK_OVERRIDE_MANUAL", default=False)
+# Pods patched per run, a budget (0: a run plans and writes nothing; the rest waits for the next).
+BINPACK_MAX_WRITES = _env_number("BINPACK_MAX_WRITES", default=10_000, kind=int, low=0,
+                                 what="the most pods one binpack run patches")
 # Cost patches in flight at once (1..32): a first costing of a large cluster is thousands
 # of writes; a few at a time keep the API server busy without flooding it.
-BINPACK_WRITE_CONCURRENCY = env.int("BINPACK_WRITE_CONCURRENCY", default=8)
-if not 1 <= BINPACK_WRITE_CONCURRENCY <= 32:
-    raise ImproperlyConfigured(f"BINPACK_WRITE_CONCURRENCY must be 1 to 32 patches in flight, "
-                               f"not {BINPACK_WRITE_CONCURRENCY}")
+BINPACK_WRITE_CONCURRENCY = _env_number("BINPACK_WRITE_CONCURRENCY", default=8, kind=int, low=1, high=32,
+                                        what="the cost patches in flight at once")
 # The runbook's "delete the old revision" stops that revision's pods with this grace period,
-# in seconds (0..300; Knative's own is the revision timeout, 300 s), so the Pending
+# in seconds (1..300; Knative's own is the revision timeout, 300 s), so the Pending
 # revision gets the GPUs at once. Not 0: a forced delete frees the GPU in the API while
 # the old container may still hold it.
-RUNBOOK_UNBLOCK_GRACE_SECONDS = env.int("RUNBOOK_UNBLOCK_GRACE_SECONDS", default=5)
+RUNBOOK_UNBLOCK_GRACE_SECONDS = _env_number("RUNBOOK_UNBLOCK_GRACE_SECONDS", default=5, kind=int, low=1, high=300,
+                                            what="the grace period in seconds of the old revision's pods")
 # Resource defaults per model framework (KServe modelFormat name; "default" for the rest).
 # A ResourceSpec in the admin overrides any of them for one model.
 RUNBOOK_RESOURCE_DEFAULTS = {
