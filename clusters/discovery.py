@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from clusters import kube
+from clusters import knative, kube
 from clusters.errors import KubeError, NotFound
 from clusters.labels import APP_VERSION_LABEL, RELEASE_LABEL
 from clusters.models import Cluster
@@ -41,7 +41,7 @@ GROUPS: dict[str, str] = {
 # refreshes every 5, so this only bites when the beat is not running).
 MAX_AGE = timedelta(minutes=15)
 
-KNATIVE_NAMESPACE = "knative-serving"
+KNATIVE_NAMESPACE = knative.KNATIVE_NAMESPACE
 KNATIVE_CONTROLLER = "controller"
 VERSION_LABELS = (APP_VERSION_LABEL, RELEASE_LABEL)  # in order of preference
 

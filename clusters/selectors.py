@@ -7,7 +7,8 @@ from decimal import Decimal
 from django.db.models import QuerySet
 
 from clusters import kube
-from clusters.errors import NotFound
+from clusters.errors import KubeError, NotFound
+from clusters.knative import AUTOSCALER_CONFIG_NAME, KNATIVE_NAMESPACE, InitialScale, initial_scale_from_config
 from clusters.labels import APP_VERSION_LABEL
 from clusters.models import Cluster
 from clusters.snapshot import NODE_LIST, POD_LIST, ClusterSnapshot, NodeView, PodView, gc_paused
@@ -91,6 +92,20 @@ def namespace_version(gateway: kube.KubeGateway, namespace: str) -> str | None:
     except NotFound:
         return None
     return ((ns.get("metadata") or {}).get("labels") or {}).get(APP_VERSION_LABEL)
+
+
+def knative_initial_scale_read(gateway: kube.KubeGateway) -> InitialScale:
+    """What the cluster's `config-autoscaler` says about a zero initial scale (one GET).
+    A ConfigMap that cannot be read (no permission, no answer) is no failure of the
+    caller's work: it reads as "not allowed", with the reason in `cause`, since a write
+    without initial-scale "0" is one Knative accepts whatever the flag."""
+    try:
+        config = gateway.get(kube.CONFIGMAPS, AUTOSCALER_CONFIG_NAME, namespace=KNATIVE_NAMESPACE)
+    except NotFound:
+        return initial_scale_from_config(config=None)
+    except KubeError as exc:
+        return initial_scale_from_config(config=None, error=str(exc))
+    return initial_scale_from_config(config=config.get("data") or {})
 
 
 def node_allocatable_largest(gateway: kube.KubeGateway, *, resources: tuple[str, ...] = ("cpu", "memory")

@@ -38,14 +38,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+# config-autoscaler's word on a zero initial scale is read once for every feature (clusters.knative).
+from clusters.knative import INITIAL_SCALE_UNKNOWN, InitialScale, initial_scale_key
 from clusters.labels import (
-    COMPONENT_LABEL, DEPLOYMENT_MODE, INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE, MIN_SCALE_LEGACY, ORG_LABEL,
-    OWNER_INITIAL_SCALE, OWNER_MIN_SCALE, PYNODE_COMPONENT,
+    COMPONENT_LABEL, DEPLOYMENT_MODE, INITIAL_SCALE, MIN_SCALE, MIN_SCALE_LEGACY, ORG_LABEL, OWNER_INITIAL_SCALE,
+    OWNER_MIN_SCALE, PYNODE_COMPONENT,
 )
 
-AUTOSCALER_CONFIG = "knative-serving/config-autoscaler"
-# Knative reads its ConfigMap flags with Go's strconv.ParseBool.
-_GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 PYNODE_SELECTOR = f"{COMPONENT_LABEL}={PYNODE_COMPONENT}"
 RAW_MODES = {"Standard", "RawDeployment"}
 
@@ -63,40 +62,21 @@ def parse_version(text: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in match.groups() if part is not None)
 
 
-@dataclass(frozen=True)
-class InitialScale:
-    """Whether a pynode's switch can keep its new Revision from starting a pod, as the
-    cluster's config-autoscaler says, and the sentence the panel shows."""
-
-    zero_allowed: bool
-    statement: str
-
-
-def knative_initial_scale(*, config: dict | None, error: str = "") -> InitialScale:
-    """From config-autoscaler's `data` (None: no such ConfigMap, Knative's defaults), or
-    the reason it could not be read (`error`)."""
-    if error:
-        return InitialScale(False, f"{AUTOSCALER_CONFIG} could not be read ({error}): a pynode switched to "
-                            "min-scale 0 gets a new revision that starts the cluster's initial scale of pods "
-                            "(1 by default) before it scales to zero; initial-scale \"0\" is not set, since "
-                            "Knative refuses it unless allow-zero-initial-scale is on.")
-    data = config or {}
-    flag = data.get("allow-zero-initial-scale")
-    if flag in _GO_TRUE:
-        return InitialScale(True, f"{AUTOSCALER_CONFIG} allows a zero initial scale (allow-zero-initial-scale: "
-                            f"{flag!r}): a pynode switched to min-scale 0 also gets initial-scale \"0\", so its new "
-                            "revision starts no pod.")
-    pods = (data.get("initial-scale") or "1").strip()
-    where = f"{AUTOSCALER_CONFIG} has no allow-zero-initial-scale" if flag is None else \
-        f"{AUTOSCALER_CONFIG} sets allow-zero-initial-scale: {flag!r}"
-    if config is None:
-        where = f"no {AUTOSCALER_CONFIG} (Knative's defaults)"
-    return InitialScale(False, f"{where}: each switch of a pynode to min-scale 0 makes a new revision that starts "
-                        f"{pods} pod(s) (the cluster's initial-scale) before it scales to zero. Setting "
-                        "allow-zero-initial-scale: \"true\" there lets the switch start none.")
-
-
-INITIAL_SCALE_UNKNOWN = InitialScale(False, "")
+def pynode_initial_scale_statement(initial: InitialScale) -> str:
+    """What a pynode's switch starts, as the panel says it, from what config-autoscaler
+    says (`clusters.knative`); "" when it was not read."""
+    if not initial.known:
+        return ""
+    if not initial.readable:
+        return (f"{initial.cause}: a pynode switched to min-scale 0 gets a new revision that starts the cluster's "
+                "initial scale of pods (1 by default) before it scales to zero; initial-scale \"0\" is not set, "
+                "since Knative refuses it unless allow-zero-initial-scale is on.")
+    if initial.zero_allowed:
+        return (f"{initial.cause}: a pynode switched to min-scale 0 also gets initial-scale \"0\", so its new "
+                "revision starts no pod.")
+    return (f"{initial.cause}: each switch of a pynode to min-scale 0 makes a new revision that starts "
+            f"{initial.pods} pod(s) (the cluster's initial-scale) before it scales to zero. Setting "
+            "allow-zero-initial-scale: \"true\" there lets the switch start none.")
 
 
 @dataclass(frozen=True)
@@ -114,13 +94,13 @@ class Lever:
         shown = self.version or "unknown"
         restart = ", restarts model pods" if self.restarts_pods else ""
         pynodes = "pynodes via template"
-        if self.initial_scale.statement:
+        if self.initial_scale.known:
             pynodes += " at initial-scale 0" if self.initial_scale.zero_allowed else ", a pod starts per switch"
         return f"models via {self.target} (Knative {shown}{restart}); {pynodes}"
 
     def explain(self) -> str:
         """Everything the panel shows: why this lever, and what a pynode switch starts."""
-        return " ".join(part for part in (self.reason, self.initial_scale.statement) if part)
+        return " ".join(part for part in (self.reason, pynode_initial_scale_statement(self.initial_scale)) if part)
 
     def with_initial_scale(self, initial_scale: InitialScale) -> "Lever":
         return Lever(self.target, self.version, self.reason, self.restarts_pods, initial_scale)
@@ -419,11 +399,6 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                            incomplete=tuple(incomplete), exempt=tuple(exempt))
 
 
-def _initial_key(annotations: dict) -> str:
-    return INITIAL_SCALE_LEGACY if INITIAL_SCALE not in annotations and INITIAL_SCALE_LEGACY in annotations \
-        else INITIAL_SCALE
-
-
 def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
                   zero_initial: bool = False, enabled_since: datetime | None = None) -> Patch | None:
     template = _annotations(ksvc, template=True)
@@ -432,7 +407,7 @@ def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
     recorded = OWNER_MIN_SCALE in notes
     name, key = _name(ksvc), _key(template)
     reason = f"pynode: scale to zero {setting}"
-    initial_key = _initial_key(template)
+    initial_key = initial_scale_key(template)
     if setting == ENABLED:
         if current == "0" and recorded:
             return None

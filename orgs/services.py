@@ -24,7 +24,7 @@ from django.utils.text import slugify
 from django.db.models import Exists, OuterRef, Q
 
 from clusters import discovery, kube, labels
-from clusters.selectors import clusters_with_orgs
+from clusters.selectors import clusters_with_orgs, knative_initial_scale_read
 from clusters.errors import Conflict, KubeError, NotFound, is_transient
 from config import clock
 from config.actors import actor_label_current
@@ -479,21 +479,6 @@ def _patch(gateway: kube.KubeGateway, patch: planning.Patch) -> None:
                 raise
 
 
-def knative_initial_scale_read(gateway: kube.KubeGateway) -> planning.InitialScale:
-    """What config-autoscaler says about a zero initial scale. A ConfigMap that cannot be
-    read (no permission, no answer) never fails a switch: the pynode is then switched
-    without initial-scale "0", which Knative accepts whatever the flag, and the panel
-    says that a pod starts."""
-    namespace, name = planning.AUTOSCALER_CONFIG.split("/")
-    try:
-        config = gateway.get(kube.CONFIGMAPS, name, namespace=namespace)
-    except NotFound:
-        return planning.knative_initial_scale(config=None)
-    except KubeError as exc:
-        return planning.knative_initial_scale(config=None, error=str(exc))
-    return planning.knative_initial_scale(config=config.get("data") or {})
-
-
 def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: datetime) -> planning.Lever:
     """Read the Knative version the cluster states and its autoscaler's initial-scale
     rule, choose the lever by them and record both (with the evidence) on the cluster
@@ -501,6 +486,8 @@ def cluster_knative_lever(*, gateway: kube.KubeGateway, cluster: Cluster, now: d
     stated = discovery.knative_version_read(gateway)
     lever = planning.knative_lever(version=stated.version, source=stated.source, looked_at=stated.looked_at)
     if f"no {discovery.KNATIVE_NAMESPACE} namespace" not in stated.looked_at:   # Knative is installed
+        # A ConfigMap that cannot be read never fails a switch: the pynode is then switched
+        # without initial-scale "0", and the panel says that a pod starts.
         lever = lever.with_initial_scale(knative_initial_scale_read(gateway))
     fields = {"knative_version": stated.version[:40], "knative_lever": lever.target,
               "knative_lever_reason": lever.explain()}

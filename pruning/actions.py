@@ -7,6 +7,11 @@ that read, so a change made in between is refused (409 Conflict) and the caller 
 again. Restore puts `restore_state` back only while the owner is the object the prune
 acted on (same UID) and still holds exactly `applied_state`: an owner who scaled back
 up, stopped the notebook again themselves, or deleted and re-created the workload wins.
+
+A Knative Service's state holds the template annotations the prune sets: min-scale, and
+initial-scale where config-autoscaler allows a zero initial scale (`zero_initial_scale`).
+Restore and the settle compare and write exactly the keys the prune recorded, so a run
+recorded before initial-scale was written restores min-scale alone, as it always did.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from datetime import datetime
 
 from clusters import kube
 from clusters.errors import Conflict, Invalid
+from clusters.knative import initial_scale_key
 from clusters.labels import MIN_SCALE
 
 from .planning import (
@@ -36,12 +42,24 @@ def _annotations(obj: dict) -> dict:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
-def _template_annotations(obj: dict) -> dict:
+def template_annotations(obj: dict) -> dict:
     return ((((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {})
 
 
-def current_state(method: str, obj: dict) -> dict:
-    """The part of the owner each method changes, as stored in restore/applied state."""
+def sets_initial_scale(state: dict | None) -> bool:
+    """Whether a Knative Service's recorded state holds initial-scale beside min-scale."""
+    return any(key != MIN_SCALE_ANNOTATION for key in (state or {}).get("templateAnnotations") or ())
+
+
+def recorded_keys(state: dict | None) -> tuple[str, ...]:
+    """The template annotations a Knative Service's recorded state holds (min-scale alone
+    in a run recorded before initial-scale was written)."""
+    return tuple((state or {}).get("templateAnnotations") or ()) or (MIN_SCALE_ANNOTATION,)
+
+
+def current_state(method: str, obj: dict, *, keys: tuple[str, ...] = (MIN_SCALE_ANNOTATION,)) -> dict:
+    """The part of the owner each method changes, as stored in restore/applied state
+    (`keys`: the template annotations of a Knative Service that count; absent = None)."""
     if method == M_SCALE:
         replicas = (obj.get("spec") or {}).get("replicas")
         return {"replicas": 1 if replicas is None else replicas}
@@ -52,11 +70,12 @@ def current_state(method: str, obj: dict) -> dict:
     if method == M_MIN_REPLICAS:
         return {"minReplicas": ((obj.get("spec") or {}).get("predictor") or {}).get("minReplicas")}
     if method == M_KNATIVE_MIN_SCALE:
-        return {"templateAnnotations": {MIN_SCALE_ANNOTATION: _template_annotations(obj).get(MIN_SCALE_ANNOTATION)}}
+        template = template_annotations(obj)
+        return {"templateAnnotations": {key: template.get(key) for key in keys}}
     raise ValueError(f"unknown prune method {method!r}")
 
 
-def _target_state(method: str, now: datetime) -> dict:
+def _target_state(method: str, now: datetime, initial_key: str | None = None) -> dict:
     if method == M_SCALE:
         return {"replicas": 0}
     if method == M_NOTEBOOK:
@@ -66,7 +85,9 @@ def _target_state(method: str, now: datetime) -> dict:
         return {"annotations": {KSERVE_STOP_ANNOTATION: "true"}}
     if method == M_MIN_REPLICAS:
         return {"minReplicas": 0}
-    return {"templateAnnotations": {MIN_SCALE_ANNOTATION: "0"}}
+    # IMPORTANT: initial-scale "0" goes in the same patch as min-scale "0": one new Revision,
+    # and it starts no pod. Only where config-autoscaler allows it (Knative's webhook refuses it otherwise).
+    return {"templateAnnotations": {MIN_SCALE_ANNOTATION: "0", **({initial_key: "0"} if initial_key else {})}}
 
 
 def _write(gateway: kube.KubeGateway, kind: str, namespace: str, name: str, method: str, state: dict,
@@ -98,6 +119,8 @@ def _stopped(method: str, current: dict, target: dict) -> bool:
     """Whether the owner is already where a scale-down would take it."""
     if method == M_NOTEBOOK:  # any stop time means stopped
         return current["annotations"][NOTEBOOK_STOP_ANNOTATION] is not None
+    if method == M_KNATIVE_MIN_SCALE:  # min-scale "0" is left to Knative, whatever its initial-scale
+        return current["templateAnnotations"][MIN_SCALE_ANNOTATION] == "0"
     return current == target
 
 
@@ -122,19 +145,25 @@ def read_owner(gateway: kube.KubeGateway, kind: str, namespace: str, name: str) 
 
 
 def scale_to_zero_intent(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
-                         now: datetime, uid: str = "") -> tuple[dict, dict, dict]:
+                         now: datetime, uid: str = "", zero_initial_scale: bool = False) -> tuple[dict, dict, dict]:
     """Re-read the owner and say what scaling it to zero would take away and set.
 
     Returns (owner as re-read, restore_state, applied_state); changes nothing, so the
     caller can record both states before `write` touches the cluster. `uid`: the owner
-    the plan saw; another object under its name is left alone."""
+    the plan saw; another object under its name is left alone. `zero_initial_scale`: a
+    Knative Service also gets initial-scale "0" (its own value, or its absence, is
+    recorded for restore), under the key its template uses."""
     obj = read_owner(gateway, kind, namespace, name)
     if _other_object(obj, uid):
         raise NothingToDo(f"{kind} {namespace}/{name} was deleted and created again since the plan (UID {uid}, "
                           f"now {_uid(obj)}): it is not the workload seen idle")
     if _annotations(obj).get(OPT_OUT_ANNOTATION) == "false":
         raise NothingToDo(f"{kind} {namespace}/{name} opted out ({OPT_OUT_ANNOTATION}: \"false\") since the plan")
-    before, target = current_state(method, obj), _target_state(method, now)
+    keys, initial_key = (MIN_SCALE_ANNOTATION,), None
+    if method == M_KNATIVE_MIN_SCALE and zero_initial_scale:
+        initial_key = initial_scale_key(template_annotations(obj))
+        keys = (MIN_SCALE_ANNOTATION, initial_key)
+    before, target = current_state(method, obj, keys=keys), _target_state(method, now, initial_key)
     if _stopped(method, before, target):
         if method == M_KNATIVE_MIN_SCALE:
             raise NothingToDo(f"{kind} {namespace}/{name} already has min-scale \"0\": Knative scales it by its "
@@ -160,7 +189,7 @@ def settle(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, m
     real state: (owner, APPLIED | NOT_APPLIED | CHANGED, its current state). Only exactly
     what the prune wrote, on the object it wrote to (`uid`), counts as applied."""
     obj = read_owner(gateway, kind, namespace, name)
-    state = current_state(method, obj)
+    state = current_state(method, obj, keys=recorded_keys(applied_state))
     if _other_object(obj, uid):
         return obj, CHANGED, state
     if state == applied_state:
@@ -184,7 +213,7 @@ def restore(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, 
         if _other_object(obj, uid):
             return obj, False, (f"the {kind} was deleted and created again since the prune (UID {uid}, now "
                                 f"{_uid(obj)}): it is another workload")
-        state = current_state(method, obj)
+        state = current_state(method, obj, keys=recorded_keys(applied_state))
         if state != applied_state:
             return obj, False, f"it now holds {state}, not what the prune set ({applied_state})"
         try:

@@ -18,7 +18,7 @@ class DecisionInline(JsonAsTablesMixin, admin.TabularInline):
     can_delete = False
     show_change_link = True
     fields = ("namespace", "pod", "count", "owner_kind", "owner_name", "decision", "reason", "max_utilization",
-              "result", "restore")
+              "effect", "result", "restore")
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):

@@ -42,6 +42,11 @@ class PruneRun(models.Model):
     failed = models.PositiveIntegerField(default=0, help_text="Actions that failed.")
     kube_api_calls = models.PositiveIntegerField(default=0, help_text="Kubernetes API requests this run made.")
     errors = models.JSONField(default=list, blank=True, help_text="Errors met, one text each.")
+    notes = models.JSONField(default=list, blank=True,
+                             help_text="What the run found that is no error, one text each: e.g. whether the new "
+                                       "revision of a Knative Service it sets to min-scale 0 starts a pod, and why "
+                                       "(knative-serving/config-autoscaler allows a zero initial scale, does not, or "
+                                       "could not be read).")
     skip_counts = models.JSONField(default=dict, blank=True,
                                    help_text="Pods skipped per reason ({reason: pods}); kept after the skip "
                                              "rows themselves expire (PRUNER_SKIP_RETENTION_DAYS).")
@@ -99,6 +104,10 @@ class PruneDecision(models.Model):
     method = models.CharField(max_length=32, blank=True,
                               help_text="How the owner is scaled to zero: scale, notebook-stop, kserve-stop, "
                                         "kserve-min-replicas, knative-min-scale.")
+    effect = models.TextField(blank=True,
+                              help_text="What the action does to the owner (in a dry run: would do), as operators "
+                                        "read it; for a Knative Service whether its new revision starts a pod, and "
+                                        "why. Empty on skips and on rows recorded before it was kept.")
     result = models.CharField(max_length=16, choices=Result.choices, blank=True, default="",
                               help_text="What happened when acting.")
     error = models.TextField(blank=True, help_text="The failure, when the action or its Event failed.")

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+# What config-autoscaler says of a zero initial scale, read as the orgs' switch reads it.
+from clusters.knative import ALLOW_ZERO_INITIAL_SCALE, AUTOSCALER_CONFIG, InitialScale, initial_scale_key
 from clusters.labels import (
     ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, MIN_SCALE, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
 )
@@ -72,7 +74,11 @@ M_KNATIVE_MIN_SCALE = "knative-min-scale"  # autoscaling.knative.dev/min-scale: 
 
 # What each method does to the owner, as messages say it. Setting a Knative Service's
 # template annotation makes a new Revision, which starts its `initial-scale` pods (1 unless
-# config-autoscaler says otherwise) and goes to zero once it has no traffic (orgs.planning).
+# config-autoscaler says otherwise) and goes to zero once it has no traffic. That is what
+# M_KNATIVE_MIN_SCALE says here, and all a run recorded before initial-scale was looked at
+# ever wrote; a run now says for each Service what its write does (`knative_min_scale_effect`):
+# where config-autoscaler allows it, initial-scale "0" is set in the same write and the new
+# Revision starts no pod.
 EFFECT = {
     M_SCALE: "scaled to zero",
     M_NOTEBOOK: "stopped (scaled to zero)",
@@ -229,6 +235,52 @@ def resolve_owner(pod: PodView, view: ClusterView) -> tuple[Owner | None, str]:
         svc = view.objects.get(("Service", ns, svc_name)) if svc_name else None
         return (Owner("Service", ns, svc.name, svc.uid), "") if svc else (None, R_OWNER_GONE)
     return Owner("Deployment", ns, dep.name, dep.uid), ""
+
+
+def _pods(value) -> int | None:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def knative_min_scale_effect(initial: InitialScale, *, zero_initial: bool, template: Mapping | None = None) -> str:
+    """What the M_KNATIVE_MIN_SCALE write does to a Knative Service, said as it is:
+    `zero_initial`, whether initial-scale "0" goes with min-scale "0" (only where
+    config-autoscaler allows it, `initial`); `template`, the Service's template annotations
+    before the write (its own initial-scale is what the new Revision starts without the "0").
+    An `initial` not read says what EFFECT says."""
+    if not initial.known:
+        return EFFECT[M_KNATIVE_MIN_SCALE]
+    if zero_initial:
+        return f"set to min-scale 0 and initial-scale 0 (its new revision starts no pod: {initial.cause})"
+    template = template or {}
+    own = _pods(template.get(initial_scale_key(template)))
+    # A template's "0" counts only where the flag allows it (Knative's GetInitialScale).
+    if own is not None and own >= 1:
+        starts = f"{own} pod(s) (its template's initial-scale)"
+    elif initial.pods:
+        starts = f"{initial.pods} pod(s) (the cluster's initial-scale)"
+    else:
+        starts = "the cluster's initial scale of pods (1 by default)"
+    return (f"set to min-scale 0 (its new revision starts {starts} and goes to zero once it has no traffic; "
+            f"initial-scale \"0\" is not set, as Knative refuses it without {ALLOW_ZERO_INITIAL_SCALE}: \"true\": "
+            f"{initial.cause})")
+
+
+def knative_initial_scale_note(initial: InitialScale) -> str:
+    """The run's word on what its Knative Services' new Revisions start, and why; "" when
+    config-autoscaler was not read (no Knative Service planned)."""
+    if not initial.known:
+        return ""
+    if initial.zero_allowed:
+        return (f"{initial.cause}: a Knative Service the pruner sets to min-scale 0 also gets initial-scale \"0\" "
+                "in the same write, so its new revision starts no pod; restore puts back the initial-scale it had.")
+    pods = f"{initial.pods}, the cluster's" if initial.pods else "the cluster's, 1 by default"
+    return (f"{initial.cause}: a Knative Service the pruner sets to min-scale 0 gets a new revision that starts its "
+            f"initial-scale pods ({pods}, unless its template sets its own) before it goes to zero; "
+            f"initial-scale \"0\" is not set, as Knative refuses it without {ALLOW_ZERO_INITIAL_SCALE}: \"true\". "
+            f"Setting it in {AUTOSCALER_CONFIG} lets a prune start none.")
 
 
 def action_method(owner: Owner, view: ClusterView) -> str:

@@ -31,7 +31,9 @@ from django.db import transaction
 from audit.services import audit
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, PrometheusError, describe_failure, is_transient
+from clusters.knative import INITIAL_SCALE_UNKNOWN, InitialScale
 from clusters.prometheus import PrometheusGateway
+from clusters.selectors import knative_initial_scale_read
 from config import clock
 from config.actors import actor_label_current
 from orgs import selectors as org_selectors
@@ -280,6 +282,10 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                                        org_blocked_namespaces=org_selectors.namespaces_not_scaling_to_zero(
                                            cluster=cluster, namespaces=namespaces),
                                        held_namespaces=holds.namespaces, held_owners=holds.owners))
+        # Once per pass, and only when a Knative Service is to be set to min-scale 0: whether
+        # its write may carry initial-scale "0". Unreadable reads as "not allowed", never fails the pass.
+        initial = (knative_initial_scale_read(kube_gateway)
+                   if any(d.method == planning.M_KNATIVE_MIN_SCALE for d in plan.to_prune) else INITIAL_SCALE_UNKNOWN)
     except (PrometheusError, KubeError) as exc:
         blamed = _filter_refused(exc, params)
         run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(blamed or exc)]
@@ -296,12 +302,14 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     run.pods_seen, run.busy_pods = plan.pods_seen, plan.busy
     run.idle_candidates, run.planned = len(plan.decisions), len(plan.to_prune)
     run.skip_counts = dict(Counter(d.reason for d in plan.decisions if d.decision == planning.SKIP))
+    run.notes = [note for note in (planning.knative_initial_scale_note(initial),) if note]
     counts = {f: getattr(run, f) for f in ("pods_seen", "busy_pods", "idle_candidates", "planned", "skip_counts",
-                                           "query")}
+                                           "query", "notes")}
     if not lease.renew(**counts):
         return _lease_lost(run)
     with transaction.atomic():  # one commit for all rows, not one per insert batch
-        decisions = PruneDecision.objects.bulk_create(_records(run, plan.decisions, params), batch_size=500)
+        decisions = PruneDecision.objects.bulk_create(_records(run, plan.decisions, params, view, initial),
+                                                      batch_size=500)
     if params.run_mode == PruneRun.Mode.SCALE_DOWN:
         for record in decisions:
             if record.decision != PruneDecision.Decision.PRUNE:
@@ -310,7 +318,7 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
             # the reconcile must not touch the cluster again for it.
             if not lease.renew():
                 return _lease_lost(run)
-            _act(kube_gateway, run, record, params, now)
+            _act(kube_gateway, run, record, params, now, initial)
         _count(run)
         # A scale-down whose outcome could not be read back is no success: the beat settles it.
         unsettled = run.decisions.filter(result=PruneDecision.Result.ACTING).exists()
@@ -384,7 +392,8 @@ def _lease_lost(run: PruneRun) -> PruneRun:
     return run
 
 
-def _records(run: PruneRun, decisions, params: PruneParams) -> list[PruneDecision]:
+def _records(run: PruneRun, decisions, params: PruneParams, view: planning.ClusterView,
+             initial: InitialScale) -> list[PruneDecision]:
     """One row per planned scale-down; skipped pods of one reason and owner share a row
     with their count (a beat of dry runs would otherwise repeat every vanished pod)."""
     rows: list[PruneDecision] = []
@@ -400,21 +409,39 @@ def _records(run: PruneRun, decisions, params: PruneParams) -> list[PruneDecisio
                 if d.max_utilization is not None:
                     row.max_utilization = max(row.max_utilization or 0.0, d.max_utilization)
                 continue
-        row = _record(run, d, params)
+        row = _record(run, d, params, _planned_effect(d, view, initial))
         if d.decision == planning.SKIP:
             shared[key] = row
         rows.append(row)
     return rows
 
 
-def _record(run: PruneRun, d: planning.Decision, params: PruneParams) -> PruneDecision:
+def _planned_effect(d: planning.Decision, view: planning.ClusterView, initial: InitialScale) -> str:
+    """What acting on a planned decision does, as the plan saw its owner ("" for a skip)."""
+    if d.decision != planning.PRUNE:
+        return ""
+    if d.method != planning.M_KNATIVE_MIN_SCALE:
+        return planning.EFFECT.get(d.method, "scaled to zero")
+    obj = view.objects.get(d.owner.key) if d.owner else None
+    return planning.knative_min_scale_effect(initial, zero_initial=initial.zero_allowed,
+                                             template=obj.template_annotations if obj else None)
+
+
+def _effect(d: PruneDecision) -> str:
+    """What a decision's action does, as its row says it (rows recorded before `effect`
+    was kept: its method's description, which is what those runs wrote)."""
+    return d.effect or planning.EFFECT.get(d.method, "scaled to zero")
+
+
+def _record(run: PruneRun, d: planning.Decision, params: PruneParams, effect: str = "") -> PruneDecision:
     prune = d.decision == planning.PRUNE
     return PruneDecision(
         run=run, namespace=d.namespace, pod=d.pod, pods=[f"{d.namespace}/{d.pod}"], count=1, gpus=list(d.gpus),
         max_utilization=d.max_utilization, decision=d.decision, reason=d.reason, method=d.method,
         owner_kind=d.owner.kind if d.owner else "", owner_name=d.owner.name if d.owner else "",
         owner_api_version=d.owner.api_version if d.owner else "", owner_uid=d.owner.uid if d.owner else "",
-        result=PruneDecision.Result.DRY_RUN if prune and params.run_mode == PruneRun.Mode.DRY_RUN else "")
+        result=PruneDecision.Result.DRY_RUN if prune and params.run_mode == PruneRun.Mode.DRY_RUN else "",
+        effect=effect)
 
 
 def _save_outcome(d: PruneDecision, *, run: PruneRun | None = None, **fields) -> bool:
@@ -449,17 +476,18 @@ def _scale_down_audit(d: PruneDecision, run: PruneRun) -> None:
 
 
 def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: PruneParams,
-         now: datetime) -> None:
+         now: datetime, initial: InitialScale = INITIAL_SCALE_UNKNOWN) -> None:
     last_conflict: Conflict | None = None
     for _ in range(CONFLICT_ATTEMPTS):
         try:
             owner, before, target = actions.scale_to_zero_intent(
                 gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name, method=d.method, now=now,
-                uid=d.owner_uid)
+                uid=d.owner_uid, zero_initial_scale=initial.zero_allowed)
         except actions.NothingToDo as exc:
             d.decision, d.reason, d.error = PruneDecision.Decision.SKIP, "changed-before-action", str(exc)
-            d.result, d.restore_state, d.applied_state = "", None, None
-            d.save(update_fields=["decision", "reason", "error", "result", "restore_state", "applied_state"])
+            d.result, d.restore_state, d.applied_state, d.effect = "", None, None, ""
+            d.save(update_fields=["decision", "reason", "error", "result", "restore_state", "applied_state",
+                                  "effect"])
             return
         except KubeError as exc:
             d.result, d.error = PruneDecision.Result.FAILED, f"could not re-read it ({describe_failure(exc)})"
@@ -469,7 +497,12 @@ def _act(gateway: kube.KubeGateway, run: PruneRun, d: PruneDecision, params: Pru
         # IMPORTANT: the before-state and `acting` are committed before the write. A worker
         # that dies after the write leaves a row the reconcile completes and restore undoes.
         d.result, d.restore_state, d.applied_state, d.error = PruneDecision.Result.ACTING, before, target, ""
-        d.save(update_fields=["result", "restore_state", "applied_state", "error"])
+        if d.method == planning.M_KNATIVE_MIN_SCALE:
+            # Said of the write about to be sent and of the owner as just read, not of the plan's view.
+            d.effect = planning.knative_min_scale_effect(
+                initial, zero_initial=actions.sets_initial_scale(target),
+                template=actions.template_annotations(owner))
+        d.save(update_fields=["result", "restore_state", "applied_state", "error", "effect"])
         try:
             # Only onto the owner as just read: a change in between is a 409, read again.
             actions.write(gateway, kind=d.owner_kind, namespace=d.namespace, name=d.owner_name,
@@ -553,7 +586,7 @@ def _params_fields(parameters: dict) -> dict:
 
 def _event_message(d: PruneDecision, run: PruneRun, params: PruneParams | None) -> str:
     peak = "no" if d.max_utilization is None else f"{d.max_utilization:.3f}"
-    effect = planning.EFFECT.get(d.method, "scaled to zero")
+    effect = _effect(d)
     if params is None:
         return f"Pod {d.namespace}/{d.pod} looked idle: {effect} ({d.method}) by prune run {run.pk}."
     return (f"GPUs of pod {d.namespace}/{d.pod} stayed under {params.idle_threshold:g} utilization "

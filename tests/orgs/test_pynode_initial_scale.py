@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from clusters.knative import initial_scale_from_config
 from orgs import planning
 from orgs.planning import INITIAL_SCALE, MIN_SCALE, OWNER_INITIAL_SCALE, OWNER_MIN_SCALE
 
@@ -18,7 +19,7 @@ from .builders import make_ksvc
 
 
 def lever(config: dict | None, error: str = "") -> planning.Lever:
-    initial = planning.knative_initial_scale(config=config, error=error)
+    initial = initial_scale_from_config(config=config, error=error)
     return planning.knative_lever(version="1.15.0").with_initial_scale(initial)
 
 
@@ -31,7 +32,7 @@ def pynode_patch(setting: str, ksvc: dict, the_lever: planning.Lever) -> plannin
 
 @pytest.mark.parametrize("flag", ["true", "True", "TRUE", "t", "1"])
 def test_the_flag_is_read_as_knative_reads_it(flag):
-    assert planning.knative_initial_scale(config={"allow-zero-initial-scale": flag}).zero_allowed
+    assert initial_scale_from_config(config={"allow-zero-initial-scale": flag}).zero_allowed
 
 
 @pytest.mark.parametrize(("config", "error", "words"), [
@@ -42,8 +43,8 @@ def test_the_flag_is_read_as_knative_reads_it(flag):
     (None, "403 Forbidden: configmaps", "could not be read (403 Forbidden: configmaps)"),
 ])
 def test_without_a_zero_initial_scale_the_statement_says_what_starts(config, error, words):
-    found = planning.knative_initial_scale(config=config, error=error)
-    assert not found.zero_allowed and words in found.statement
+    found = initial_scale_from_config(config=config, error=error)
+    assert not found.zero_allowed and words in planning.pynode_initial_scale_statement(found)
 
 
 def test_when_allowed_the_switch_sets_initial_scale_zero_and_gives_the_owners_back():

@@ -261,9 +261,12 @@ def test_knative_service_raw_inference_service_and_multi_gpu_pods(world: World):
     events = k8s.CoreV1Api(world.api).list_event_for_all_namespaces().items
     announced = {(e.involved_object.kind, e.involved_object.name, e.involved_object.api_version)
                  for e in events if e.reason == "GPUIdleScaledToZero"}
-    # What the min-scale lever does, said as it is: a new revision, at zero once without traffic.
+    # What the min-scale lever does, said as it is: a new revision that starts the cluster's
+    # initial scale (config-autoscaler as installed: no allow-zero-initial-scale), at zero once
+    # without traffic (tests/pruning/test_knative_initial_scale.py: where a zero is allowed).
     kn_event = next(e for e in events if e.reason == "GPUIdleScaledToZero" and e.involved_object.name == "kn")
-    assert "set to min-scale 0 (a new revision starts its initial-scale pods" in kn_event.message
+    assert "set to min-scale 0 (its new revision starts 1 pod(s) (the cluster's initial-scale)" in kn_event.message
+    assert "has no allow-zero-initial-scale" in kn_event.message
     assert "scaled to zero (knative-min-scale)" not in kn_event.message
     assert announced == {("Service", "kn", "serving.knative.dev/v1"),
                          ("InferenceService", "raw", "serving.kserve.io/v1beta1"),

@@ -187,10 +187,12 @@ class Command(CliActorMixin, BaseCommand):
                     if d.owner_kind else None,
                     "gpus": d.gpus, "max_utilization": d.max_utilization, "decision": d.decision,
                     "reason": d.reason, "method": d.method, "result": d.result, "error": d.error,
-                    "event_sent": d.event_sent, "restore_state": d.restore_state}))
+                    "event_sent": d.event_sent, "restore_state": d.restore_state, "effect": d.effect}))
             else:
                 owner = f"{d.owner_kind}/{d.owner_name}" if d.owner_kind else "-"
-                effect = EFFECT.get(d.method, "scaled to zero")
+                # What this row's write does (a Knative Service: whether its new revision starts a
+                # pod, and why); rows recorded before it was kept: the method's description.
+                effect = d.effect or EFFECT.get(d.method, "scaled to zero")
                 would = "would scale to zero" if effect == "scaled to zero" else f"would be {effect}"
                 verb = {"dry-run": would, "succeeded": effect,
                         "acting": f"outcome not yet known: {d.error}",
@@ -198,6 +200,8 @@ class Command(CliActorMixin, BaseCommand):
                 more = f" (+{d.count - 1} more)" if d.count > 1 else ""
                 self.stdout.write(f"{d.namespace}/{d.pod}{more} -> {owner}: {verb} ({d.reason})")
         if not as_json:
+            for note in run.notes or ():
+                self.stdout.write(f"note: {note}")
             self.stdout.write(f"run {run.pk} ({run.mode}): {run.pods_seen} GPU pods seen, {run.busy_pods} busy, "
                               f"{run.idle_candidates} looked idle, {run.planned} planned, {run.acted} acted, "
                               f"{run.failed} failed, {run.kube_api_calls} API calls, {run.duration_seconds:.2f}s")
