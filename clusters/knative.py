@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY
+from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE, MIN_SCALE_LEGACY
 
 KNATIVE_NAMESPACE = "knative-serving"
 AUTOSCALER_CONFIG_NAME = "config-autoscaler"
@@ -78,3 +78,17 @@ def initial_scale_key(annotations: Mapping) -> str:
     alone is set (a second key beside it would be ambiguous), else the current one."""
     return INITIAL_SCALE_LEGACY if INITIAL_SCALE not in annotations and INITIAL_SCALE_LEGACY in annotations \
         else INITIAL_SCALE
+
+
+def min_scale_key(annotations: Mapping) -> str:
+    """The min-scale key an object (or a template) uses: its old camelCase spelling only
+    where that alone is set, else the current one. Knative refuses both spellings on one
+    object, so a write goes to the owner's own key."""
+    return MIN_SCALE_LEGACY if MIN_SCALE not in annotations and MIN_SCALE_LEGACY in annotations else MIN_SCALE
+
+
+def min_scale_current(annotations: Mapping) -> str | None:
+    """The min-scale an object asks for, under either spelling (the current one first,
+    as Knative reads them); None when it sets none."""
+    value = annotations.get(MIN_SCALE)
+    return annotations.get(MIN_SCALE_LEGACY) if value is None else value

@@ -39,9 +39,9 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 # config-autoscaler's word on a zero initial scale is read once for every feature (clusters.knative).
-from clusters.knative import INITIAL_SCALE_UNKNOWN, InitialScale, initial_scale_key
+from clusters.knative import INITIAL_SCALE_UNKNOWN, InitialScale, initial_scale_key, min_scale_current, min_scale_key
 from clusters.labels import (
-    COMPONENT_LABEL, DEPLOYMENT_MODE, INITIAL_SCALE, MIN_SCALE, MIN_SCALE_LEGACY, ORG_LABEL, OWNER_INITIAL_SCALE,
+    COMPONENT_LABEL, DEPLOYMENT_MODE, INITIAL_SCALE, MIN_SCALE, ORG_LABEL, OWNER_INITIAL_SCALE,
     OWNER_MIN_SCALE, PYNODE_COMPONENT,
 )
 
@@ -213,16 +213,6 @@ def _annotations(obj: dict, *, template: bool = False) -> dict:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
-def current_min_scale(annotations: dict) -> str | None:
-    value = annotations.get(MIN_SCALE)
-    return annotations.get(MIN_SCALE_LEGACY) if value is None else value
-
-
-def _key(annotations: dict) -> str:
-    """Patch the key the owner used: Knative refuses both spellings on one object."""
-    return MIN_SCALE_LEGACY if MIN_SCALE not in annotations and MIN_SCALE_LEGACY in annotations else MIN_SCALE
-
-
 def _name(obj: dict) -> str:
     return (obj.get("metadata") or {}).get("name", "")
 
@@ -253,7 +243,7 @@ def pynode_floor(ksvc: dict, *, applied: str, enabled_since: datetime | None = N
     notes = _annotations(ksvc)
     if OWNER_MIN_SCALE in notes:
         return notes[OWNER_MIN_SCALE] or None
-    current = current_min_scale(_annotations(ksvc, template=True))
+    current = min_scale_current(_annotations(ksvc, template=True))
     if current == "0" and applied == ENABLED and not _created_after(ksvc, enabled_since):
         return "1"
     return current
@@ -316,18 +306,18 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
 
     def consider(target: str, obj: dict, wanted: str | None, reason: str) -> None:
         annotations = _annotations(obj)
-        current = current_min_scale(annotations)
+        current = min_scale_current(annotations)
         if current == wanted:
             holding.append(f"{target} {namespace}/{_name(obj)}")
         else:
-            patches.append(Patch(target, namespace, _name(obj), current, wanted, reason, key=_key(annotations)))
+            patches.append(Patch(target, namespace, _name(obj), current, wanted, reason, key=min_scale_key(annotations)))
 
     def restore(target: str, obj: dict, floor: str, reason: str) -> None:
         """Disabling: only the product's own "0" goes back to the floor."""
         annotations = _annotations(obj)
-        current = current_min_scale(annotations)
+        current = min_scale_current(annotations)
         if current == "0" and floor != "0":
-            patches.append(Patch(target, namespace, _name(obj), current, floor, reason, key=_key(annotations)))
+            patches.append(Patch(target, namespace, _name(obj), current, floor, reason, key=min_scale_key(annotations)))
         else:
             holding.append(f"{target} {namespace}/{_name(obj)}")
 
@@ -390,10 +380,10 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                     # patch; left there, a Knative that copies it to the PA keeps the model
                     # cold. Undoing it restarts the model's pods, which warm is worth.
                     annotations = _annotations(revision)
-                    if current_min_scale(annotations) == "0" and floor != "0":
+                    if min_scale_current(annotations) == "0" and floor != "0":
                         patches.append(Patch("revision", namespace, rev_name, "0", floor,
                                              f"model {name}: undo an earlier Revision patch (restarts its pods)",
-                                             key=_key(annotations)))
+                                             key=min_scale_key(annotations)))
     return ScaleToZeroPlan(namespace=namespace, setting=setting, patches=tuple(patches), holding=tuple(holding),
                            skipped=tuple(skipped), mechanism=lever.describe(), notes=tuple(notes),
                            incomplete=tuple(incomplete), exempt=tuple(exempt))
@@ -403,9 +393,9 @@ def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
                   zero_initial: bool = False, enabled_since: datetime | None = None) -> Patch | None:
     template = _annotations(ksvc, template=True)
     notes = _annotations(ksvc)
-    current = current_min_scale(template)
+    current = min_scale_current(template)
     recorded = OWNER_MIN_SCALE in notes
-    name, key = _name(ksvc), _key(template)
+    name, key = _name(ksvc), min_scale_key(template)
     reason = f"pynode: scale to zero {setting}"
     initial_key = initial_scale_key(template)
     if setting == ENABLED:

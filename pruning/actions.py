@@ -19,8 +19,8 @@ from datetime import datetime
 
 from clusters import kube
 from clusters.errors import Conflict, Invalid
-from clusters.knative import initial_scale_key
-from clusters.labels import MIN_SCALE
+from clusters.knative import initial_scale_key, min_scale_current, min_scale_key
+from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE
 
 from .planning import (
     KSERVE_STOP_ANNOTATION, M_KNATIVE_MIN_SCALE, M_KSERVE_STOP, M_MIN_REPLICAS, M_NOTEBOOK, M_SCALE,
@@ -48,7 +48,7 @@ def template_annotations(obj: dict) -> dict:
 
 def sets_initial_scale(state: dict | None) -> bool:
     """Whether a Knative Service's recorded state holds initial-scale beside min-scale."""
-    return any(key != MIN_SCALE_ANNOTATION for key in (state or {}).get("templateAnnotations") or ())
+    return any(key in (INITIAL_SCALE, INITIAL_SCALE_LEGACY) for key in (state or {}).get("templateAnnotations") or ())
 
 
 def recorded_keys(state: dict | None) -> tuple[str, ...]:
@@ -75,7 +75,8 @@ def current_state(method: str, obj: dict, *, keys: tuple[str, ...] = (MIN_SCALE_
     raise ValueError(f"unknown prune method {method!r}")
 
 
-def _target_state(method: str, now: datetime, initial_key: str | None = None) -> dict:
+def _target_state(method: str, now: datetime, initial_key: str | None = None,
+                  min_key: str = MIN_SCALE_ANNOTATION) -> dict:
     if method == M_SCALE:
         return {"replicas": 0}
     if method == M_NOTEBOOK:
@@ -87,7 +88,7 @@ def _target_state(method: str, now: datetime, initial_key: str | None = None) ->
         return {"minReplicas": 0}
     # IMPORTANT: initial-scale "0" goes in the same patch as min-scale "0": one new Revision,
     # and it starts no pod. Only where config-autoscaler allows it (Knative's webhook refuses it otherwise).
-    return {"templateAnnotations": {MIN_SCALE_ANNOTATION: "0", **({initial_key: "0"} if initial_key else {})}}
+    return {"templateAnnotations": {min_key: "0", **({initial_key: "0"} if initial_key else {})}}
 
 
 def _write(gateway: kube.KubeGateway, kind: str, namespace: str, name: str, method: str, state: dict,
@@ -120,7 +121,7 @@ def _stopped(method: str, current: dict, target: dict) -> bool:
     if method == M_NOTEBOOK:  # any stop time means stopped
         return current["annotations"][NOTEBOOK_STOP_ANNOTATION] is not None
     if method == M_KNATIVE_MIN_SCALE:  # min-scale "0" is left to Knative, whatever its initial-scale
-        return current["templateAnnotations"][MIN_SCALE_ANNOTATION] == "0"
+        return min_scale_current(current["templateAnnotations"]) == "0"
     return current == target
 
 
@@ -159,11 +160,14 @@ def scale_to_zero_intent(gateway: kube.KubeGateway, *, kind: str, namespace: str
                           f"now {_uid(obj)}): it is not the workload seen idle")
     if _annotations(obj).get(OPT_OUT_ANNOTATION) == "false":
         raise NothingToDo(f"{kind} {namespace}/{name} opted out ({OPT_OUT_ANNOTATION}: \"false\") since the plan")
-    keys, initial_key = (MIN_SCALE_ANNOTATION,), None
+    # A Knative Service's keys are the spellings its template uses (Knative refuses both
+    # spellings of one key on an object), min-scale first.
+    min_key = min_scale_key(template_annotations(obj)) if method == M_KNATIVE_MIN_SCALE else MIN_SCALE_ANNOTATION
+    keys, initial_key = (min_key,), None
     if method == M_KNATIVE_MIN_SCALE and zero_initial_scale:
         initial_key = initial_scale_key(template_annotations(obj))
-        keys = (MIN_SCALE_ANNOTATION, initial_key)
-    before, target = current_state(method, obj, keys=keys), _target_state(method, now, initial_key)
+        keys = (min_key, initial_key)
+    before, target = current_state(method, obj, keys=keys), _target_state(method, now, initial_key, min_key)
     if _stopped(method, before, target):
         if method == M_KNATIVE_MIN_SCALE:
             raise NothingToDo(f"{kind} {namespace}/{name} already has min-scale \"0\": Knative scales it by its "

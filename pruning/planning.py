@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 # What config-autoscaler says of a zero initial scale, read as the orgs' switch reads it.
-from clusters.knative import ALLOW_ZERO_INITIAL_SCALE, AUTOSCALER_CONFIG, InitialScale, initial_scale_key
+from clusters.knative import (
+    ALLOW_ZERO_INITIAL_SCALE, AUTOSCALER_CONFIG, InitialScale, initial_scale_key, min_scale_current,
+)
 from clusters.labels import (
-    ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, MIN_SCALE, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
+    ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
 )
 # A candidate pod is the cluster snapshot's pod view, read one by one or from a filtered
 # list (only the pods Prometheus saw idle); the objects of the owner walk have their own view.
@@ -303,7 +305,7 @@ def already_at_zero(obj: ObjectView, method: str) -> bool:
     if method == M_MIN_REPLICAS:
         return obj.min_replicas == 0
     if method == M_KNATIVE_MIN_SCALE:
-        return obj.template_annotations.get(MIN_SCALE) == "0"
+        return min_scale_current(obj.template_annotations) == "0"
     return False
 
 

@@ -21,7 +21,7 @@ from audit.models import AuditEntry
 from clusters.errors import Forbidden, Unavailable
 from clusters.knative import INITIAL_SCALE_UNKNOWN, initial_scale_from_config
 from clusters.kube import KubeGateway
-from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE
+from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE, MIN_SCALE_LEGACY
 from clusters.models import Cluster
 from pruning import actions, planning
 from pruning.models import PruneDecision, PruneRun
@@ -189,6 +189,29 @@ def test_a_template_spelling_initial_scale_the_old_way_gets_the_zero_under_that_
     annotations = template(world, "kn")
     assert (annotations[MIN_SCALE], annotations[INITIAL_SCALE_LEGACY]) == ("1", "2")
     assert INITIAL_SCALE not in annotations
+
+
+def legacy_min_scale(name: str, value: str) -> dict:
+    obj = ksvc_with(name)
+    annotations = obj["spec"]["template"]["metadata"]["annotations"]
+    annotations[MIN_SCALE_LEGACY] = annotations.pop(MIN_SCALE) if value == "keep" else value
+    annotations.pop(MIN_SCALE, None)
+    return obj
+
+
+def test_a_template_spelling_min_scale_the_old_way_is_scaled_and_restored_under_that_key(world):
+    # Knative refuses both spellings of a key on one object: the write goes to the owner's own.
+    world.create(legacy_min_scale("kn", "1"))
+    world.record_history(minutes=40)
+    autoscaler_config(world, ALLOWED)
+    d = acted(scale_down(world))
+    annotations = template(world, "kn")
+    assert (annotations[MIN_SCALE_LEGACY], annotations[INITIAL_SCALE]) == ("0", "0") and MIN_SCALE not in annotations
+    assert d.restore_state == {"templateAnnotations": {MIN_SCALE_LEGACY: "1", INITIAL_SCALE: None}}
+    assert prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice",
+                                  now=world.now()).restore == "restored"
+    annotations = template(world, "kn")
+    assert annotations[MIN_SCALE_LEGACY] == "1" and MIN_SCALE not in annotations and INITIAL_SCALE not in annotations
 
 
 def test_restore_leaves_a_service_whose_initial_scale_changed_since_alone(world):

@@ -232,9 +232,10 @@ KSVC_CHAIN = [make_obj("ReplicaSet", "rev-1-deployment-abc", owner=("Deployment"
               make_obj("Revision", "rev-1", labels={"serving.knative.dev/service": "svc"})]
 
 
-def test_a_knative_service_already_at_min_scale_zero_is_no_candidate_and_takes_no_place_under_the_cap():
-    at_zero = p.ObjectView("Service", "team-a", "svc", "uid-svc", {}, {}, None,
-                           template_annotations={"autoscaling.knative.dev/min-scale": "0"})
+@pytest.mark.parametrize("key", ["autoscaling.knative.dev/min-scale", "autoscaling.knative.dev/minScale"])
+def test_a_knative_service_already_at_min_scale_zero_is_no_candidate_and_takes_no_place_under_the_cap(key):
+    # Either spelling of the key: Knative reads the old camelCase one too.
+    at_zero = p.ObjectView("Service", "team-a", "svc", "uid-svc", {}, {}, None, template_annotations={key: "0"})
     pods = [make_pod("kn", owner=("ReplicaSet", "rev-1-deployment-abc")), make_pod("z", owner=("ReplicaSet", "rs"))]
     pl = plan([gpu("kn", 0.0), gpu("z", 0.0)], view(pods, KSVC_CHAIN + [at_zero] + DEPLOY), max_scale_downs=1)
     assert {d.pod: (d.decision, d.reason) for d in pl.decisions} == {
