@@ -213,6 +213,8 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             try:
                 done = services.node_return_to_service(cluster=job.cluster, node=job.node_name,
                                                        actor=request.user, job=job)
+            except services.ReturnUnconfirmed as exc:
+                messages.error(request, f"Not known whether the node was uncordoned: {exc}")
             except (services.DefragError, KubeError) as exc:
                 messages.error(request, f"Nothing changed: {exc}")
             else:

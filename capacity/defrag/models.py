@@ -78,6 +78,22 @@ class DefragJob(models.Model):
     node_delete_intent_at = models.DateTimeField(
         null=True, blank=True, help_text="Written before the drain deletes the Node: a node gone after this was "
                                          "deleted by this job, even if the worker died or an abort came first.")
+    return_intent_at = models.DateTimeField(
+        null=True, blank=True, help_text="Written, and committed, before a return to service uncordons the node; "
+                                         "cleared with its audit entry. Left set, its process stopped between the "
+                                         "two: a node found schedulable was uncordoned by it (recorded then, under "
+                                         "its operator), one still cordoned was not (it lapses).")
+    return_intent_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                         related_name="+",
+                                         help_text="The operator of that return to service (empty: the CLI).")
+    return_intent_label = models.CharField(
+        max_length=150, blank=True, help_text="Where that return to service was asked when not in the panel: "
+                                              "cli:<os user>@<host>.")
+    return_intent_cause = models.CharField(
+        max_length=200, blank=True, help_text="The cause its audit entry carries (the job's state when it was asked).")
+    return_intent_owner = models.CharField(
+        max_length=200, blank=True, help_text="The process carrying it out (host:pid:nonce): it uncordons only while "
+                                              "the intent is still its own.")
     drain_requested_at = models.DateTimeField(null=True, blank=True,
                                               help_text="An operator asked for a drain; the next step honours it.")
     drain_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import secrets
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from typing import TYPE_CHECKING
 
@@ -36,7 +40,7 @@ from clusters.services import cluster_lock
 from clusters.snapshot import NodeView, PodView
 from config import clock
 from config.schedule import SCHEDULES
-from config.actors import actor_label_current
+from config.actors import acting_as, actor_label_current
 from config.celery import task_send
 
 from capacity.defrag.models import (
@@ -97,6 +101,11 @@ TIMEOUT_RANGE = (1, 86400)
 
 class DefragError(Exception):
     """A defrag request that cannot be carried out as asked; the message says why."""
+
+
+class ReturnUnconfirmed(DefragError):
+    """A return to service's uncordon was sent and its answer lost: it may have taken effect.
+    Its intent stays on the job, and whoever next finds it records what happened."""
 
 
 class StaleJob(Exception):
@@ -790,6 +799,10 @@ def _abort_node(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
                            new={"already_gone": True, "by_this_job": True}))
     elif node is None:
         outcome = "gone"
+    elif not cordoned and job.return_intent_at is not None and job.abort_node_outcome != NODE_UNCORDONING:
+        # A return to service uncordoned it and its process stopped before recording it:
+        # the node is the operator's doing (its audit entry is written by whoever settles it).
+        outcome = NODE_RETURNED
     elif not owns:
         if cordoned:
             outcome = "left cordoned"
@@ -1136,6 +1149,154 @@ def defrag_job_holding_reason(job: DefragJob) -> str:
     return ""
 
 
+# A return to service announces itself on the job before its patch (`return_intent_*`,
+# committed), and clears that with its audit entry. An intent found left behind on a node
+# still cordoned means its patch never went out, or a newer return took over: the resume
+# beat lets it lapse only after this long (seconds; a live return to service passes from
+# its announcement to its patch in well under a second, and at worst waits out a few
+# gateway retries of KUBE_REQUEST_TIMEOUT, 30 s, each). Ten minutes: far above both.
+RETURN_INTENT_LAPSE_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class _IntentSettled:
+    """What became of a return to service's intent left behind, in the operator's words."""
+
+    message: str
+    recorded: bool          # its uncordon was found done and audited now
+    abort_requested: bool   # the abort that return would have asked for is asked now
+
+
+def _who(user, label: str) -> str:
+    return str(user) if user is not None else (label or "CLI")
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _return_intent_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _return_intent_clear(row: DefragJob) -> None:
+    DefragJob.objects.filter(pk=row.pk).update(return_intent_at=None, return_intent_by=None, return_intent_label="",
+                                               return_intent_cause="", return_intent_owner="")
+    row.return_intent_at, row.return_intent_by, row.return_intent_label = None, None, ""
+    row.return_intent_cause, row.return_intent_owner = "", ""
+
+
+def _abort_asked_text(row: DefragJob, orphans: int) -> str:
+    if orphans:
+        return (f" Abort of defrag job #{row.pk} requested: its {orphans} orphan(s) are deleted, each once its "
+                f"revision is back to scale.")
+    return f" Abort of defrag job #{row.pk} requested: it has no orphan left to end."
+
+
+def _live_orphans(row: DefragJob) -> int:
+    return row.orphans.filter(state__in=[OrphanState.PLANNED, OrphanState.ORPHANED, OrphanState.DELETING]).count()
+
+
+def _return_intent_settle(row: DefragJob, *, current: dict | None, gateway: kube.KubeGateway, now: datetime,
+                          by: str, enqueue: bool) -> _IntentSettled | None:
+    """Say and record what became of a return to service that stopped between its intent
+    and its record (its process was killed, or its patch's answer was lost).
+
+    Call inside a transaction, with the job's row locked (`select_for_update`) and the node
+    (`current`, None when gone) read under that lock: a return to service holds the same
+    lock from its patch to its record, so an intent seen here is not one under way past
+    its patch. A schedulable node was uncordoned by it: its audit entry is written now,
+    once (the intent is cleared with it), under its own operator and cause, with the
+    abort it would have asked for. A cordoned node was not: the intent lapses, nothing is
+    audited as changed. `by` names who records it (for the log)."""
+    if row.return_intent_at is None:
+        return None
+    node, user, label, at = row.node_name, row.return_intent_by, row.return_intent_label, row.return_intent_at
+    earlier = f"an earlier return to service (by {_who(user, label)} at {_stamp(at)})"
+    cordoned = bool(((current or {}).get("spec") or {}).get("unschedulable"))
+    if current is None:
+        message = (f"Node {node} is gone: {earlier} stopped before it was recorded, and whether it uncordoned the "
+                   f"node first is not known; nothing is recorded as changed.")
+    elif cordoned:
+        message = (f"{earlier[0].upper()}{earlier[1:]} had not uncordoned node {node}: nothing was changed by it "
+                   f"(it stopped before its uncordon, or a newer one took it over).")
+    else:
+        message = f"Node {node} was uncordoned by {earlier} that was interrupted before it was recorded; recorded now."
+        asks_abort = row.state in ENDED_BY_RETURN and not defrag_job_holding_reason(row)
+        if asks_abort:
+            message += _abort_asked_text(row, _live_orphans(row))
+        # The entry is dated when the uncordon was asked for (and sent), and written under
+        # whoever asked, as that return to service would have written it.
+        with acting_as(label):
+            _audit(row, now=at, actor=user, action="node_return_to_service", target=f"Node/{node}",
+                   cause=f"{row.return_intent_cause}; recorded after an interruption (its process stopped before "
+                         f"recording it)", old={"unschedulable": True}, new={"unschedulable": False})
+        _log_write(row.pk, [f"{message} (recorded by {by})"])
+        _event(gateway, row, _node_ref(row, current), reason="DefragReturnToService", message=message, now=now)
+        _return_intent_clear(row)
+        if asks_abort:
+            DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome=NODE_RETURNED)
+            with acting_as(label):
+                defrag_job_abort(job=row, actor=user, now=now, enqueue=enqueue)
+        return _IntentSettled(message=message, recorded=True, abort_requested=asks_abort)
+    _log_write(row.pk, [message])
+    _return_intent_clear(row)
+    return _IntentSettled(message=message, recorded=False, abort_requested=False)
+
+
+def defrag_return_intents_settle(*, now: datetime, gateway: kube.KubeGateway | None = None,
+                                 enqueue: bool = True) -> list[int]:
+    """The resume beat's part in returns to service: settle each intent one left behind
+    (`_return_intent_settle`) without waiting for the operator's next return to service,
+    so its audit entry is written and the abort it asked for ends the orphans. An intent on
+    a node still cordoned is left to its own process for RETURN_INTENT_LAPSE_SECONDS first.
+    Returns the ids of the jobs settled. A job a return to service holds now is skipped
+    (its row is locked): the next beat looks again."""
+    settled = []
+    for job_id in DefragJob.objects.filter(return_intent_at__isnull=False).order_by("pk").values_list("pk", flat=True):
+        try:
+            with transaction.atomic():
+                row = (DefragJob.objects.select_for_update(skip_locked=True)
+                       .filter(pk=job_id, return_intent_at__isnull=False).first())
+                if row is None:
+                    continue
+                cluster_gateway = _gateway(row, gateway)
+                try:
+                    current = cluster_gateway.get(kube.NODES, row.node_name)
+                except NotFound:
+                    current = None
+                cordoned = bool(((current or {}).get("spec") or {}).get("unschedulable"))
+                if cordoned and now < row.return_intent_at + timedelta(seconds=RETURN_INTENT_LAPSE_SECONDS):
+                    continue
+                _return_intent_settle(row, current=current, gateway=cluster_gateway, now=now, by="the resume beat",
+                                      enqueue=enqueue)
+                settled.append(row.pk)
+        except KubeError as exc:
+            log.warning("defrag job %s: return to service intent not settled now (%s); the next beat tries again",
+                        job_id, exc)
+    return settled
+
+
+def _already_schedulable(row: DefragJob, *, node: str, actor, now: datetime, enqueue: bool,
+                         settled: _IntentSettled | None) -> ReturnToService:
+    """The node takes pods already: by kubectl, or by an earlier return to service (then
+    `settled` says so and has asked its abort). Its orphans must still end, or they hold
+    their GPUs for good."""
+    if settled is not None and settled.recorded:
+        return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=settled.abort_requested,
+                               message=settled.message)
+    orphans = _live_orphans(row)
+    message = f"Node {node} was already schedulable; nothing to uncordon."
+    if defrag_job_holding_reason(row) or not (row.state in ENDED_BY_RETURN and orphans):
+        return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False,
+                               message=message + " Nothing changed.")
+    message += _abort_asked_text(row, orphans)
+    _log_write(row.pk, [f"{message} (by {_who(actor, actor_label_current())})"])
+    DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome="already schedulable")
+    defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
+    return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=True, message=message)
+
+
 def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob | None = None,
                            gateway: kube.KubeGateway | None = None, now: datetime | None = None,
                            enqueue: bool = True) -> ReturnToService:
@@ -1147,6 +1308,12 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
     in), or when the node is gone. A node already schedulable is left alone (idempotent).
     A safe, blocked or failed job still tracking orphans is asked to abort as well. Needs
     `capacity.return_to_service_defragjob` when `actor` is a user.
+
+    Durable in two transactions, both under the job's row lock: the first decides and
+    commits the intent (who, when, the cause); the second re-reads the node, patches it,
+    and writes the audit entry, log, Event and abort request with the intent cleared. A
+    process killed between the patch and that record leaves the intent: the next return to
+    service of the node, or the resume beat, records the uncordon then, once.
     """
     now = now or clock.now()
     if actor is not None and not actor.has_perm("capacity.return_to_service_defragjob"):
@@ -1156,6 +1323,9 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
         raise DefragError(f"defrag job #{job.pk} is for node {job.node_name!r} of cluster {job.cluster.name!r}, "
                           f"not {node!r} of {cluster.name!r}")
     gateway = _gateway(cluster, gateway)
+    who = _who(actor, actor_label_current())
+    gone = f"node {node!r} is gone from cluster {cluster.name!r}: nothing to return to service"
+    owner = _return_intent_owner()
     with transaction.atomic():
         live = DefragJob.objects.select_for_update().filter(cluster=cluster, node_name=node,
                                                             state__in=LIVE_STATES).first()
@@ -1165,12 +1335,10 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
         row = live or (DefragJob.objects.select_for_update().get(pk=job.pk) if job is not None else
                        DefragJob.objects.filter(cluster=cluster, node_name=node).order_by("-created_at", "-pk")
                        .select_for_update().first())
-        # IMPORTANT: the node is re-read under the job's row lock, right before the patch.
         try:
             current = gateway.get(kube.NODES, node)
         except NotFound:
-            raise DefragError(f"node {node!r} is gone from cluster {cluster.name!r}: nothing to return to "
-                              f"service") from None
+            raise DefragError(gone) from None
         cordoned = bool((current.get("spec") or {}).get("unschedulable"))
         if row is None:
             if not cordoned:
@@ -1178,42 +1346,86 @@ def node_return_to_service(*, cluster: Cluster, node: str, actor, job: DefragJob
                                   f"{cluster.name!r}: nothing to return to service")
             raise DefragError(f"no defrag job has held node {node!r} on cluster {cluster.name!r}: its cordon is not "
                               f"the product's to undo (kubectl uncordon {node}, if it is meant)")
-        holding = defrag_job_holding_reason(row)
-        orphans = row.orphans.filter(state__in=[OrphanState.PLANNED, OrphanState.ORPHANED,
-                                                OrphanState.DELETING]).count()
-        asks_abort = row.state in ENDED_BY_RETURN
         if not cordoned:
-            # Uncordoned already: by kubectl, or by a return to service whose worker died before
-            # recording it. Its orphans must still end, or they hold their GPUs for good.
-            message = f"Node {node} was already schedulable; nothing to uncordon."
-            if holding or not (asks_abort and orphans):
-                return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False,
-                                       message=message + " Nothing changed.")
-            message += (f" Abort of defrag job #{row.pk} requested: its {orphans} orphan(s) are deleted, each once "
-                        f"its revision is back to scale.")
-            _log_write(row.pk, [f"{message} (by {actor or actor_label_current() or 'CLI'})"])
-            DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome="already schedulable")
-            defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
-            return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=True, message=message)
+            settled = _return_intent_settle(row, current=current, gateway=gateway, now=now, by=who, enqueue=enqueue)
+            return _already_schedulable(row, node=node, actor=actor, now=now, enqueue=enqueue, settled=settled)
+        holding = defrag_job_holding_reason(row)
         if holding:
             raise DefragError(f"node {node!r} is not returned to service: {holding}. Wait until the job rests "
                               f"(safe, failed, drained, aborted) and try again")
-        cause = f"returned to service by an operator; defrag job #{row.pk} was {row.state}"
-        gateway.patch(kube.NODES, node, {"spec": {"unschedulable": False}}, patch_type="strategic")
-        _audit(row, now=now, actor=actor, action="node_return_to_service", target=f"Node/{node}", cause=cause,
-               old={"unschedulable": True}, new={"unschedulable": False})
-        message = f"Node {node} uncordoned: it takes new pods again."
-        if row.state == JobState.ABORT_STUCK and orphans:
-            message += (f" Defrag job #{row.pk} still keeps {orphans} orphan(s) serving on it; abort it again to "
-                        f"end them once their replacements are ready.")
-        elif asks_abort and orphans:
-            message += (f" Abort of defrag job #{row.pk} requested: its {orphans} orphan(s) are deleted, each once "
-                        f"its revision is back to scale.")
-        elif asks_abort:
-            message += f" Abort of defrag job #{row.pk} requested: it has no orphan left to end."
-        _log_write(row.pk, [f"{message} (by {actor or actor_label_current() or 'CLI'})"])
-        _event(gateway, row, _node_ref(row, current), reason="DefragReturnToService", message=message, now=now)
-        if asks_abort:
-            DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome=NODE_RETURNED)
-            defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
+        # An intent left on a cordoned node did nothing: it lapses (logged), and ours replaces it.
+        lapsed = _return_intent_settle(row, current=current, gateway=gateway, now=now, by=who, enqueue=enqueue)
+        # IMPORTANT: the intent is committed before the patch, so a process killed right after
+        # the patch leaves a record of whose uncordon it was.
+        DefragJob.objects.filter(pk=row.pk).update(
+            return_intent_at=now, return_intent_by=actor, return_intent_label="" if actor else actor_label_current(),
+            return_intent_cause=f"returned to service by an operator; defrag job #{row.pk} was {row.state}",
+            return_intent_owner=owner)
+    refusal = ""
+    with transaction.atomic():
+        row = DefragJob.objects.select_for_update().get(pk=row.pk)
+        if row.return_intent_owner != owner:
+            # Settled or taken over meanwhile: the patch is not this call's to send any more.
+            if row.return_intent_at is not None:
+                message = (f"Nothing was done by this return to service of node {node}: a newer one (by "
+                           f"{_who(row.return_intent_by, row.return_intent_label)} at {_stamp(row.return_intent_at)}) "
+                           f"took it over.")
+            else:
+                message = (f"Nothing was done by this return to service of node {node}: it was settled by another "
+                           f"meanwhile (see defrag job #{row.pk}'s log).")
+            return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False, message=message)
+        # IMPORTANT: the node is re-read under the job's row lock, right before the patch.
+        try:
+            current = gateway.get(kube.NODES, node)
+        except NotFound:
+            current = None
+        holding = defrag_job_holding_reason(row)
+        if current is None or holding or not (current.get("spec") or {}).get("unschedulable"):
+            _return_intent_clear(row)
+            if current is not None and not holding:
+                return _already_schedulable(row, node=node, actor=actor, now=now, enqueue=enqueue, settled=None)
+            refusal = gone if current is None else (
+                f"node {node!r} is not returned to service: {holding} (since this return to service was asked). "
+                f"Wait until the job rests (safe, failed, drained, aborted) and try again")
+        else:
+            try:
+                gateway.patch(kube.NODES, node, {"spec": {"unschedulable": False}}, patch_type="strategic")
+            except NotFound:
+                _return_intent_clear(row)
+                refusal = gone
+            except KubeError as exc:
+                # The answer is lost, not necessarily the patch: the intent stays (this
+                # transaction writes nothing), and whoever next finds it records what happened.
+                raise ReturnUnconfirmed(
+                    f"the uncordon of node {node!r} was sent, but its outcome is not known ({exc}). If it took "
+                    f"effect, the resume beat records it within {RESUME_PROMISE} (or the next return to service "
+                    f"does); if not, the node stays cordoned: return it to service again") from None
+            else:
+                return _uncordon_record(row, node=node, current=current, actor=actor, who=who, gateway=gateway,
+                                        now=now, enqueue=enqueue, lapsed=lapsed)
+    raise DefragError(refusal)
+
+
+def _uncordon_record(row: DefragJob, *, node: str, current: dict, actor, who: str, gateway: kube.KubeGateway,
+                     now: datetime, enqueue: bool, lapsed: _IntentSettled | None) -> ReturnToService:
+    """What a return to service did, recorded in the transaction of its patch, with its
+    intent cleared: the audit entry, the log, an Event, the abort it asks for."""
+    orphans = _live_orphans(row)
+    asks_abort = row.state in ENDED_BY_RETURN
+    _audit(row, now=now, actor=actor, action="node_return_to_service", target=f"Node/{node}",
+           cause=row.return_intent_cause, old={"unschedulable": True}, new={"unschedulable": False})
+    message = f"Node {node} uncordoned: it takes new pods again."
+    if row.state == JobState.ABORT_STUCK and orphans:
+        message += (f" Defrag job #{row.pk} still keeps {orphans} orphan(s) serving on it; abort it again to "
+                    f"end them once their replacements are ready.")
+    elif asks_abort:
+        message += _abort_asked_text(row, orphans)
+    if lapsed is not None:
+        message += f" {lapsed.message}"
+    _log_write(row.pk, [f"{message} (by {who})"])
+    _event(gateway, row, _node_ref(row, current), reason="DefragReturnToService", message=message, now=now)
+    _return_intent_clear(row)
+    if asks_abort:
+        DefragJob.objects.filter(pk=row.pk, abort_node_outcome="").update(abort_node_outcome=NODE_RETURNED)
+        defrag_job_abort(job=row, actor=actor, now=now, enqueue=enqueue)
     return ReturnToService(node=node, job_id=row.pk, uncordoned=True, abort_requested=asks_abort, message=message)

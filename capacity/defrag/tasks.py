@@ -28,6 +28,7 @@ from capacity.defrag.services import (
     defrag_job_step,
     defrag_job_wait,
     defrag_jobs_due,
+    defrag_return_intents_settle,
 )
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,13 @@ def _wait(job: DefragJob, pause: float) -> None:
 @shared_task(name="capacity.tasks.defrag_jobs_resume", ignore_result=True)
 def defrag_jobs_resume() -> int:
     """Every 10 s (config/schedule.py): re-queue each live job that should be stepped and
-    no worker holds (its lease expired, or its queued message was lost)."""
+    no worker holds (its lease expired, or its queued message was lost). First, record
+    what became of each return to service whose process stopped between its uncordon and
+    its record (its audit entry, and the abort it asked for)."""
+    try:
+        defrag_return_intents_settle(now=clock.now())
+    except Exception:  # noqa: BLE001 - the database blinked: the resume below must still run; next beat retries
+        log.exception("defrag: returns to service left unrecorded were not settled now")
     due = defrag_jobs_due(now=clock.now())
     for job_id in due:
         defrag_job_run.delay(job_id)

@@ -29,6 +29,7 @@ from capacity.defrag.services import (
     POLL_RANGE,
     TIMEOUT_RANGE,
     DefragError,
+    ReturnUnconfirmed,
     defrag_discover,
     defrag_job_abort,
     defrag_job_drain,
@@ -140,6 +141,8 @@ class Command(BaseCommand):
             sys.exit(EXIT_REFUSED)
         try:
             done = node_return_to_service(cluster=cluster_row, node=node, actor=actor, enqueue=False)
+        except ReturnUnconfirmed as exc:
+            raise CommandError(f"not known whether the node was uncordoned: {exc}") from None
         except (DefragError, KubeError) as exc:
             raise CommandError(f"nothing changed: {exc}") from None
         result = {"node": done.node, "job": done.job_id, "uncordoned": done.uncordoned,
