@@ -3,6 +3,7 @@ owner-kind filter, end to end: simulated cluster, real Prometheus, database, the
 from __future__ import annotations
 
 import io
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -164,14 +165,21 @@ def test_settings_set_the_power_threshold_and_owner_kinds(settings):
     assert params.power_threshold_watts == 90.0 and params.owner_kinds == ("InferenceService", "KnativeService")
 
 
-def test_power_data_that_does_not_cover_the_window_is_missing_power_data(tmp_path, prometheus_factory):
-    # "late" has power samples for the last 12 s of the window only: a low reading there says
-    # nothing of the 30 minutes before. "steady" has them throughout.
+@contextmanager
+def late_and_steady(tmp_path, prometheus_factory):
+    """Two idle one-pod Deployments, "late" and "steady", in team-a, with 40 minutes of history."""
     with World.start(tmp_path) as world:
         world.prometheus_factory = prometheus_factory
         world.create(deployment("late", "team-a", util="0"))
         world.create(deployment("steady", "team-a", util="0"))
         world.record_history(minutes=40)
+        yield world
+
+
+def test_power_data_that_does_not_cover_the_window_is_missing_power_data(tmp_path, prometheus_factory):
+    # "late" has power samples for the last 12 s of the window only: a low reading there says
+    # nothing of the 30 minutes before. "steady" has them throughout.
+    with late_and_steady(tmp_path, prometheus_factory) as world:
         end = world.now()
 
         def power(series):
@@ -210,11 +218,7 @@ def test_a_gpu_whose_power_data_has_a_gap_is_never_idle_but_one_drawing_is_busy(
 def test_utilization_data_for_the_last_seconds_only_is_a_gap(tmp_path, prometheus_factory):
     # The same hole on the utilization side: samples only after the window's last whole
     # step were no slot at all, and so no gap.
-    with World.start(tmp_path) as world:
-        world.prometheus_factory = prometheus_factory
-        world.create(deployment("late", "team-a", util="0"))
-        world.create(deployment("steady", "team-a", util="0"))
-        world.record_history(minutes=40)
+    with late_and_steady(tmp_path, prometheus_factory) as world:
         end = world.now()
 
         def late_data(series):

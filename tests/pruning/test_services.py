@@ -206,12 +206,17 @@ def test_exported_label_scheme_end_to_end(world: World):
         assert run.planned == expected, scheme
 
 
-def test_restore_leaves_an_owner_changed_since_alone(world: World):
+def web_scaled_down(world: World) -> PruneDecision:
+    """An idle 2-replica Deployment "web" in team-a, scaled to zero by a prune: its decision."""
     world.create(deployment("web", "team-a", replicas=2, util="0"))
     world.record_history(minutes=40)
     run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
                             params=PruneParams(run_mode="scale-down"))
-    d = run.decisions.get(result="succeeded")
+    return run.decisions.get(result="succeeded")
+
+
+def test_restore_leaves_an_owner_changed_since_alone(world: World):
+    d = web_scaled_down(world)
     apps = k8s.AppsV1Api(world.api)
     apps.patch_namespaced_deployment_scale("web", "team-a", {"spec": {"replicas": 1}})  # the user came back
     assert prune_decision_restore(kube_gateway=world.gateway, decision=d, actor="alice",
@@ -370,11 +375,7 @@ def test_restore_leaves_a_notebook_its_owner_stopped_again_stopped(world: World)
 
 
 def test_restore_leaves_a_deployment_deleted_and_created_again_alone(world: World):
-    world.create(deployment("web", "team-a", replicas=2, util="0"))
-    world.record_history(minutes=40)
-    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
-                            params=PruneParams(run_mode="scale-down"))
-    d = run.decisions.get(result="succeeded")
+    d = web_scaled_down(world)
     assert d.owner_uid and d.applied_state == {"replicas": 0}
     apps = k8s.AppsV1Api(world.api)
     apps.delete_namespaced_deployment("web", "team-a")
@@ -389,11 +390,7 @@ def test_restore_leaves_a_deployment_deleted_and_created_again_alone(world: Worl
 def test_restore_does_not_overwrite_a_scale_made_between_its_read_and_its_write(world: World):
     from clusters.kube import KubeGateway
 
-    world.create(deployment("web", "team-a", replicas=2, util="0"))
-    world.record_history(minutes=40)
-    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
-                            params=PruneParams(run_mode="scale-down"))
-    d = run.decisions.get(result="succeeded")
+    d = web_scaled_down(world)
     apps = k8s.AppsV1Api(world.api)
 
     class OwnerScalesUpRightAfterTheRead(KubeGateway):
