@@ -27,6 +27,7 @@ import orjson
 import prometheus_client
 import tenacity
 import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
@@ -224,8 +225,12 @@ class KubeGateway:
             kubernetes.config.load_kube_config(config_file=path or None, context=context or None,
                                                client_configuration=configuration,
                                                persist_config=False)
-        except (ConfigException, FileNotFoundError, OSError) as exc:
-            raise ConfigError(f"cannot load kubeconfig {path!r} (context {context or 'current'!r}): {exc}") \
+        # A malformed file fails inside the loader with whatever it trips on: YAMLError (not
+        # YAML), TypeError / KeyError / AttributeError (YAML of another shape), ValueError
+        # (UnicodeDecodeError: not text). All say the same: this file is no kubeconfig.
+        except (ConfigException, OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError) as exc:
+            malformed = "" if isinstance(exc, (ConfigException, OSError)) else "not a kubeconfig file: "
+            raise ConfigError(f"cannot load kubeconfig {path!r} (context {context or 'current'!r}): {malformed}{exc}") \
                 from None
         return cls(kubernetes.client.ApiClient(_proxy_settled(configuration)), **kwargs)
 

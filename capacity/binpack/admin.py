@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from capacity.binpack.planning import COST_ORDER, FORMULA
-from capacity.binpack.models import BinpackCluster, BinpackRun
+from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun
 from clusters.errors import KubeError
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table_display
 
@@ -29,15 +29,23 @@ class BinpackRunAdmin(admin.ModelAdmin):
         """One row per pod: its node, the cost it had and gets, and why it gets that cost."""
         if not run.changes:
             return "—"
-        rows = format_html_join("", "<tr><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+        rows = format_html_join("", "<tr><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
             (c.get("namespace", ""), c.get("pod", ""), c.get("node", ""), c.get("old") or "—",
-             "(removed)" if c.get("new") is None else c.get("new"), c.get("reason", ""))
+             "(removed)" if c.get("new") is None else c.get("new"), self._result(run, c), c.get("reason", ""))
             for c in run.changes))
         more = (format_html("<p>The first {} of {} changes are recorded.</p>", len(run.changes), run.planned)
                 if run.planned > len(run.changes) else "")
         return format_html('<p class="help">{}</p><table id="binpack-changes"><thead><tr><th>Pod</th><th>Node</th>'
-                           "<th>Old cost</th><th>New cost</th><th>Why</th></tr></thead><tbody>{}</tbody></table>{}",
+                           "<th>Old cost</th><th>New cost</th><th>Result</th><th>Why</th></tr></thead><tbody>{}</tbody>"
+                           "</table>{}",
                            COST_ORDER, rows, more)
+
+    @staticmethod
+    def _result(run: BinpackRun, change: dict) -> str:
+        """Whether the pod got the new cost: a planned change is not a written one."""
+        if run.dry_run:
+            return "dry run: not written"
+        return WRITE_RESULTS.get(change.get("result"), "—")   # "—": recorded before results were
 
     def has_add_permission(self, request):
         return False
@@ -82,10 +90,13 @@ class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 self.message_user(request, f"{cluster}: {exc}", messages.ERROR)
                 continue
             level = messages.WARNING if run.errors else messages.SUCCESS
-            done = f"would write {run.planned}" if dry_run else f"wrote {run.written}"
+            done = f"would write {run.planned}" if dry_run else f"wrote {run.written} of {run.planned}"
+            untried = run.results.count("untried")
+            more = (f", {untried} not tried (the cluster had stopped answering)" if untried else "") + (
+                f", {run.over_budget} left for the next run (budget)" if run.over_budget else "")
             self.message_user(request, f"{cluster}: {done} cost(s), {run.unchanged} unchanged, {run.skipped} "
-                                       f"skipped, {run.stale} stale, {len(run.errors)} error(s) (run {run.pk})",
-                              level)
+                                       f"skipped, {run.stale} stale, {run.results.count('error')} error(s){more} "
+                                       f"(run {run.pk})", level)
 
     @admin.action(description="Run binpack now (write deletion costs)", permissions=["run_binpack"])
     def run_binpack(self, request, queryset):

@@ -8,6 +8,16 @@ from clusters.models import Cluster
 from config.actors import actor_label_current
 
 
+# What became of each planned change of a run that writes (`changes[i]["result"]`), as the
+# command and the run page say it: only "written" means the pod carries the planned cost.
+WRITE_RESULTS = {
+    "written": "written",
+    "stale": "not written, the pod changed or went away since the plan",
+    "error": "not written, the write failed",
+    "untried": "not written, not tried: the cluster had stopped answering",
+}
+
+
 class BinpackRun(models.Model):
     class Trigger(models.TextChoices):
         SCHEDULE = "schedule", "beat schedule"

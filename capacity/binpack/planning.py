@@ -239,8 +239,13 @@ class BinpackOptions:
     opted_out_owners: frozenset[str] = field(default_factory=frozenset)
 
 
-def _workload(pod: PodView) -> str | None:
-    """The set of pods one controller compares costs within."""
+def pod_opts_out(pod: PodView) -> bool:
+    """`capacity.io/binpack: "false"` on the pod itself (an annotation, else a label)."""
+    return str(pod.annotations.get(BINPACK_OPT_OUT, pod.labels.get(BINPACK_OPT_OUT, ""))).lower() == "false"
+
+
+def workload_of(pod: PodView) -> str | None:
+    """The set of pods one controller compares costs within (None: no controller reads its cost)."""
     if pod.labels.get(KTHENA_NAME_LABEL):
         return f"{pod.namespace}/ModelServing/{pod.labels[KTHENA_NAME_LABEL]}"
     owner = pod.controller
@@ -283,13 +288,12 @@ def _plan(snapshot: ClusterSnapshot, options: BinpackOptions) -> BinpackPlan:
         controller = pod.controller
         if controller is not None and controller.kind in _SKIP_OWNER_KINDS:
             continue
-        workload = _workload(pod)
+        workload = workload_of(pod)
         if workload is None:
             pods_by_node[node_name].append((pod, None, None, False, None, None))
             continue
         annotations = pod.annotations
-        out = str(annotations.get(BINPACK_OPT_OUT, pod.labels.get(BINPACK_OPT_OUT, ""))).lower() == "false" or \
-            (bool(opted_out_owners) and any(o.uid in opted_out_owners for o in pod.owners))
+        out = pod_opts_out(pod) or (bool(opted_out_owners) and any(o.uid in opted_out_owners for o in pod.owners))
         pods_by_node[node_name].append((pod, workload, _group(pod, options), out,
                                         annotations.get(DELETION_COST), annotations.get(BINPACK_MARKER)))
 

@@ -83,10 +83,18 @@ class NodeRow(msgspec.Struct, frozen=True, gc=False):
     # name: what its cells show. Kept as plain tuples (the map draws a page of 100 rows, not
     # all of them, and a reading of 5,000 nodes is pickled into the cache).
     holders: tuple[tuple[str, str, str, str, int], ...]
+    # The node's Ready condition is True: a node that is not (its kubelet stopped reporting,
+    # say) starts no new pod, whatever GPUs it lists.
+    ready: bool = True
 
     @property
     def free(self) -> int:
         return max(self.total - self.used, 0)
+
+    @property
+    def takes_pods(self) -> bool:
+        """Ready and not cordoned: its free GPUs can take a new pod."""
+        return self.ready and not self.cordoned
 
     @property
     def gpu_pods(self) -> int:
@@ -140,7 +148,7 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
         rows.append(NodeRow(name=node.name, pool=node_pool_name, gpu_product=node.labels.get(GPU_PRODUCT_LABEL, ""),
                             total=node.gpus_allocatable, used=snapshot.gpus_requested(node.name),
                             cordoned=node.unschedulable, held_by_job=held_nodes.get(node.name),
-                            holders=tuple(holders)))
+                            holders=tuple(holders), ready=node.ready))
     advice = defrag_advice(snapshot, held_nodes=held_nodes, scoring=scoring)
     if pool:
         advice = advice.only({r.name for r in rows})
@@ -173,20 +181,26 @@ DASHBOARD_CANDIDATES = 10  # rows of "where to defrag" on the dashboard
 
 @dataclass(frozen=True)
 class ProductTotals:
+    """`free` counts every node's free GPUs; whole free nodes, fragmented nodes and stranded
+    GPUs only those of nodes that take new pods (Ready, not cordoned): an empty node that is
+    cordoned or not Ready is no room for a large model."""
+
     product: str
     nodes: int
     total: int
     used: int
     free: int
-    empty_nodes: int      # whole nodes free: what a large model needs
-    fragmented_nodes: int  # partly used: free GPUs that a whole-node model cannot use
+    empty_nodes: int      # whole nodes free and taking pods: what a large model needs
+    fragmented_nodes: int  # partly used, taking pods: free GPUs that a whole-node model cannot use
     cordoned_nodes: int
     empty_nodes_gpus: int
+    not_ready_nodes: int = 0
+    closed_free: int = 0   # free GPUs on nodes that take no new pod (cordoned or not Ready)
 
     @property
     def stranded(self) -> int:
-        """Free GPUs on partly used nodes: free, but not for a whole-node model."""
-        return self.free - self.empty_nodes_gpus
+        """Free GPUs on partly used nodes that take pods: free, but not for a whole-node model."""
+        return self.free - self.empty_nodes_gpus - self.closed_free
 
 
 @dataclass(frozen=True)
@@ -219,13 +233,16 @@ def gpu_summary(view: FragmentationView, *, top: int = DASHBOARD_CANDIDATES) -> 
     for row in view.rows:
         t = acc.setdefault(row.gpu_product or "unlabelled", dict.fromkeys(
             ("nodes", "total", "used", "free", "empty_nodes", "fragmented_nodes", "cordoned_nodes",
-             "empty_nodes_gpus"), 0))
+             "empty_nodes_gpus", "not_ready_nodes", "closed_free"), 0))
         t["nodes"] += 1
         t["total"] += row.total
         t["used"] += row.used
         t["free"] += row.free
         t["cordoned_nodes"] += row.cordoned
-        if row.used == 0:
+        t["not_ready_nodes"] += not row.ready
+        if not row.takes_pods:
+            t["closed_free"] += row.free
+        elif row.used == 0:
             t["empty_nodes"] += 1
             t["empty_nodes_gpus"] += row.total
         elif row.free > 0:

@@ -133,7 +133,7 @@ def _recent(cluster: Cluster, now: datetime, part: str, gateway: kube.KubeGatewa
                 queued_at = _refresh_queue(cluster, identity, now)
                 if queued_at is not None:
                     return Reading(kept[part], kept["taken_at"], refresh_asked_at=queued_at,
-                                   refresh_failed=_refresh_failure(identity))
+                                   refresh_failed=_refresh_failure(identity, since=kept["taken_at"]))
     drawn = _draw(cluster, identity, drawn_with, now, gateway)
     return Reading(drawn[part], now)
 
@@ -218,9 +218,13 @@ def refresh_forget(*, cluster: Cluster) -> None:
     _cache_delete(_cache_key(_identity(cluster), "refresh"))
 
 
-def _refresh_failure(identity: str) -> dict | None:
+def _refresh_failure(identity: str, *, since: datetime) -> dict | None:
+    """How the last refresh failed, if it did after the reading shown was taken: a failure
+    before it (a page has read the cluster itself since) is not the last reading's."""
     failed = _cache_get(_cache_key(identity, "failed"))
-    return failed if failed and {"at", "error"} <= failed.keys() else None
+    if not failed or not {"at", "error"} <= failed.keys():
+        return None
+    return failed if isinstance(failed["at"], datetime) and failed["at"] >= since else None
 
 
 def _cache_delete(key: str) -> None:

@@ -73,14 +73,15 @@ def _cells_svg(row: NodeRow) -> str:
     100 eight-GPU nodes is 800 cells, which the template engine drew in ~50 ms. A pod's
     cells differ only in x, so each distinct cell's colour and title are escaped once."""
     escaped: dict[GpuCell, tuple[str, str]] = {}
-    opacity = ' fill-opacity="0.5"' if row.cordoned else ""
+    opacity = "" if row.takes_pods else ' fill-opacity="0.5"'
+    free = "free" if row.takes_pods else f"free, but the node {'is not Ready' if not row.ready else 'is cordoned'}"
     size = CELL - 2
     parts = []
     for j, cell in enumerate(row.cells):
         colour_title = escaped.get(cell)
         if colour_title is None:
             colour_title = escaped[cell] = (escape(cell.colour),
-                                            escape(f"{cell.pod} ({cell.org}/{cell.model})" if cell.pod else "free"))
+                                            escape(f"{cell.pod} ({cell.org}/{cell.model})" if cell.pod else free))
         colour, title = colour_title
         parts.append(f'<rect x="{LABEL_WIDTH + j * CELL}" y="0" width="{size}" height="{size}" fill="{colour}" '
                      f'stroke="#555" stroke-width="0.5"{opacity}><title>{title}</title></rect>')

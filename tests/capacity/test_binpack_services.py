@@ -147,7 +147,9 @@ def gets(handle) -> int:
 def planned_change(core, name: str, *, new: int = 5) -> bp.CostChange:
     """A change planned from the pod as it is now (its uid, version and cost)."""
     meta = core.read_namespaced_pod(name, NS).metadata
-    return bp.CostChange(namespace=NS, name=name, uid=meta.uid, node="n2", workload="x", group=None,
+    (owner,) = meta.owner_references
+    return bp.CostChange(namespace=NS, name=name, uid=meta.uid, node="n2", group=None,
+                         workload=f"{NS}/{owner.kind}/{owner.name}",   # as the plan names it, judged again
                          old=(meta.annotations or {}).get(labels.DELETION_COST), new=new, reason="test",
                          resource_version=meta.resource_version)
 
@@ -228,8 +230,8 @@ def test_a_pod_gone_since_the_snapshot_is_stale_not_an_error(world):
 def test_the_product_does_not_start_with_a_write_concurrency_out_of_range(value):
     proc = manage_check(BINPACK_WRITE_CONCURRENCY=value)
     assert proc.returncode != 0
-    assert (f"ImproperlyConfigured: BINPACK_WRITE_CONCURRENCY must be 1 to 32 patches in flight, not {value}"
-            in proc.stderr)
+    assert (f"ImproperlyConfigured: BINPACK_WRITE_CONCURRENCY must be the cost patches in flight at once: "
+            f"a whole number at least 1 and at most 32, not '{value}'" in proc.stderr)
 
 
 A2_WHY = ("node n2: 1 of 8 GPUs in use, 1 pod (all of its workload, no other workload on it) → deleted first of "
@@ -282,10 +284,116 @@ def test_the_run_page_shows_each_change_with_why(world, client):
     run, _ = pod_deletion_costs_apply(cluster=handle.cluster, dry_run=True)
     client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
     html = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
-    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>",
-                      re.search(r'<table id="binpack-changes">(.*?)</table>', html, re.S).group(1))
-    assert ("team/a-2", "n2", "—", "1366", escape(A2_WHY)) in rows and len(rows) == 4
+    rows = changes_table(html)
+    assert ("team/a-2", "n2", "—", "1366", "dry run: not written", escape(A2_WHY)) in rows and len(rows) == 4
     assert escape(bp.COST_ORDER) in html
+
+
+def changes_table(html: str) -> list[tuple[str, ...]]:
+    """The run page's "changes and why" rows: pod, node, old cost, new cost, result, why."""
+    return re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>",
+                      re.search(r'<table id="binpack-changes">(.*?)</table>', html, re.S).group(1))
+
+
+def after_planning(monkeypatch, act) -> None:
+    """Run `act()` between the plan and its writes: someone else acting on the cluster then."""
+    plan = bp.binpack_plan
+
+    def plan_then_act(*args, **kwargs):
+        planned = plan(*args, **kwargs)
+        act()
+        return planned
+
+    monkeypatch.setattr(bp, "binpack_plan", plan_then_act)
+
+
+def test_a_write_run_says_which_costs_it_wrote_and_which_it_did_not(world, monkeypatch, capsys):
+    """A pod whose owner set its cost between the plan and the write keeps that cost, and
+    the command says that pod was not written instead of printing the planned cost as done."""
+    handle, core = world
+    after_planning(monkeypatch, lambda: core.patch_namespaced_pod(
+        "a-2", NS, {"metadata": {"annotations": {labels.DELETION_COST: "7"}}}))
+    call_command("binpack", "--cluster", handle.cluster.name)
+    out = capsys.readouterr().out.splitlines()
+    assert cost_of(core, "a-2") == "7"                                     # the owner's cost stays
+    assert f"not written, the pod changed or went away since the plan: team/a-2: - -> 1366 ({A2_WHY})" in out
+    assert not any(line.startswith(("team/a-2", "wrote team/a-2")) for line in out)
+    assert [line.split(":")[0] for line in out if line.startswith("wrote ")] == [
+        "wrote team/a-0", "wrote team/a-1", "wrote team/b-0"]
+    assert out[-1] == f"written 3, stale 1, errors 0 (run {BinpackRun.objects.get().pk})"
+    assert set(AuditEntry.objects.get(app="binpack").new) == {"team/a-0", "team/a-1", "team/b-0"}
+
+
+def test_failed_writes_are_said_per_pod_and_the_command_exits_1(world, settings, client, capsys):
+    """Every patch refused with a 500 (after the gateway's retries): nothing is written, the
+    command says so of each pod and exits 1, and the rest of the run is not spent retrying
+    a cluster that does not answer."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    handle.control.set_faults(error_rate=1.0, match={"verbs": ["patch"], "resources": ["pods"]})
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError) as failed:
+        call_command("binpack", "--cluster", handle.cluster.name)
+    run = BinpackRun.objects.get()
+    assert str(failed.value) == (f"4 of 4 cost(s) not written on cluster default (run {run.pk}): "
+                                 "team/a-0: 500 InternalError: simcluster injected fault: internal error")
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    assert [line.split(": team/")[0] for line in out[:4]] == [
+        "not written, the write failed"] + ["not written, not tried: the cluster had stopped answering"] * 3
+    assert not any(line.startswith("wrote ") for line in out)
+    assert out[-1] == f"written 0, stale 0, errors 1, not tried 3 (run {run.pk})"
+    assert captured.err.splitlines()[-1] == ("3 write(s) not tried after the cluster failed to answer a write "
+                                             "(above); the next run plans them again")
+    assert patches(handle) == settings.KUBE_RETRY_ATTEMPTS            # one pod's retries, not every pod's
+    assert all(cost_of(core, n) is None for n in ("a-0", "a-1", "a-2", "b-0"))
+    assert not AuditEntry.objects.filter(app="binpack").exists()
+    # The run page says the same of each pod.
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
+    html = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
+    assert sorted(row[4] for row in changes_table(html)) == [
+        "not written, not tried: the cluster had stopped answering"] * 3 + ["not written, the write failed"]
+
+
+@pytest.mark.parametrize("where", ["labels", "annotations"])
+def test_a_pod_opted_out_between_the_plan_and_the_write_gets_no_cost(world, monkeypatch, where):
+    handle, core = world
+    after_planning(monkeypatch, lambda: core.patch_namespaced_pod(
+        "a-2", NS, {"metadata": {where: {labels.BINPACK_OPT_OUT: "false"}}}))
+    run, plan = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert "a-2" in {c.name for c in plan.changes}
+    assert cost_of(core, "a-2") is None and (run.written, run.stale) == (3, 1)
+    assert "team/a-2" not in AuditEntry.objects.get(app="binpack").new
+    again, plan = pod_deletion_costs_apply(cluster=handle.cluster)            # the next run agrees
+    assert "a-2" not in {c.name for c in plan.changes} and cost_of(core, "a-2") is None
+
+
+def test_a_pod_orphaned_between_the_plan_and_the_write_gets_no_cost(world, monkeypatch):
+    """A defrag job orphans a pod (no owner, no pod-template-hash): no controller reads a cost on it."""
+    handle, core = world
+    after_planning(monkeypatch, lambda: core.patch_namespaced_pod(
+        "a-2", NS, [{"op": "remove", "path": "/metadata/ownerReferences"}]))
+    run, _ = pod_deletion_costs_apply(cluster=handle.cluster)
+    assert cost_of(core, "a-2") is None and (run.written, run.stale) == (3, 1)
+
+
+@pytest.mark.parametrize("content", [b"clusters: [", b"- a list\n- not a kubeconfig\n", b"\xff\xfe not text"])
+def test_a_malformed_kubeconfig_is_named_recorded_and_nothing_is_written(db, tmp_path, content):
+    """Not YAML, YAML of another shape, not text: each is the operator's to fix, said as such."""
+    from django.core.management.base import CommandError
+    from clusters.models import Cluster
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_bytes(content)
+    Cluster.objects.create(name="broken", kubeconfig_path=str(kubeconfig))
+    with pytest.raises(CommandError) as failed:
+        call_command("binpack", "--cluster", "broken")
+    assert str(failed.value).startswith(f"cluster broken: 0 ConfigError: cannot load kubeconfig '{kubeconfig}' "
+                                        "(context 'current'): not a kubeconfig file: ")
+    (run,) = BinpackRun.objects.all()
+    assert run.errors[0].startswith("cluster not read, nothing written: refused: 0 ConfigError: cannot load "
+                                    f"kubeconfig '{kubeconfig}'")
 
 
 def test_command_names_an_unknown_cluster(world):
@@ -313,6 +421,8 @@ def test_admin_action_needs_its_permission_and_records_the_operator(world, clien
     run = BinpackRun.objects.get()
     assert (run.actor, run.trigger, run.written) == (operator, "admin", 4)
     assert AuditEntry.objects.get(app="binpack").actor == operator
+    assert [str(m) for m in response.context["messages"]] == [
+        f"default: wrote 4 of 4 cost(s), 0 unchanged, 2 skipped, 0 stale, 0 error(s) (run {run.pk})"]
 
 
 def test_the_beat_task_costs_every_cluster(world, celery_eager):

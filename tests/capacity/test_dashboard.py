@@ -98,6 +98,24 @@ def test_the_advice_says_how_many_nodes_can_be_freed_together(sim_cluster_factor
     assert not any("spare" in why for why in whys)
 
 
+def test_an_empty_node_that_is_cordoned_or_not_ready_is_no_whole_free_node(sim_cluster_factory, client, staff):
+    """h3's kubelet stopped reporting (Ready False) and h4 is cordoned: both are empty, but a
+    large model can start on h2 alone, and the map says h3 is not Ready."""
+    not_ready = make_node("h3")
+    not_ready["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]
+    handle = sim_cluster_factory(objects() + [not_ready, make_node("h4", unschedulable=True)], name="sim")
+    handle.advance(5)
+    html = client.get("/capacity/clusters/sim/").content.decode()
+    h100 = {row[0]: row[1:] for row in cells(html, "gpus-by-product")}["NVIDIA-H100-80GB-HBM3"]
+    # nodes, GPUs, used, free, whole free nodes, fragmented nodes, stranded, cordoned, not ready
+    assert h100 == ["4", "32", "6", "26", "1", "1", "2", "1", "1"]
+    assert "count only the nodes that take new pods (Ready and not cordoned)" in html
+    gpu_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert '<text x="34" y="13">h3 (NotReady)</text>' in gpu_map and '<text x="34" y="13">h2</text>' in gpu_map
+    h3 = re.search(r'data-node="h3".*?</g>', gpu_map, re.S).group(0)
+    assert h3.count("<title>free, but the node is not Ready</title>") == 8 and 'fill-opacity="0.5"' in h3
+
+
 def test_the_admin_home_lists_clusters_with_their_dashboard(sim_cluster_factory, client, staff):
     sim_cluster_factory(objects(), name="sim")
     html = client.get("/admin/").content.decode()
@@ -112,6 +130,19 @@ def test_unreachable_cluster_is_said_and_the_rest_still_shows(sim_cluster_factor
     assert page.status_code == 502
     html = page.content.decode()
     assert "Cannot read the cluster" in html and "dormant of 0" in html
+
+
+@pytest.mark.parametrize("page", ["/capacity/clusters/broken/", "/capacity/clusters/broken/gpu-map/"])
+def test_a_malformed_kubeconfig_is_said_on_the_page(client, staff, tmp_path, page):
+    from clusters.models import Cluster
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("- a list\n- not a kubeconfig\n")
+    Cluster.objects.create(name="broken", kubeconfig_path=str(kubeconfig))
+    response = client.get(page)
+    assert response.status_code == 502
+    assert (f"Cannot read the cluster: 0 ConfigError: cannot load kubeconfig &#x27;{kubeconfig}&#x27; (context "
+            "&#x27;current&#x27;): not a kubeconfig file: ") in response.content.decode()
 
 
 def test_the_collector_runs_again_after_every_page_drawn_failed_or_not_found(sim_cluster_factory, client, staff,
@@ -271,6 +302,36 @@ def test_a_failed_refresh_is_said_and_past_its_wait_the_page_reads_the_cluster_i
     frozen_now[0] = T0 + timedelta(seconds=70)
     page = client.get("/capacity/clusters/sim/gpu-map/")
     assert page.status_code == 502 and "Cannot read the cluster" in page.content.decode()
+
+
+def test_a_failed_refresh_is_not_said_under_a_reading_taken_after_it(
+        sim_cluster_factory, client, staff, redis_cache, settings, frozen_now, refreshes):
+    """A refresh fails, then a page reads the cluster itself: the reading it shows is newer
+    than that failure, so the page does not say its reading is the last that succeeded."""
+    settings.CAPACITY_MAP_CACHE_SECONDS = 10
+    handle = sim_cluster_factory(objects(), name="sim")
+    assert client.get("/capacity/clusters/sim/").status_code == 200
+    handle.control.set_faults(error_rate=1.0, match={"verbs": ["list"], "resources": ["nodes"]})
+    frozen_now[0] = T0 + timedelta(seconds=15)
+    client.get("/capacity/clusters/sim/")                             # a refresh queued…
+    frozen_now[0] = T0 + timedelta(seconds=16)
+    assert refreshes.run() == [False]                                 # …fails at 14:05:23
+    handle.control.clear_faults()
+    frozen_now[0] = T0 + timedelta(seconds=71)                        # past the wait: the page reads itself
+    assert data_age(client.get("/capacity/clusters/sim/").content.decode()).startswith(
+        "Nodes and pods as of 0 s ago (2026-03-02 14:06:18 UTC)")
+    frozen_now[0] = T0 + timedelta(seconds=82)
+    html = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert data_age(html).startswith("Nodes and pods as of 11 s ago (2026-03-02 14:06:18 UTC)")
+    assert 'id="refresh-failed"' not in html
+    # A refresh failing after that reading is said.
+    handle.control.set_faults(error_rate=1.0, match={"verbs": ["list"], "resources": ["nodes"]})
+    frozen_now[0] = T0 + timedelta(seconds=83)
+    assert refreshes.run() == [False]
+    frozen_now[0] = T0 + timedelta(seconds=84)
+    html = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    failed = re.search(r'<p class="errornote" id="refresh-failed">(.*?)</p>', html, re.S).group(1)
+    assert failed.startswith("The last reading of the cluster, at 2026-03-02 14:06:30 UTC, failed: 500 InternalError")
 
 
 def test_without_a_cache_shared_with_the_workers_the_page_reads_the_cluster_itself(

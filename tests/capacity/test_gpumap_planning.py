@@ -81,6 +81,25 @@ def test_summary_totals_gpus_per_product_and_counts_fragments():
     assert (summary.total, summary.used, summary.free) == (17, 7, 10)
 
 
+def test_empty_nodes_that_take_no_pods_are_not_whole_free_nodes():
+    """Cordoned or not Ready, an empty node is no room for a whole-node model, and a partly
+    used one strands nothing: its free GPUs take no pod at all."""
+    down = make_node("down")
+    down["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    half_down = make_node("half-down")
+    half_down["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
+    nodes = [make_node("open"), make_node("busy"), down, half_down, make_node("cordoned", unschedulable=True)]
+    pods = [make_model_pod("b1", revision="r-00001", node="busy", gpus=6),
+            make_model_pod("h1", revision="r-00001", node="half-down", gpus=4)]
+    view = fragmentation_view(snapshot(nodes, pods))
+    rows = {r.name: r for r in view.rows}
+    assert [name for name, r in rows.items() if not r.ready] == ["down", "half-down"]
+    (h100,) = gpu_summary(view).products
+    assert (h100.free, h100.empty_nodes, h100.empty_nodes_gpus, h100.fragmented_nodes, h100.stranded) == (
+        30, 1, 8, 1, 2)
+    assert (h100.cordoned_nodes, h100.not_ready_nodes, h100.closed_free) == (1, 2, 20)
+
+
 def test_finished_and_terminating_pods_hold_no_gpus_on_the_map():
     done = make_model_pod("done", revision="r-00001", node="a", gpus=4, phase="Succeeded")
     leaving = make_model_pod("leaving", revision="r-00001", node="a", gpus=2)

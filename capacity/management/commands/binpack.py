@@ -13,7 +13,8 @@ from config.actors import CliActorMixin
 
 class Command(CliActorMixin, BaseCommand):
     help = ("Write controller.kubernetes.io/pod-deletion-cost on model pods of GPU nodes so that "
-            "scale-down frees whole nodes (only pods whose cost changes are written).")
+            "scale-down frees whole nodes (only pods whose cost changes are written; exit 1 when a write "
+            "failed or was not tried).")
 
     def add_arguments(self, parser):
         parser.add_argument("--cluster", default=None, metavar="NAME", help="cluster name (default: the default)")
@@ -27,7 +28,7 @@ class Command(CliActorMixin, BaseCommand):
     def handle(self, *args, **opts):
         from capacity.binpack.planning import COST_ORDER
         from capacity.binpack.services import pod_deletion_costs_apply
-        from capacity.binpack.models import BinpackRun
+        from capacity.binpack.models import WRITE_RESULTS, BinpackRun
         from clusters.services import cluster_resolve
 
         explain = []
@@ -51,18 +52,36 @@ class Command(CliActorMixin, BaseCommand):
             out.update({"run": run.pk, "dry_run": run.dry_run, "written": run.written, "stale": run.stale,
                         "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4),
                         "explained": {f"{ns}/{name}": plan.explain(ns, name) for ns, name in explain}})
+            for change, result in zip(out["changes"], run.results):
+                change["result"] = result
             self.stdout.write(json.dumps(out, indent=2, ensure_ascii=False))
+            self._fail_unless_written(cluster, run)
             return
-        prefix = "would write " if run.dry_run else ""
         lines = plan.describe()
-        for line in lines[:-1]:
-            self.stdout.write(prefix + line)
+        if run.dry_run:
+            for line in lines[:-1]:
+                self.stdout.write("would write " + line)
+        else:   # each change as it went: a planned cost is not a written one
+            for line, result in zip(lines[:-1], run.results):
+                self.stdout.write(("wrote " if result == "written" else f"{WRITE_RESULTS[result]}: ") + line)
         self.stdout.write(lines[-1])
         for namespace, name in explain:
             self.stdout.write(f"why {namespace}/{name}: {plan.explain(namespace, name)}")
         if len(lines) > 1 or explain:
             self.stdout.write(COST_ORDER)
         if not run.dry_run:
-            self.stdout.write(f"written {run.written}, stale {run.stale}, errors {len(run.errors)} (run {run.pk})")
+            untried = run.results.count("untried")
+            self.stdout.write(f"written {run.written}, stale {run.stale}, errors {run.results.count('error')}"
+                              + (f", not tried {untried}" if untried else "") + f" (run {run.pk})")
         for error in run.errors:
             self.stderr.write(error)
+        self._fail_unless_written(cluster, run)
+
+    @staticmethod
+    def _fail_unless_written(cluster, run) -> None:
+        """Exit 1 when a planned cost was not written for a failure (a pod changed since the
+        plan is left to whoever changed it: no failure)."""
+        failed = run.results.count("error") + run.results.count("untried")
+        if failed:
+            raise CommandError(f"{failed} of {run.planned} cost(s) not written on cluster {cluster.name} "
+                               f"(run {run.pk}): {run.errors[0]}")
