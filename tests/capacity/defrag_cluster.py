@@ -71,3 +71,15 @@ class Kube:
         for pod in self.pods(namespace, revision=revision):
             by_node[pod.spec.node_name] = by_node.get(pod.spec.node_name, 0) + 1
         return next(node for node, n in sorted(by_node.items()) if n == count)
+
+
+def run_until(world, job, states, *, dt: float = 1.0, max_steps: int = 200):
+    """Step `job` on `world`'s clock, `dt` seconds apart, until it rests in one of `states`."""
+    from capacity.defrag.services import defrag_job_step
+
+    for _ in range(max_steps):
+        job = defrag_job_step(job=job, gateway=world.gateway, now=world.now())
+        if job.state in states:
+            return job
+        world.advance(dt)
+    raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")

@@ -20,8 +20,8 @@ from capacity.defrag.services import (
 )
 from config.schedule import SCHEDULES
 from defrag_builders import make_node
-from defrag_cluster import NS, REVISION, knative_service, scenario
-from test_defrag_services import audit_counts, run_until, start_job, step, world_without_room
+from defrag_cluster import NS, REVISION, knative_service, run_until, scenario
+from test_defrag_services import audit_counts, start_job, step, world_without_room
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,9 @@ from capacity.defrag.models import DefragJob, JobState, OrphanState
 from capacity.defrag.services import defrag_job_abort, defrag_job_drain, defrag_job_step, node_return_to_service
 from config.actors import acting_as
 from defrag_builders import make_model_pod, make_node, make_pod
-from defrag_cluster import NS, REVISION, knative_service, scenario
+from defrag_cluster import NS, REVISION, knative_service, run_until, scenario
 from test_defrag_durability import Interleave
-from test_defrag_services import run_until, start_job, step
+from test_defrag_services import start_job, step
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from capacity.defrag.services import (
     defrag_job_step,
 )
 from defrag_builders import make_pod
-from defrag_cluster import NS, REVISION, SERVICE, knative_service, scenario
+from defrag_cluster import NS, REVISION, SERVICE, knative_service, run_until, scenario
 
 pytestmark = pytest.mark.django_db
 
@@ -41,16 +41,6 @@ def start_job(world, node: str, **kwargs) -> DefragJob:
 
 def step(world, job) -> DefragJob:
     return defrag_job_step(job=job, gateway=world.gateway, now=world.now())
-
-
-def run_until(world, job, states, *, dt: float = 1.0, max_steps: int = 200) -> DefragJob:
-    """Step the job, moving the simulated clock by `dt` between steps, until it reaches `states`."""
-    for _ in range(max_steps):
-        job = step(world, job)
-        if job.state in states:
-            return job
-        world.advance(dt)
-    raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")
 
 
 def test_seed_scenario_three_replicas_one_orphaned_scale_reaches_four_then_safe(defrag_world):

@@ -11,13 +11,12 @@ from capacity.defrag.services import (
     defrag_discover,
     defrag_job_drain,
     defrag_job_start,
-    defrag_job_step,
     node_return_to_service,
 )
 from audit.selectors import entries_of_subject
 from capacity.defrag.models import DefragJob, JobState, OrphanState
 from defrag_builders import make_node
-from defrag_cluster import NS, knative_service, scenario
+from defrag_cluster import NS, knative_service, run_until, scenario
 
 pytestmark = pytest.mark.django_db
 
@@ -33,15 +32,6 @@ def start_job(world, node: str) -> DefragJob:
     plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=world.gateway)
     return defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, now=world.now(), enqueue=False,
                             poll_interval_seconds=2.0)
-
-
-def run_until(world, job, states, *, dt: float = 1.0, max_steps: int = 200) -> DefragJob:
-    for _ in range(max_steps):
-        job = defrag_job_step(job=job, gateway=world.gateway, now=world.now())
-        if job.state in states:
-            return job
-        world.advance(dt)
-    raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")
 
 
 def give_back(world, node: str, *, actor=None, job=None):

@@ -31,13 +31,12 @@ from capacity.defrag.services import (
     defrag_discover,
     defrag_job_abort,
     defrag_job_start,
-    defrag_job_step,
     defrag_return_intents_settle,
     node_return_to_service,
 )
 from clusters import kube
 from clusters.errors import Unavailable
-from defrag_cluster import NS, knative_service, scenario
+from defrag_cluster import NS, knative_service, run_until, scenario
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,15 +50,6 @@ CLI = "cli:ops@bastion"
 def job_audit(job, action: str | None = None) -> list:
     entries = entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
     return list(entries.filter(action=action) if action else entries)
-
-
-def run_until(world, job, states, *, dt: float = 1.0, max_steps: int = 200) -> DefragJob:
-    for _ in range(max_steps):
-        job = defrag_job_step(job=job, gateway=world.gateway, now=world.now())
-        if job.state in states:
-            return job
-        world.advance(dt)
-    raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")
 
 
 def give_back(world, node: str, *, actor=None, job=None, gateway=None):

@@ -76,6 +76,15 @@ def scale_down(world: World, gateway: KubeGateway | None = None, **params) -> Pr
                              params=PruneParams(run_mode="scale-down", **params), actor="test")
 
 
+def pruned(world: World, obj: dict, config: dict | None) -> PruneRun:
+    """`obj` created idle, 40 minutes of history, config-autoscaler's data as given, then a
+    scale-down run."""
+    world.create(obj)
+    world.record_history(minutes=40)
+    autoscaler_config(world, config)
+    return scale_down(world)
+
+
 def acted(run: PruneRun, name: str = "kn") -> PruneDecision:
     return run.decisions.get(owner_name=name, result="succeeded")
 
@@ -125,11 +134,7 @@ def test_a_template_that_sets_its_own_initial_scale_starts_that_many():
 # --- allowed: one write, both "0", no pod; restore gives back exactly what the owner had --------
 @pytest.mark.parametrize("owner_initial", [None, "2"])
 def test_where_allowed_the_new_revision_starts_no_pod_and_restore_gives_back_the_owners(world, owner_initial):
-    world.create(ksvc_with("kn", initial=owner_initial))
-    world.record_history(minutes=40)
-    autoscaler_config(world, ALLOWED)
-
-    run = scale_down(world)
+    run = pruned(world, ksvc_with("kn", initial=owner_initial), ALLOWED)
 
     d = acted(run)
     assert run.status == "succeeded" and not run.errors
@@ -178,10 +183,7 @@ def test_where_allowed_the_new_revision_starts_no_pod_and_restore_gives_back_the
 
 
 def test_a_template_spelling_initial_scale_the_old_way_gets_the_zero_under_that_key(world):
-    world.create(ksvc_with("kn", initial="2", key=INITIAL_SCALE_LEGACY))
-    world.record_history(minutes=40)
-    autoscaler_config(world, ALLOWED)
-    d = acted(scale_down(world))
+    d = acted(pruned(world, ksvc_with("kn", initial="2", key=INITIAL_SCALE_LEGACY), ALLOWED))
     annotations = template(world, "kn")
     assert annotations[INITIAL_SCALE_LEGACY] == "0" and INITIAL_SCALE not in annotations   # one key, not two
     assert d.restore_state == {"templateAnnotations": {MIN_SCALE: "1", INITIAL_SCALE_LEGACY: "2"}}
@@ -201,10 +203,7 @@ def legacy_min_scale(name: str, value: str) -> dict:
 
 def test_a_template_spelling_min_scale_the_old_way_is_scaled_and_restored_under_that_key(world):
     # Knative refuses both spellings of a key on one object: the write goes to the owner's own.
-    world.create(legacy_min_scale("kn", "1"))
-    world.record_history(minutes=40)
-    autoscaler_config(world, ALLOWED)
-    d = acted(scale_down(world))
+    d = acted(pruned(world, legacy_min_scale("kn", "1"), ALLOWED))
     annotations = template(world, "kn")
     assert (annotations[MIN_SCALE_LEGACY], annotations[INITIAL_SCALE]) == ("0", "0") and MIN_SCALE not in annotations
     assert d.restore_state == {"templateAnnotations": {MIN_SCALE_LEGACY: "1", INITIAL_SCALE: None}}
@@ -215,10 +214,7 @@ def test_a_template_spelling_min_scale_the_old_way_is_scaled_and_restored_under_
 
 
 def test_restore_leaves_a_service_whose_initial_scale_changed_since_alone(world):
-    world.create(ksvc_with("kn"))
-    world.record_history(minutes=40)
-    autoscaler_config(world, ALLOWED)
-    d = acted(scale_down(world))
+    d = acted(pruned(world, ksvc_with("kn"), ALLOWED))
     # The owner keeps min-scale "0" but wants one pod at each new revision again.
     k8s.CustomObjectsApi(world.api).patch_namespaced_custom_object(*KN, NS, "services", "kn", {
         "spec": {"template": {"metadata": {"annotations": {INITIAL_SCALE: "1"}}}}})
@@ -239,11 +235,7 @@ def test_restore_leaves_a_service_whose_initial_scale_changed_since_alone(world)
                                             "'false'"),
 ])
 def test_without_the_flag_only_min_scale_is_written_and_the_messages_say_a_pod_starts(world, data, why):
-    world.create(ksvc_with("kn"))
-    world.record_history(minutes=40)
-    autoscaler_config(world, data)
-
-    run = scale_down(world)
+    run = pruned(world, ksvc_with("kn"), data)
 
     d = acted(run)
     assert run.status == "succeeded" and not run.errors
@@ -349,10 +341,7 @@ def test_a_run_recorded_before_restores_min_scale_alone(world):
 
 
 def test_an_acting_row_of_a_run_recorded_before_settles_from_min_scale_alone(world):
-    world.create(ksvc_with("kn", initial="0"))
-    world.record_history(minutes=40)
-    autoscaler_config(world, ALLOWED)
-    run = scale_down(world)
+    run = pruned(world, ksvc_with("kn", initial="0"), ALLOWED)
     d = acted(run)
     # An old row left `acting` by a dead worker: min-scale alone recorded.
     PruneDecision.objects.filter(pk=d.pk).update(
