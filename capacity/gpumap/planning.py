@@ -163,14 +163,19 @@ def fragmentation_pool(view: FragmentationView, pool: str) -> FragmentationView:
 
 
 def _pool_totals(rows: tuple[NodeRow, ...] | list[NodeRow]) -> dict[str, dict[str, int]]:
+    """Per pool: nodes and GPUs (`free`: every node's free GPUs); `empty_nodes`: whole nodes
+    free that take pods (room for a whole-node model), `closed_nodes`: nodes that take no new
+    pod (cordoned or not Ready), as the dashboard counts them."""
     pools: dict[str, dict[str, int]] = {}
     for row in rows:
-        totals = pools.setdefault(row.pool, {"nodes": 0, "total": 0, "used": 0, "free": 0, "empty_nodes": 0})
+        totals = pools.setdefault(row.pool, {"nodes": 0, "total": 0, "used": 0, "free": 0, "empty_nodes": 0,
+                                             "closed_nodes": 0})
         totals["nodes"] += 1
         totals["total"] += row.total
         totals["used"] += row.used
         totals["free"] += row.free
-        totals["empty_nodes"] += row.used == 0
+        totals["empty_nodes"] += row.used == 0 and row.takes_pods
+        totals["closed_nodes"] += not row.takes_pods
     return pools
 
 

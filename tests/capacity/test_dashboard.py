@@ -114,6 +114,9 @@ def test_an_empty_node_that_is_cordoned_or_not_ready_is_no_whole_free_node(sim_c
     assert '<text x="34" y="13">h3 (NotReady)</text>' in gpu_map and '<text x="34" y="13">h2</text>' in gpu_map
     h3 = re.search(r'data-node="h3".*?</g>', gpu_map, re.S).group(0)
     assert h3.count("<title>free, but the node is not Ready</title>") == 8 and 'fill-opacity="0.5"' in h3
+    # The pool table counts as the dashboard does: of 3 empty nodes, one takes pods.
+    pools = {re.sub(r"<[^>]+>", "", row[0]): row[1:] for row in cells(gpu_map, "map-pools")}
+    assert pools["h100"] == ["4", "32", "6", "26", "1", "2"], pools
 
 
 def test_the_admin_home_lists_clusters_with_their_dashboard(sim_cluster_factory, client, staff):

@@ -33,7 +33,8 @@ def test_where_to_defrag_is_what_freeing_the_nodes_one_after_the_other_frees():
     rows = {r.name: r for r in view.rows}
     assert (rows["a"].used, rows["a"].free, rows["empty"].free) == (7, 1, 8)
     assert len(rows["c"].cells) == 8 and rows["c"].cells[1].pod == "org-a/c1" and rows["c"].cells[2].pod is None
-    assert view.pools["h100"] == {"nodes": 4, "total": 32, "used": 14, "free": 18, "empty_nodes": 1}
+    assert view.pools["h100"] == {"nodes": 4, "total": 32, "used": 14, "free": 18, "empty_nodes": 1,
+                                  "closed_nodes": 0}
 
 
 def test_fragmentation_skips_cordoned_held_and_blocked_nodes_and_other_gpu_products():
@@ -98,6 +99,9 @@ def test_empty_nodes_that_take_no_pods_are_not_whole_free_nodes():
     assert (h100.free, h100.empty_nodes, h100.empty_nodes_gpus, h100.fragmented_nodes, h100.stranded) == (
         30, 1, 8, 1, 2)
     assert (h100.cordoned_nodes, h100.not_ready_nodes, h100.closed_free) == (1, 2, 20)
+    # The map's pool table counts alike: one empty node takes pods, three take none.
+    assert view.pools["h100"] == {"nodes": 5, "total": 40, "used": 10, "free": 30, "empty_nodes": 1,
+                                  "closed_nodes": 3}
 
 
 def test_finished_and_terminating_pods_hold_no_gpus_on_the_map():
@@ -129,4 +133,4 @@ def test_one_pool_of_a_kept_whole_cluster_view_is_that_pools_own_view():
     # could only be freed instead of it.
     assert [(c.node, c.outcome_label) for c in spot.candidates] == [
         ("spot-a", "instead of an earlier one, not as well"), ("spot-b", "instead of an earlier one, not as well")]
-    assert spot.pools == {"spot": {"nodes": 2, "total": 16, "used": 9, "free": 7, "empty_nodes": 0}}
+    assert spot.pools == {"spot": {"nodes": 2, "total": 16, "used": 9, "free": 7, "empty_nodes": 0, "closed_nodes": 0}}
