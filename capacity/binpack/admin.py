@@ -5,19 +5,20 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from capacity.binpack.planning import COST_ORDER, FORMULA
-from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun
+from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun, settled_describe
 from clusters.errors import KubeError
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table_display
 
 
 @admin.register(BinpackRun)
 class BinpackRunAdmin(admin.ModelAdmin):
-    list_display = ("id", "cluster", "trigger", "by", "dry_run", "started_at", "planned", "written",
-                    "unchanged", "skipped", "stale", "over_budget", "plan_seconds")
-    list_filter = ("cluster", "trigger", "dry_run")
+    list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written",
+                    "unchanged", "skipped", "stale", "unwritten", "over_budget", "plan_seconds")
+    list_filter = ("cluster", "trigger", "dry_run", "state")
     date_hierarchy = "started_at"
     # The changes are shown as a table with each pod's reason, not as raw JSON.
-    fields = [*(f.name for f in BinpackRun._meta.fields if f.name not in ("changes", "errors")),
+    # The write-ahead list is the settler's working copy (emptied once finished), not a record.
+    fields = [*(f.name for f in BinpackRun._meta.fields if f.name not in ("changes", "errors", "announced")),
               "changes_explained", "errors_shown"]
     readonly_fields = fields
     errors_shown = json_table_display("errors", "errors")
@@ -89,6 +90,8 @@ class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             except KubeError as exc:
                 self.message_user(request, f"{cluster}: {exc}", messages.ERROR)
                 continue
+            for earlier in getattr(run, "settled", ()):
+                self.message_user(request, f"{cluster}: {settled_describe(earlier)}", messages.WARNING)
             level = messages.WARNING if run.errors else messages.SUCCESS
             done = f"would write {run.planned}" if dry_run else f"wrote {run.written} of {run.planned}"
             untried = run.results.count("untried")

@@ -1,16 +1,29 @@
 """Write binpack deletion costs: plan from a fresh snapshot, patch only pods whose cost
 changes and only as the snapshot saw them (a pod changed since is re-read and judged
-again), a few writes in flight at once, record the run."""
+again), a few writes in flight at once, record the run.
+
+A run that writes announces itself first: its row is committed `writing` with every
+change it is about to write, under a lease its process renews while writes are in
+flight. It is finished (counts and audit, one transaction) by the same process. A run
+whose process died mid-write keeps `writing` past its lease; `binpack_runs_settle` (run by
+the next binpack run on the cluster before it plans, so by the beat too) then reads the
+announced pods, audits those that carry the announced cost, once, and marks the run
+interrupted with true counts."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from audit.services import audit
 from capacity.binpack import planning
@@ -23,6 +36,8 @@ from clusters.snapshot import PodView
 from config import clock
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from clusters.models import Cluster
 
 logger = logging.getLogger(__name__)
@@ -30,7 +45,18 @@ logger = logging.getLogger(__name__)
 # Workload kinds whose `capacity.io/binpack: "false"` opts their pods out. A Deployment's
 # opt-out reaches its ReplicaSets' pods through the ReplicaSet's owner.
 _OPT_OUT_KINDS = (kube.DEPLOYMENTS, kube.REPLICASETS, kube.STATEFULSETS, kube.MODELSERVINGS)
+# Changes kept on the run row for its page and the command's JSON (and listed in its audit
+# entry): a first costing of a large cluster is up to BINPACK_MAX_WRITES (10,000) of them.
+# The write-ahead `announced` list holds all of them while the run writes.
 _RECORDED_CHANGES = 1000
+# Seconds a writing run's lease reaches past its last renewal. The writer renews it every
+# LEASE_RENEW_SECONDS while its writes are in flight (from the thread waiting on them, so a
+# write hung for KUBE_RETRY_ATTEMPTS x KUBE_REQUEST_TIMEOUT does not let it lapse); a run
+# still `writing` past it lost its process, and is settled by the next run on the cluster
+# (the beat's every 300 s at the latest).
+LEASE_SECONDS = 60
+LEASE_RENEW_SECONDS = 10
+INTERRUPTED_CAUSE = "recorded after an interruption: the run's process stopped mid-write"
 
 
 def binpack_options(*, override_manual: bool | None = None, opted_out_owners=frozenset()) -> planning.BinpackOptions:
@@ -132,22 +158,54 @@ def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop
     return "error"
 
 
-def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str]) -> list[str]:
+def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str], *,
+               heartbeat: Callable[[], bool] | None = None) -> list[str]:
     """`_apply_one` for every change, up to BINPACK_WRITE_CONCURRENCY in flight; results in
     the plan's order. After a write the cluster did not answer, the writes not yet started
-    are not tried ("untried"), and `errors` says how many."""
+    are not tried ("untried"), and `errors` says how many.
+
+    `heartbeat` is called every LEASE_RENEW_SECONDS while writes are in flight (from this
+    thread, which only waits on them); when it returns False the run's lease was lost (it
+    was settled as interrupted meanwhile) and the writes not yet started are not tried."""
     stop = threading.Event()
-    width = min(settings.BINPACK_WRITE_CONCURRENCY, len(changes))
-    if width < 2:
-        results = [_apply_one(gateway, change, errors, stop) for change in changes]
-    else:
-        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="binpack-write") as pool:
-            results = list(pool.map(lambda change: _apply_one(gateway, change, errors, stop), changes))
+    if not changes:
+        return []
+    width = max(1, min(settings.BINPACK_WRITE_CONCURRENCY, len(changes)))
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="binpack-write") as pool:
+        futures = [pool.submit(_apply_one, gateway, change, errors, stop) for change in changes]
+        pending = set(futures)
+        renewed = time.monotonic()
+        while pending:
+            # All of them or LEASE_RENEW_SECONDS, whichever first: one pass over the futures
+            # per renewal, not one per write (10,000 writes on a first costing).
+            _, pending = wait(pending, timeout=LEASE_RENEW_SECONDS)
+            if heartbeat is not None and pending and time.monotonic() - renewed >= LEASE_RENEW_SECONDS:
+                renewed = time.monotonic()
+                if not heartbeat():
+                    stop.set()
+        results = [f.result() for f in futures]
     untried = results.count("untried")
     if untried:
         errors.append(f"{untried} write(s) not tried after the cluster failed to answer a write (above); "
                       "the next run plans them again")
     return results
+
+
+def _holder(role: str) -> str:
+    """Who holds a run's lease: the process (host and pid) and a token unique to this holding."""
+    return f"{role}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _renew(run: BinpackRun) -> bool:
+    """Push the writer's lease ahead: one conditional UPDATE. False when it was lost."""
+    expires = clock.now() + timedelta(seconds=LEASE_SECONDS)
+    held = BinpackRun.objects.filter(pk=run.pk, state=BinpackRun.State.WRITING,
+                                     lease_owner=run.lease_owner).update(lease_expires_at=expires)
+    if held:
+        run.lease_expires_at = expires
+    else:
+        logger.warning("binpack run %s: lease lost (settled as interrupted); this process stops writing", run.pk)
+    return bool(held)
 
 
 def _run_audit(run: BinpackRun, written: list[planning.CostChange]) -> None:
@@ -162,12 +220,19 @@ def _run_audit(run: BinpackRun, written: list[planning.CostChange]) -> None:
           new={f"{c.namespace}/{c.name}": c.new for c in shown})
 
 
+def _announced(change: planning.CostChange) -> dict:
+    return {"namespace": change.namespace, "pod": change.name, "uid": change.uid, "old": change.old,
+            "new": change.new}
+
+
 def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = BinpackRun.Trigger.SCHEDULE,
                              dry_run: bool = False, override_manual: bool | None = None,
                              gateway: kube.KubeGateway | None = None) -> tuple[BinpackRun, planning.BinpackPlan]:
     """Plan the costs of `cluster` and write those that change (none when `dry_run`).
     The run's `results` (not stored) holds each change's outcome in the plan's order:
-    "written", "stale", "error" or "untried"; its stored `changes` carry theirs.
+    "written", "stale", "error" or "untried"; its stored `changes` carry theirs. Its
+    `settled` (not stored) lists the earlier runs of the cluster it found interrupted and
+    settled before planning.
 
     A cluster that cannot be read is a run too, recorded with why (whether a retry may
     help, then the API's answer) before the error is raised: the runs page is where an
@@ -175,6 +240,9 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
     started = clock.now()
     try:
         gateway = gateway or kube.gateway_for(cluster)
+        # IMPORTANT: before the snapshot: an interrupted run's written costs read as
+        # "unchanged" to the plan, so they are audited now or never.
+        settled = binpack_runs_settle(cluster=cluster, gateway=gateway, now=started)
         snapshot = snapshot_take(gateway, now=started)
         options = binpack_options(override_manual=override_manual, opted_out_owners=opted_out_owners(gateway))
     except KubeError as exc:
@@ -189,11 +257,25 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
                      planned=len(plan.changes), unchanged=plan.unchanged, skipped=len(plan.skipped),
                      over_budget=plan.over_budget, plan_seconds=plan_seconds, formula=plan.formula,
                      changes=[c.as_dict() for c in plan.changes[:_RECORDED_CHANGES]])
+    run.settled = settled
+    if plan.changes and not dry_run:
+        # IMPORTANT: committed before the first write, with every change it may write:
+        # a process killed mid-write leaves this row for `binpack_runs_settle`.
+        if transaction.get_connection().in_atomic_block:
+            logger.warning("binpack run on %s announced inside a transaction: not durable until it commits", cluster)
+        for recorded in run.changes:
+            recorded["result"] = "announced"
+        run.state = BinpackRun.State.WRITING
+        run.announced = [_announced(c) for c in plan.changes]
+        run.lease_owner = _holder("writer")
+        run.lease_expires_at = clock.now() + timedelta(seconds=LEASE_SECONDS)
+        run.save()
     errors: list[str] = []
     written: list[planning.CostChange] = []
     # Each change's outcome, in the plan's order (none for a dry run): what the command
     # and the run page say of each pod, so that no planned cost reads as written.
-    run.results = [] if dry_run else _apply_all(gateway, plan.changes, errors)
+    run.results = [] if dry_run else _apply_all(gateway, plan.changes, errors,
+                                                heartbeat=lambda: _renew(run))
     for change, result in zip(plan.changes, run.results):
         if result == "written":
             run.written += 1
@@ -205,10 +287,103 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
     run.errors = errors
     run.finished_at = clock.now()
     with transaction.atomic():
-        run.save()
-        if written:
-            _run_audit(run, written)
+        if run.state == BinpackRun.State.WRITING and not BinpackRun.objects.select_for_update().filter(
+                pk=run.pk, state=BinpackRun.State.WRITING, lease_owner=run.lease_owner).exists():
+            # Its lease lapsed and a settler recorded it from the pods (and audited what it
+            # found): recording it again would audit those pods twice.
+            lost = True
+        else:
+            lost = False
+            run.state, run.announced, run.lease_owner, run.lease_expires_at = BinpackRun.State.DONE, [], "", None
+            run.save()
+            if written:
+                _run_audit(run, written)
+    if lost:
+        logger.warning("binpack run %s on %s: settled as interrupted by another process while it wrote; its "
+                       "record stands (%d write(s) returned here)", run.pk, cluster, len(written))
+        results = run.results
+        run.refresh_from_db()
+        run.results, run.settled = results, settled
     if errors:
         logger.warning("binpack on %s: %d write(s) failed, %d not tried, first: %s", cluster,
                        run.results.count("error"), run.results.count("untried"), errors[0])
     return run, plan
+
+
+def _carries(pod: dict | None, announced: dict) -> bool:
+    """Whether `pod` is the announced pod (same uid, not replaced) carrying exactly the
+    announced cost and marker (both absent for a removal): what the run's patch leaves."""
+    if pod is None:
+        return False
+    meta = pod.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    value = None if announced["new"] is None else str(announced["new"])
+    return meta.get("uid") == announced["uid"] and notes.get(DELETION_COST) == value \
+        and notes.get(BINPACK_MARKER) == value
+
+
+def binpack_runs_settle(*, cluster: Cluster, gateway: kube.KubeGateway | None = None,
+                        now: datetime | None = None) -> list[BinpackRun]:
+    """Settle every run of `cluster` left `writing` past its lease (its process died
+    mid-write) from the pods it announced: each pod carrying the announced cost and marker
+    is audited now, under the run's actor, saying it was recorded after an interruption;
+    the rest are recorded as not written. The run is marked interrupted with true counts.
+    Returns the runs settled. Idempotent; concurrent settlers take a run one at a time (a
+    conditional UPDATE claims it, the final record is made under a row lock and only by
+    the claimant). A cluster that cannot be read raises its KubeError; the run stays
+    `writing`, for the next settler."""
+    now = now or clock.now()
+    lapsed = BinpackRun.objects.filter(cluster=cluster, state=BinpackRun.State.WRITING).filter(
+        Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)).order_by("pk")
+    settled: list[BinpackRun] = []
+    for stale in lapsed:
+        holder = _holder("settler")
+        claimed = BinpackRun.objects.filter(
+            pk=stale.pk, state=BinpackRun.State.WRITING, lease_owner=stale.lease_owner,
+            lease_expires_at=stale.lease_expires_at).update(
+            lease_owner=holder, lease_expires_at=now + timedelta(seconds=LEASE_SECONDS))
+        if not claimed:
+            continue     # another settler took it, or its writer renewed just now
+        try:
+            gateway = gateway or kube.gateway_for(cluster)
+            pods = {(p["metadata"].get("namespace"), p["metadata"].get("name")): p
+                    for p in gateway.list(kube.PODS) if p.get("metadata")}
+        except KubeError:
+            # Let the next settler try at once: the lease it leaves is already lapsed.
+            BinpackRun.objects.filter(pk=stale.pk, lease_owner=holder).update(lease_expires_at=now)
+            raise
+        run = _settle_one(stale.pk, holder=holder, pods=pods, now=now)
+        if run is not None:
+            settled.append(run)
+    return settled
+
+
+def _settle_one(pk: int, *, holder: str, pods: dict, now: datetime) -> BinpackRun | None:
+    with transaction.atomic():
+        run = BinpackRun.objects.select_for_update(of=("self",)).select_related("cluster", "actor").get(pk=pk)
+        if run.state != BinpackRun.State.WRITING or run.lease_owner != holder:
+            return None
+        found = {(a["namespace"], a["pod"]): _carries(pods.get((a["namespace"], a["pod"])), a)
+                 for a in run.announced}
+        written = [a for a in run.announced if found[(a["namespace"], a["pod"])]]
+        cause = (f"binpack run #{run.pk} ({run.get_trigger_display()}), {INTERRUPTED_CAUSE}; the pod carried "
+                 f"the announced cost when the run was settled at {now:%Y-%m-%d %H:%M:%S %Z}")
+        for a in written:
+            key = f"{a['namespace']}/{a['pod']}"
+            audit(app="binpack", action="pod_deletion_costs_write", at=now, actor=run.actor,
+                  actor_label=run.actor_label, cause=cause, target=f"pod {key} of cluster {run.cluster}",
+                  cluster=run.cluster, subject=("binpack_run", run.pk), old={key: a["old"]}, new={key: a["new"]})
+        for recorded in run.changes:
+            hit = found.get((recorded.get("namespace"), recorded.get("pod")))
+            recorded["result"] = "settled-written" if hit else "settled-not-written"
+        run.written, run.unwritten = len(written), len(run.announced) - len(written)
+        run.errors = [f"interrupted: its process stopped mid-write; settled from the cluster at "
+                      f"{now:%Y-%m-%d %H:%M:%S %Z}: {run.written} of {len(run.announced)} announced cost(s) found "
+                      f"written and audited then, {run.unwritten} not written (the next run plans them again)",
+                      *run.errors]
+        run.state, run.finished_at = BinpackRun.State.INTERRUPTED, now
+        run.announced, run.lease_owner, run.lease_expires_at = [], "", None
+        run.save()
+    logger.warning("binpack run %s on %s settled as interrupted: %d of %d announced cost(s) written", run.pk,
+                   run.cluster, run.written, run.written + run.unwritten)
+    return run

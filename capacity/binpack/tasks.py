@@ -22,6 +22,7 @@ def binpack_cluster(cluster_id: int) -> dict | None:
     cluster = cluster_for_task(cluster_id, job="binpack")
     if cluster is None:
         return None
+    # The service first settles the cluster's runs interrupted mid-write (their process died).
     run, _ = pod_deletion_costs_apply(cluster=cluster, actor=None)
-    return {"run": run.pk, "planned": run.planned, "written": run.written, "stale": run.stale,
-            "errors": len(run.errors)}
+    return {"run": run.pk, "settled": [r.pk for r in run.settled], "planned": run.planned, "written": run.written,
+            "stale": run.stale, "errors": len(run.errors)}

@@ -28,7 +28,7 @@ class Command(CliActorMixin, BaseCommand):
     def handle(self, *args, **opts):
         from capacity.binpack.planning import COST_ORDER
         from capacity.binpack.services import pod_deletion_costs_apply
-        from capacity.binpack.models import WRITE_RESULTS, BinpackRun
+        from capacity.binpack.models import WRITE_RESULTS, BinpackRun, settled_describe
         from clusters.services import cluster_resolve
 
         explain = []
@@ -47,16 +47,19 @@ class Command(CliActorMixin, BaseCommand):
                                                  override_manual=opts["override_manual"] or None)
         except KubeError as exc:
             raise CommandError(f"cluster {cluster.name}: {exc}") from None
+        settled = [settled_describe(r) for r in getattr(run, "settled", ())]
         if opts["json"]:
             out = plan.as_dict()
             out.update({"run": run.pk, "dry_run": run.dry_run, "written": run.written, "stale": run.stale,
-                        "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4),
+                        "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4), "settled": settled,
                         "explained": {f"{ns}/{name}": plan.explain(ns, name) for ns, name in explain}})
             for change, result in zip(out["changes"], run.results):
                 change["result"] = result
             self.stdout.write(json.dumps(out, indent=2, ensure_ascii=False))
             self._fail_unless_written(cluster, run)
             return
+        for line in settled:
+            self.stdout.write(line)
         lines = plan.describe()
         if run.dry_run:
             for line in lines[:-1]:
