@@ -16,7 +16,6 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import kubernetes
 import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
@@ -28,21 +27,13 @@ from capacity.binpack.models import BinpackRun
 from capacity.binpack.tasks import binpack_cluster
 from clusters import labels
 from config import clock
-from tests.capacity.test_binpack_services import NS, changes_table, scenario
+from tests.capacity.test_binpack_services import NS, changes_table, world  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_WORKER = Path(__file__).with_name("binpack_crash_worker.py")
 PODS = ("a-0", "a-1", "a-2", "b-0")     # the four pods the scenario's plan costs
-
-
-@pytest.fixture
-def world(sim_cluster_factory):
-    handle = sim_cluster_factory(scenario())
-    api = kubernetes.config.new_client_from_config(config_file=handle.kubeconfig_path)
-    yield handle, kubernetes.client.CoreV1Api(api)
-    api.close()
 
 
 @pytest.fixture
