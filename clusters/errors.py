@@ -19,6 +19,10 @@ class KubeError(Exception):
         self.reason = reason or self.default_reason
         self.retry_after = retry_after
         self.details = details or {}
+        # Set by the gateway on the final error of a write it sent more than once, when an
+        # earlier try got no answer or a 5xx: that try may have been applied, so a 409 or
+        # 404 now may be the caller's own change (its answer lost), not someone else's.
+        self.after_unanswered_write = False
 
     def __str__(self) -> str:
         return f"{self.code} {self.reason}: {self.message}"

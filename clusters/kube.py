@@ -273,8 +273,12 @@ class KubeGateway:
               timeout: float | None = None, retry_throttled: bool = True, decoder: Any = None):
         retry_on: tuple[type[KubeError], ...] = (Unavailable, TooManyRequests) if retry_throttled else (Unavailable,)
 
+        unanswered: list[bool] = []
+
         def before_sleep(state: tenacity.RetryCallState) -> None:
             self._count(self.retries, verb, resource)
+            if isinstance(state.outcome.exception(), Unavailable):
+                unanswered.append(True)
 
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.retry_attempts),
@@ -284,8 +288,12 @@ class KubeGateway:
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(self._send_counted, verb, resource, method, path, query, body, content_type,
-                        stream, timeout, decoder)
+        try:
+            return retrying(self._send_counted, verb, resource, method, path, query, body, content_type,
+                            stream, timeout, decoder)
+        except KubeError as exc:
+            exc.after_unanswered_write = bool(unanswered) and method not in ("GET", "HEAD")
+            raise
 
     def _send_counted(self, verb, resource, *args):
         """One attempt, also counted process-wide, its failure in `errors` too."""

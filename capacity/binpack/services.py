@@ -114,8 +114,10 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
             return "written"
         except NotFound:
             return "stale"
-        except Conflict:
-            pass   # changed since the snapshot: judge it as it is now
+        except Conflict as exc:
+            if exc.after_unanswered_write:
+                return _landed_or_stale(gateway, change, errors, stop)
+            # else changed since the snapshot: judge it as it is now
         except KubeError as exc:
             return _failed(change, exc, errors, stop)
     try:
@@ -141,11 +143,36 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
     try:
         gateway.patch(kube.PODS, change.name, _cost_patch(change, meta.get("resourceVersion")),
                       namespace=change.namespace)
-    except (Conflict, NotFound):
+    except Conflict as exc:
+        return _landed_or_stale(gateway, change, errors, stop) if exc.after_unanswered_write else "stale"
+    except NotFound:
         return "stale"
     except KubeError as exc:
         return _failed(change, exc, errors, stop)
     return "written"
+
+
+def _landed_or_stale(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
+                     stop: threading.Event | None) -> str:
+    """A conditioned write refused (409) after an earlier try of it went unanswered: that
+    try may have been applied, its answer lost, the pod's version then moved by this very
+    write. The pod read again says which: the same pod carrying exactly this change (cost
+    and marker) was written by it ("written": audited as this run's; another run writing the
+    very same cost in that same moment would be audited by both, the same value twice);
+    anything else is someone else's change ("stale")."""
+    try:
+        pod = gateway.get(kube.PODS, change.name, namespace=change.namespace)
+    except NotFound:
+        return "stale"
+    except KubeError as exc:
+        return _failed(change, exc, errors, stop)
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    value = None if change.new is None else str(change.new)
+    if meta.get("uid") == change.uid and annotations.get(DELETION_COST) == value \
+            and annotations.get(BINPACK_MARKER) == value:
+        return "written"
+    return "stale"
 
 
 def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop: threading.Event | None) -> str:

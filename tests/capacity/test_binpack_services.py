@@ -433,3 +433,36 @@ def test_the_beat_task_costs_every_cluster(world, celery_eager):
     run = BinpackRun.objects.get()
     assert (run.actor, run.trigger, run.written) == (None, "schedule", 4)
     assert cost_of(core, "a-2") is not None
+
+
+def test_a_cost_whose_write_answer_was_lost_is_counted_written_and_audited(world, settings):
+    """The first patch of a-0 reaches the API server but its answer is lost (the connection
+    drops): the gateway tries again, the pod's version has moved under that very write, and
+    the retry is refused 409. The pod carries the run's cost: it was written by this run,
+    and is audited as such, not put down as someone else's change."""
+    from clusters.errors import Unavailable
+    from clusters.kube import KubeGateway
+
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+
+    class AnswerLostOnce(KubeGateway):
+        lost: list[str] = []
+
+        def _send_once(self, verb, resource, *args):
+            answer = super()._send_once(verb, resource, *args)
+            if verb == "patch" and resource.name == "pods" and not self.lost:
+                self.lost.append(args[1])   # the path: applied, then the answer never came
+                raise Unavailable("connection reset by peer", code=0)
+            return answer
+
+    gateway = AnswerLostOnce.from_kubeconfig(handle.kubeconfig_path)
+    try:
+        run, _ = pod_deletion_costs_apply(cluster=handle.cluster, gateway=gateway)
+    finally:
+        gateway.close()
+    assert AnswerLostOnce.lost and AnswerLostOnce.lost[0].endswith("/pods/a-0")
+    assert gateway.calls[("patch", "pods")] == 5 and gateway.retries[("patch", "pods")] == 1   # a-0 twice
+    assert (run.written, run.stale, run.errors) == (4, 0, [])
+    assert cost_of(core, "a-0") is not None
+    assert set(AuditEntry.objects.get(app="binpack").new) == {"team/a-0", "team/a-1", "team/a-2", "team/b-0"}
