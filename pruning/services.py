@@ -421,7 +421,7 @@ def _planned_effect(d: planning.Decision, view: planning.ClusterView, initial: I
     if d.decision != planning.PRUNE:
         return ""
     if d.method != planning.M_KNATIVE_MIN_SCALE:
-        return planning.EFFECT.get(d.method, "scaled to zero")
+        return _method_effect(d.method)
     obj = view.objects.get(d.owner.key) if d.owner else None
     return planning.knative_min_scale_effect(initial, zero_initial=initial.zero_allowed,
                                              template=obj.template_annotations if obj else None)
@@ -430,7 +430,11 @@ def _planned_effect(d: planning.Decision, view: planning.ClusterView, initial: I
 def _effect(d: PruneDecision) -> str:
     """What a decision's action does, as its row says it (rows recorded before `effect`
     was kept: its method's description, which is what those runs wrote)."""
-    return d.effect or planning.EFFECT.get(d.method, "scaled to zero")
+    return d.effect or _method_effect(d.method)
+
+
+def _method_effect(method: str) -> str:
+    return planning.EFFECT.get(method, "scaled to zero")
 
 
 def _record(run: PruneRun, d: planning.Decision, params: PruneParams, effect: str = "") -> PruneDecision:

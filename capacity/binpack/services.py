@@ -120,12 +120,9 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
             # else changed since the snapshot: judge it as it is now
         except KubeError as exc:
             return _failed(change, exc, errors, stop)
-    try:
-        pod = gateway.get(kube.PODS, change.name, namespace=change.namespace)
-    except NotFound:
-        return "stale"
-    except KubeError as exc:
-        return _failed(change, exc, errors, stop)
+    pod, outcome = _pod_read(gateway, change, errors, stop)
+    if pod is None:
+        return outcome
     meta = pod.get("metadata") or {}
     current = (meta.get("annotations") or {}).get(DELETION_COST)
     # IMPORTANT: a recreated pod, a pod now leaving, or a cost someone set since the
@@ -160,19 +157,22 @@ def _landed_or_stale(gateway: kube.KubeGateway, change: planning.CostChange, err
     and marker) was written by it ("written": audited as this run's; another run writing the
     very same cost in that same moment would be audited by both, the same value twice);
     anything else is someone else's change ("stale")."""
+    pod, outcome = _pod_read(gateway, change, errors, stop)
+    if pod is None:
+        return outcome
+    return "written" if _carries(pod, change.uid, change.new) else "stale"
+
+
+def _pod_read(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
+              stop: threading.Event | None) -> tuple[dict | None, str]:
+    """The change's pod read again, else None and what the change's outcome is then
+    ("stale": the pod is gone; "error": the read failed, said in `errors`)."""
     try:
-        pod = gateway.get(kube.PODS, change.name, namespace=change.namespace)
+        return gateway.get(kube.PODS, change.name, namespace=change.namespace), ""
     except NotFound:
-        return "stale"
+        return None, "stale"
     except KubeError as exc:
-        return _failed(change, exc, errors, stop)
-    meta = pod.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    value = None if change.new is None else str(change.new)
-    if meta.get("uid") == change.uid and annotations.get(DELETION_COST) == value \
-            and annotations.get(BINPACK_MARKER) == value:
-        return "written"
-    return "stale"
+        return None, _failed(change, exc, errors, stop)
 
 
 def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop: threading.Event | None) -> str:
@@ -337,16 +337,15 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
     return run, plan
 
 
-def _carries(pod: dict | None, announced: dict) -> bool:
-    """Whether `pod` is the announced pod (same uid, not replaced) carrying exactly the
-    announced cost and marker (both absent for a removal): what the run's patch leaves."""
+def _carries(pod: dict | None, uid: str, new: int | None) -> bool:
+    """Whether `pod` is the pod `uid` (not replaced) carrying exactly the cost `new` and
+    its marker (both absent for a removal): what a run's patch of it leaves."""
     if pod is None:
         return False
     meta = pod.get("metadata") or {}
     notes = meta.get("annotations") or {}
-    value = None if announced["new"] is None else str(announced["new"])
-    return meta.get("uid") == announced["uid"] and notes.get(DELETION_COST) == value \
-        and notes.get(BINPACK_MARKER) == value
+    value = None if new is None else str(new)
+    return meta.get("uid") == uid and notes.get(DELETION_COST) == value and notes.get(BINPACK_MARKER) == value
 
 
 def binpack_runs_settle(*, cluster: Cluster, gateway: kube.KubeGateway | None = None,
@@ -390,7 +389,7 @@ def _settle_one(pk: int, *, holder: str, pods: dict, now: datetime) -> BinpackRu
         run = BinpackRun.objects.select_for_update(of=("self",)).select_related("cluster", "actor").get(pk=pk)
         if run.state != BinpackRun.State.WRITING or run.lease_owner != holder:
             return None
-        found = {(a["namespace"], a["pod"]): _carries(pods.get((a["namespace"], a["pod"])), a)
+        found = {(a["namespace"], a["pod"]): _carries(pods.get((a["namespace"], a["pod"])), a["uid"], a["new"])
                  for a in run.announced}
         written = [a for a in run.announced if found[(a["namespace"], a["pod"])]]
         cause = (f"binpack run #{run.pk} ({run.get_trigger_display()}), {INTERRUPTED_CAUSE}; the pod carried "
