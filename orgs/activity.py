@@ -75,6 +75,11 @@ def _record_slow(org_slug: str, now_mono: float, at: datetime | None):
     return result
 
 
+def throttle_in_process(org_slug: str) -> None:
+    """Hold this process's calls for `org_slug` until the window ends (Redis untouched)."""
+    _deadlines[org_slug] = _monotonic() + settings.ORGS_ACTIVITY_THROTTLE_SECONDS
+
+
 def throttle_reset() -> None:
     """Forget the in-process throttle (tests, and a process that was forked)."""
     _deadlines.clear()

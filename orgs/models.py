@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from config import clock
 from config.actors import actor_label_current
 from orgs.planning import Hold
 
@@ -18,8 +19,11 @@ class Org(models.Model):
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="orgs",
                                 help_text="The cluster the org's namespace lives in.")
     namespace = models.CharField(max_length=63, help_text="Kubernetes namespace of the org's pynodes and models.")
-    last_activity_at = models.DateTimeField(null=True, blank=True, db_index=True,
-                                            help_text="Latest recorded activity (throttled: ±1 window).")
+    # An org is registered active (not dormant at birth), however it is created: the sweep
+    # reads only orgs with a time, so one without would never turn dormant.
+    last_activity_at = models.DateTimeField(null=True, blank=True, db_index=True, default=clock.now,
+                                            help_text="Latest recorded activity (throttled: ±1 window); "
+                                                      "the registration time until the first.")
     scale_to_zero_allowed = models.BooleanField(
         default=True, help_text="May the org's workloads scale to zero when dormant? Off for protected orgs.")
     dormant = models.BooleanField(default=False, help_text="No activity for the dormancy period.")

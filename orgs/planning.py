@@ -522,7 +522,11 @@ class SweepPlan:
     def describe(self) -> list[str]:
         lines = [f"{slug}: no activity since before {self.cutoff:%Y-%m-%d %H:%M} UTC → dormant"
                  for slug in self.to_dormant]
-        lines += [f"{slug}: would turn dormant, left for the next sweep (budget)" for slug in self.over_budget]
+        return lines + self.describe_left_awake()
+
+    def describe_left_awake(self) -> list[str]:
+        """The idle orgs the plan leaves awake, and why (a sweep that ran says them too)."""
+        lines = [f"{slug}: would turn dormant, left for the next sweep (budget)" for slug in self.over_budget]
         lines += [f"{slug}: idle, but exempt or snoozed: stays awake" for slug in self.held]
         return lines
 

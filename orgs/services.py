@@ -21,13 +21,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils.text import slugify
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models.functions import Coalesce, Greatest
 
 from clusters import discovery, kube, labels
 from clusters.selectors import clusters_with_orgs, knative_initial_scale_read
 from clusters.errors import Conflict, KubeError, NotFound, is_transient
 from config import clock
-from config.actors import actor_label_current
+from config.actors import acting_as, actor_label_current
 from config.celery import app as celery_app, task_send
 from orgs import planning
 from audit.models import AuditEntry
@@ -133,9 +134,13 @@ def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | Non
     """Record activity now; a dormant org becomes active at once and its scale to zero
     is disabled at high priority (queued; `enqueue=False`: the caller applies it)."""
     now = at or clock.now()
+    # IMPORTANT: the activity time only moves forward. A write stamped earlier (a process
+    # whose clock lags, an event reported late) must not make an org that was just active
+    # look idle to the sweep.
+    latest = Coalesce(Greatest(F("last_activity_at"), Value(now)), Value(now))
     # The common case, one UPDATE: an active org only gets its activity time. Its row
     # lock makes a concurrent sweep re-check the condition and leave the org alone.
-    if Org.objects.filter(slug=org_slug, dormant=False).update(last_activity_at=now):
+    if Org.objects.filter(slug=org_slug, dormant=False).update(last_activity_at=latest):
         if actor is not None:
             org = Org.objects.get(slug=org_slug)
             audit(action="org_mark_active", actor=actor, org=org, old={"dormant": False},
@@ -148,7 +153,7 @@ def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | Non
         except Org.DoesNotExist:
             raise Org.DoesNotExist(f"no org with slug {org_slug!r}") from None
         old = {"dormant": org.dormant, "dormant_since": org.dormant_since and org.dormant_since.isoformat()}
-        org.last_activity_at = now
+        org.last_activity_at = max(filter(None, (org.last_activity_at, now)))
         woke = org.dormant
         if woke:
             org.dormant, org.dormant_since = False, None
@@ -178,6 +183,8 @@ class SweepResult:
     switched: tuple[str, ...]
     lines: tuple[str, ...] = ()
     switches: tuple[tuple[int, int], ...] = ()   # (org id, switch id) of each org marked
+    over_budget: tuple[str, ...] = ()   # idle and due, left awake for the next sweep (budget)
+    held: tuple[str, ...] = ()          # idle, but exempt or snoozed
     # Whether the switches' cluster work reached the queue (None: nothing queued, or queued
     # when the caller's transaction commits), and why not.
     queued: bool | None = None
@@ -185,7 +192,8 @@ class SweepResult:
 
     def as_dict(self) -> dict:
         body = {"now": self.now.isoformat(), "cutoff": self.cutoff.isoformat(), "dry_run": self.dry_run,
-                "dormant": list(self.switched), "lines": list(self.lines)}
+                "dormant": list(self.switched), "over_budget": list(self.over_budget), "held": list(self.held),
+                "lines": list(self.lines)}
         if self.queued is not None:
             body["queued"] = self.queued
         if self.queue_error:
@@ -327,7 +335,7 @@ def _dormancy_sweep(*, now: datetime, actor, dry_run: bool, budget: int | None, 
                                dormant_after=settings.ORGS_DORMANT_AFTER, budget=budget)
     if dry_run:
         return SweepResult(now=now, cutoff=plan.cutoff, dry_run=True, switched=plan.to_dormant,
-                           lines=tuple(plan.describe()))
+                           lines=tuple(plan.describe()), over_budget=plan.over_budget, held=plan.held)
     ops = connection.ops
     params = {"now": ops.adapt_datetimefield_value(now),
               "cause": DormancySwitch.Cause.ADMIN if actor else DormancySwitch.Cause.SWEEP,
@@ -343,10 +351,12 @@ def _dormancy_sweep(*, now: datetime, actor, dry_run: bool, budget: int | None, 
             transaction.on_commit(lambda: queue_errors.append(_enqueue_applies(pairs)))
     changed = sorted(set(plan.to_dormant) - set(slugs))
     lines = tuple(f"{s}: dormant" for s in slugs) + tuple(
-        f"{s}: changed since the sweep read it (activity, flag or exemption): left awake" for s in changed)
+        f"{s}: changed since the sweep read it (activity, flag or exemption): left awake" for s in changed) + tuple(
+        plan.describe_left_awake())
     # No entry: nothing was queued, or the caller's own transaction holds the commit.
     queued = not queue_errors[0] if queue_errors else None
     return SweepResult(now=now, cutoff=cutoff, dry_run=False, switched=slugs, lines=lines,
+                       over_budget=plan.over_budget, held=plan.held,
                        switches=tuple(sorted((org_id, switch_id) for org_id, _, switch_id in switched)),
                        queued=queued, queue_error=queue_errors[0] if queue_errors else "")
 
@@ -556,10 +566,9 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
     now = now or clock.now()
     org = Org.objects.select_related("cluster").get(id=org_id)
     outcome = ApplyOutcome(org=org.slug, setting=org.wanted)
-    if switch_id is not None and not cause:
-        switch = DormancySwitch.objects.filter(id=switch_id).first()
-        if switch is not None:
-            cause = f"switch #{switch.id}: {switch.get_direction_display()} ({switch.get_cause_display()})"
+    switch = None if switch_id is None else DormancySwitch.objects.select_related("actor").filter(id=switch_id).first()
+    if switch is not None and not cause:
+        cause = f"switch #{switch.id}: {switch.get_direction_display()} ({switch.get_cause_display()})"
     first_kind = kind or _kind_of_apply(org, org.wanted, switch_id)
     outcome.kind = first_kind
     outcome.cause = cause or first_kind
@@ -585,7 +594,12 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
         outcome.failures.append(exc)
     if outcome.kind == "drift repair" and not outcome.drift and not outcome.pending:
         outcome.kind = "holding" if not outcome.patched else outcome.kind
-    _record_outcome(org, outcome, now=now, switch_id=switch_id, actor=actor)
+    # The patches of a switch are the act of whoever made it switch (an operator, a token's
+    # caller, a shell), also when a worker applies them with no one in its own context.
+    if switch is not None and actor is None:
+        actor = switch.actor
+    with acting_as(actor_label_current() or (switch.actor_label if switch is not None else "")):
+        _record_outcome(org, outcome, now=now, switch_id=switch_id, actor=actor)
     return outcome
 
 

@@ -4,7 +4,8 @@
     warmup.send(sender=SomeView, org_slug="acme")
 
 The receiver is throttled (see `orgs.activity`); `org_activity_record(slug)` is the
-same without Django's dispatch, for the hottest paths.
+same without Django's dispatch, for the hottest paths (it raises `Org.DoesNotExist` for an
+unknown org, which the signal's receiver logs instead).
 
 Why `warmup` is a `Signal` subclass: Django resolves the receivers on every `send()`
 (a lock, a rebuilt list, weakref derefs) — about 5-7× a bare `Signal.send()`, for a
@@ -15,10 +16,15 @@ any other receiver is connected, every `send()` goes through Django's own dispat
 """
 from __future__ import annotations
 
+import logging
+
 from django.dispatch import Signal
 
 from orgs import activity
 from orgs.activity import org_activity_record
+from orgs.models import Org
+
+logger = logging.getLogger(__name__)
 
 RECEIVER_UID = "orgs.warmup.record"
 
@@ -52,7 +58,19 @@ warmup = WarmupSignal()
 
 
 def _record_warmup(sender, org_slug: str, **kwargs) -> None:
-    org_activity_record(org_slug)
+    # The sender is product code serving its own request: an org that is not registered
+    # (yet) is logged, once per window in this process, and never fails that request. A
+    # database error is raised: the sender's own transaction may be broken by it.
+    try:
+        org_activity_record(org_slug)
+    except Org.DoesNotExist as exc:
+        activity.throttle_in_process(org_slug)
+        logger.warning("warmup from %s: %s (orgs are registered by manage.py sync_orgs); no activity recorded",
+                       _sender_name(sender), exc)
+
+
+def _sender_name(sender) -> str:
+    return getattr(sender, "__qualname__", None) or repr(sender)
 
 
 # A strong reference: the module keeps the function alive anyway, and Django need not

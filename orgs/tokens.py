@@ -54,13 +54,17 @@ def activity_token_issue(*, caller: str, user, actor, now: datetime) -> str:
     return token
 
 
-def activity_token_find(token: str) -> ActivityToken | None:
-    """The active token presented (its caller and user), or None when unknown or revoked."""
+def activity_token_authorize(token: str) -> tuple[ActivityToken | None, int, str]:
+    """The presented token's row when it may record activity, else None with the HTTP
+    status and the reason: 401 unknown or revoked, or its account deactivated; 403 its
+    account lacks the permission."""
     found = ActivityToken.objects.select_related("user").filter(digest=token_digest(token), active=True).first()
-    return found if found and found.user.is_active else None
+    if found is None:
+        return None, 401, "unknown or revoked token"
+    username = found.user.get_username()
+    if not found.user.is_active:
+        return None, 401, f"the token's account {username!r} is deactivated"
+    if not found.user.has_perm(RECORD_ACTIVITY):
+        return None, 403, f"caller {username!r} lacks the permission {RECORD_ACTIVITY}"
+    return found, 200, ""
 
-
-def activity_token_user(token: str):
-    """The user a presented token acts as, or None when unknown or revoked."""
-    found = activity_token_find(token)
-    return found.user if found else None

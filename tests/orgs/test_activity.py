@@ -1,15 +1,20 @@
 """Activity recording: throttled across processes with real Redis, and safe when Redis is down."""
 from __future__ import annotations
 
+import logging
 import socket
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 import redis
+from django.db import connections
 
 from config import clock
 from orgs.activity import CACHE_PREFIX, org_activity_record, throttle_reset
 from orgs.models import DormancySwitch, Org
+from orgs.services import dormancy_sweep, org_mark_active
 from orgs.signals import warmup
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +72,38 @@ def test_an_unknown_org_is_named(redis_cache):
         org_activity_record("ghost")
 
 
+def test_the_warmup_signal_for_an_org_not_registered_yet_logs_it_and_never_fails_the_sender(
+        make_org, redis_cache, caplog):
+    class Checkout:   # the product code sending the signal
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="orgs.signals"):
+        for _ in range(3):
+            warmup.send(sender=Checkout, org_slug="newco")
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "orgs.signals"]
+    assert logged == (f"warmup from {Checkout.__qualname__}: no org with slug 'newco' (orgs are registered by manage.py "
+                      "sync_orgs); no activity recorded"), "said once per window in this process"
+    assert not Org.objects.filter(slug="newco").exists()
+    make_org("newco", idle_hours=5)
+    throttle_reset()   # the next window
+    warmup.send(sender=Checkout, org_slug="newco")
+    assert clock.now() - Org.objects.get(slug="newco").last_activity_at < timedelta(seconds=5)
+
+
+@pytest.mark.parametrize("dormant", [False, True])
+def test_a_write_stamped_earlier_never_moves_the_activity_back(make_org, redis_cache, dormant):
+    """A process whose clock lags, or an event reported late, writes an older time: the org
+    stays as recently active as it was, and the next sweep leaves an active org awake."""
+    org = make_org("acme", idle_hours=0.01 if not dormant else 30, dormant=dormant)
+    before = Org.objects.get(id=org.id).last_activity_at
+    assert org_activity_record("acme", at=before - timedelta(hours=30)) is True
+    after = Org.objects.get(id=org.id)
+    assert after.last_activity_at == before and not after.dormant
+    if not dormant:
+        assert dormancy_sweep(now=clock.now(), enqueue=False).switched == ()
+        assert not Org.objects.get(id=org.id).dormant
+
+
 def test_a_failed_database_write_does_not_swallow_the_window(make_org, redis_cache):
     with pytest.raises(Org.DoesNotExist):
         org_activity_record("later")
@@ -88,7 +125,7 @@ def test_activity_on_a_dormant_org_wakes_it_at_once(make_org, redis_cache, djang
 def test_waking_queues_the_disable_at_high_priority_and_the_sweep_at_normal(
         make_org, redis_cache, monkeypatch, django_capture_on_commit_callbacks):
     from orgs import tasks
-    from orgs.services import dormancy_sweep
+    from orgs.services import dormancy_sweep, org_mark_active
 
     sent = []
     monkeypatch.setattr(tasks.org_scale_to_zero_apply, "apply_async",
@@ -126,3 +163,51 @@ def test_warmup_answers_like_djangos_dispatch_and_reaches_every_receiver(make_or
         warmup.disconnect(listener)
     assert heard == ["acme"], "another receiver hears a throttled activity too"
     assert warmup.send(sender=None, org_slug="acme") == [(_record_warmup, None)]
+
+
+def _backends_waiting_for_a_lock(count: int, limit_s: float = 20.0) -> bool:
+    """PostgreSQL's own view: `count` backends blocked on a lock (polled, no fixed sleep)."""
+    deadline = time.monotonic() + limit_s
+    probe = connections.create_connection("default")
+    try:
+        while time.monotonic() < deadline:
+            with probe.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                               "AND datname = current_database()")
+                if cursor.fetchone()[0] >= count:
+                    return True
+        return False
+    finally:
+        probe.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_wakes_at_once_wake_the_org_once(make_org):
+    """Two processes past the throttle (Redis down, say) wake the same dormant org at once:
+    one switch, one queued disable, and the org ends awake."""
+    org = make_org("sleepy", idle_hours=30, dormant=True)
+    holder = connections.create_connection("default")
+    holder.set_autocommit(False)
+    with holder.cursor() as cursor:
+        cursor.execute("SELECT id FROM orgs_org WHERE id = %s FOR UPDATE", [org.id])
+    results = []
+
+    def wake():
+        try:
+            results.append(org_mark_active(org_slug="sleepy", cause="activity", enqueue=False))
+        finally:
+            connections.close_all()
+
+    wakers = [threading.Thread(target=wake) for _ in range(2)]
+    for waker in wakers:
+        waker.start()
+    try:
+        assert _backends_waiting_for_a_lock(2), "both wakes must be in flight together"
+    finally:
+        holder.rollback()
+        holder.close()
+    for waker in wakers:
+        waker.join(timeout=30)
+    assert sorted(r.woke for r in results) == [False, True]
+    org.refresh_from_db()
+    assert not org.dormant and org.switches.filter(direction="active").count() == 1

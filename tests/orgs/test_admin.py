@@ -1,6 +1,8 @@
 """Admin flows: each action behind its own permission, each leaving an audit record."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import Permission, User
 
@@ -193,3 +195,19 @@ def test_the_change_form_cannot_flip_what_only_actions_may_change(client, cluste
     assert page.status_code == 302, page.content[:2000]
     org.refresh_from_db()
     assert org.scale_to_zero_allowed and not org.dormant
+
+
+def test_an_org_added_in_the_panel_counts_as_active_from_then_and_turns_dormant_a_day_idle_later(client, cluster,
+                                                                                                  settings):
+    client.force_login(operator("add_org"))
+    response = client.post("/admin/orgs/org/add/", {
+        "slug": "newco", "cluster": cluster.cluster.id, "namespace": "newco",
+        "exemptions-TOTAL_FORMS": 0, "exemptions-INITIAL_FORMS": 0,
+        "switches-TOTAL_FORMS": 0, "switches-INITIAL_FORMS": 0})
+    assert response.status_code == 302
+    registered = Org.objects.get(slug="newco").last_activity_at
+    assert abs(clock.now() - registered) < timedelta(seconds=5), "registered active, not dormant at birth"
+    assert services.dormancy_sweep(now=clock.now(), dry_run=True).switched == ()
+    a_day_idle = registered + settings.ORGS_DORMANT_AFTER + timedelta(minutes=1)
+    assert "newco" in services.dormancy_sweep(now=a_day_idle).switched
+    assert Org.objects.get(slug="newco").dormant

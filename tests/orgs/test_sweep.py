@@ -90,6 +90,43 @@ def test_command_json_and_dry_run(make_org, capsys):
     assert Org.objects.get(slug="idle").dormant
 
 
+def test_a_sweep_says_what_it_left_awake_as_its_dry_run_did(make_org, settings, capsys):
+    """Over budget or held: the run that marks says so, in text and in JSON, like the dry run."""
+    settings.ORGS_SWEEP_BUDGET = 1
+    make_org("recent", idle_hours=30)
+    make_org("oldest", idle_hours=50)
+    make_org("kept", idle_hours=60, exempt=True, exemption_reason="launch week")
+    left = ["recent: would turn dormant, left for the next sweep (budget)",
+            "kept: idle, but exempt or snoozed: stays awake"]
+
+    call_command("sweep_dormancy", "--dry-run", "--json")
+    dry = json.loads(capsys.readouterr().out)
+    call_command("sweep_dormancy", "--queue", "--json")
+    real = json.loads(capsys.readouterr().out)
+
+    for body in (dry, real):
+        assert (body["dormant"], body["over_budget"], body["held"]) == (["oldest"], ["recent"], ["kept"])
+        assert body["lines"][1:] == left
+    assert real["lines"][0] == "oldest: dormant"
+    assert sorted(Org.objects.filter(dormant=True).values_list("slug", flat=True)) == ["oldest"]
+
+    call_command("sweep_dormancy", "--queue")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("1 org(s) turned dormant (no activity since ")
+    assert out[1:3] == ["  recent: dormant", "  kept: idle, but exempt or snoozed: stays awake"]
+
+
+def test_exactly_the_dormancy_period_idle_is_not_yet_dormant(make_org, settings):
+    """The rule is "no activity since before now - 24 h": an org idle exactly 24 h turns dormant
+    at the next sweep, in the dry run and the real one alike."""
+    now = clock.now()
+    org = make_org("edge")
+    Org.objects.filter(id=org.id).update(last_activity_at=now - settings.ORGS_DORMANT_AFTER)
+    assert dormancy_sweep(now=now, dry_run=True).switched == dormancy_sweep(now=now).switched == ()
+    later = now + timedelta(microseconds=1)
+    assert dormancy_sweep(now=later, dry_run=True).switched == dormancy_sweep(now=later).switched == ("edge",)
+
+
 def _a_backend_waits_for_a_row_lock(limit_s: float = 20.0) -> bool:
     """PostgreSQL's own view of the sweep blocked on the activity's lock (polled, no fixed sleep)."""
     deadline = time.monotonic() + limit_s

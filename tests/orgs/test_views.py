@@ -1,4 +1,4 @@
-"""The authenticated activity endpoint: token per caller, 401/403/404."""
+"""The authenticated activity endpoint: token per caller, 401/403/404/405/503."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,6 +7,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, connections
 
 from audit.models import AuditEntry
 from config import clock
@@ -68,9 +69,73 @@ def test_an_unknown_org_is_404(client, token, redis_cache):
     assert response.status_code == 404 and response.json()["error"] == "no org with slug 'ghost'"
 
 
-def test_only_post_is_allowed(client, make_org, token):
-    make_org("acme")
-    assert client.get("/api/orgs/acme/activity", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 405
+@pytest.mark.parametrize("method", ["get", "put", "delete", "patch", "options"])
+def test_only_post_is_allowed_and_the_refusal_says_so_in_json(client, make_org, token, method):
+    org = make_org("acme", idle_hours=5)
+    response = getattr(client, method)("/api/orgs/acme/activity", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 405 and response["Allow"] == "POST"
+    assert response.json() == {"error": f"{method.upper()} is not allowed: POST to record activity"}
+    assert Org.objects.get(id=org.id).last_activity_at < clock.now() - timedelta(hours=4), "nothing recorded"
+
+
+def test_a_token_whose_account_was_deactivated_is_refused_saying_why(client, make_org, caller, token, redis_cache):
+    org = make_org("acme", idle_hours=5)
+    caller.is_active = False
+    caller.save()
+    response = post(client, "acme", token)
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+    assert response.json() == {"error": "the token's account 'model-gateway' is deactivated"}
+    assert Org.objects.get(id=org.id).last_activity_at < clock.now() - timedelta(hours=4), "nothing recorded"
+
+
+@pytest.mark.parametrize("header", ["", "Bearer", "Bearer ", "Basic dXNlcjpwdw==", "Bearer\tabc", "abc",
+                                    "Bearer nope, Bearer other"])
+def test_a_caller_without_a_valid_token_learns_nothing_of_which_orgs_exist(client, make_org, header, redis_cache):
+    make_org("acme", idle_hours=5)
+    answers = set()
+    for slug in ("acme", "ghost", "ACME", "x" * 300):
+        headers = {"HTTP_AUTHORIZATION": header} if header else {}
+        response = client.post(f"/api/orgs/{slug}/activity", **headers)
+        answers.add((response.status_code, response.content))
+    [(status, _)] = answers
+    assert status == 401, "the same answer for an org that exists and one that does not"
+    assert Org.objects.get(slug="acme").last_activity_at < clock.now() - timedelta(hours=4)
+
+
+def test_a_slug_longer_than_any_org_is_404_without_echoing_it_whole(client, token, redis_cache):
+    response = post(client, "a" * 5000, token)
+    assert response.status_code == 404
+    assert response.json() == {"error": f"no org with slug '{'a' * 63}…'"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_failure_is_a_503_that_says_nothing_was_recorded_and_the_next_call_records(
+        client, make_org, token, redis_cache):
+    """The org's row is locked by another transaction past this connection's lock timeout:
+    PostgreSQL refuses the write. The caller is told to try again, and the throttle window
+    is not spent on the failed write."""
+    org = make_org("acme", idle_hours=5)
+    holder = connections.create_connection("default")
+    holder.set_autocommit(False)
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT id FROM orgs_org WHERE id = %s FOR UPDATE", [org.id])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        refused = post(client, "acme", token)
+    finally:
+        holder.rollback()
+        holder.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert refused.status_code == 503 and refused["Retry-After"] == "5"
+    assert refused.json() == {"error": "activity not recorded: the database failed (OperationalError); "
+                                       "try again in 5 s"}
+    assert Org.objects.get(id=org.id).last_activity_at < clock.now() - timedelta(hours=4)
+
+    again = post(client, "acme", token)
+    assert again.status_code == 200 and again.json()["recorded"] is True
+    assert clock.now() - Org.objects.get(id=org.id).last_activity_at < timedelta(seconds=5)
 
 
 def test_issue_token_command_prints_it_once_and_stores_only_its_digest(caller, capsys):
