@@ -310,6 +310,15 @@ ORGS_DORMANT_AFTER = timedelta(hours=_env_number("ORGS_DORMANT_AFTER_HOURS", def
 # At most one database write per org per window, across all processes (seconds; 0: every call writes).
 ORGS_ACTIVITY_THROTTLE_SECONDS = _env_number("ORGS_ACTIVITY_THROTTLE_SECONDS", default=60, kind=int, low=0,
                                              high=86_400, what="the seconds between two activity writes of an org")
+# The throttle keeps the first write of a window and drops the rest, so the recorded activity
+# lags the last real one by up to a window: with a dormancy period no longer than that, an org
+# in constant use could be swept to sleep between two recorded writes.
+if ORGS_DORMANT_AFTER.total_seconds() <= ORGS_ACTIVITY_THROTTLE_SECONDS:
+    raise ImproperlyConfigured(
+        f"ORGS_DORMANT_AFTER_HOURS must be longer than ORGS_ACTIVITY_THROTTLE_SECONDS (activity is recorded once "
+        f"per window, so an org in constant use would look idle for up to a window), not "
+        f"{_plain(ORGS_DORMANT_AFTER.total_seconds() / 3600)} h with ORGS_ACTIVITY_THROTTLE_SECONDS at "
+        f"{ORGS_ACTIVITY_THROTTLE_SECONDS} s")
 # How many orgs one sweep may switch to dormant (a budget, so a clock jump cannot cool all; 0: none).
 ORGS_SWEEP_BUDGET = _env_number("ORGS_SWEEP_BUDGET", default=100_000, kind=int, low=0, high=None,
                                 what="the most orgs one dormancy sweep may mark dormant")

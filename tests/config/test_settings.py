@@ -66,6 +66,20 @@ def test_a_backoff_cap_below_the_first_backoff_names_both(env):
                                             f"{env['KUBE_RETRY_BACKOFF_MAX']} s with KUBE_RETRY_BACKOFF at {backoff} s")
 
 
+@pytest.mark.parametrize(("hours", "throttle"), [("0.01", "60"), ("1", "3600")])
+def test_a_dormancy_period_within_one_activity_window_is_refused_naming_both(hours, throttle):
+    proc = manage_check(ORGS_DORMANT_AFTER_HOURS=hours, ORGS_ACTIVITY_THROTTLE_SECONDS=throttle)
+    refused(proc, "ORGS_DORMANT_AFTER_HOURS", f"ORGS_DORMANT_AFTER_HOURS must be longer than "
+                                              f"ORGS_ACTIVITY_THROTTLE_SECONDS (activity is recorded once per window, "
+                                              f"so an org in constant use would look idle for up to a window), not "
+                                              f"{hours} h with ORGS_ACTIVITY_THROTTLE_SECONDS at {throttle} s")
+
+
+def test_a_dormancy_period_just_over_one_activity_window_starts():
+    proc = manage_check(ORGS_DORMANT_AFTER_HOURS="0.02", ORGS_ACTIVITY_THROTTLE_SECONDS="60")
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("DJANGO_DEBUG", "ture"),
     ("DJANGO_HTTPS", "yes please"),
