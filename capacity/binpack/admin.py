@@ -5,25 +5,50 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from capacity.binpack.planning import COST_ORDER, FORMULA
-from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun, settled_describe
+from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun, settled_describe, written_describe
 from clusters.errors import KubeError
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table_display
 
 
 @admin.register(BinpackRun)
 class BinpackRunAdmin(admin.ModelAdmin):
-    list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written",
-                    "unchanged", "skipped", "stale", "unwritten", "over_budget", "plan_seconds")
+    # A run still writing has recorded what it announced, not what it wrote: its counts are
+    # shown as not final rather than as zeros.
+    list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written_shown",
+                    "unchanged", "skipped", "stale_shown", "unwritten_shown", "over_budget", "plan_seconds")
     list_filter = ("cluster", "trigger", "dry_run", "state")
     date_hierarchy = "started_at"
     # The changes are shown as a table with each pod's reason, not as raw JSON.
     # The write-ahead list is the settler's working copy (emptied once finished), not a record.
     fields = [*(f.name for f in BinpackRun._meta.fields if f.name not in ("changes", "errors", "announced")),
               "changes_explained", "errors_shown"]
-    readonly_fields = fields
+    readonly_fields = [*fields, "written_shown"]
     errors_shown = json_table_display("errors", "errors")
 
     by = actor_display("actor", "actor_label", "by", ordering="actor")
+
+    @admin.display(description="written", ordering="written")
+    def written_shown(self, run: BinpackRun) -> str:
+        return written_describe(run)
+
+    @staticmethod
+    def _final(run: BinpackRun, value: int) -> int | str:
+        return "not final" if run.state == BinpackRun.State.WRITING else value
+
+    @admin.display(description="stale", ordering="stale")
+    def stale_shown(self, run: BinpackRun):
+        return self._final(run, run.stale)
+
+    @admin.display(description="unwritten", ordering="unwritten")
+    def unwritten_shown(self, run: BinpackRun):
+        return self._final(run, run.unwritten)
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if obj is not None and obj.state == BinpackRun.State.WRITING:
+            # Its counts are not kept until it finishes (or is settled): one line says so.
+            return [("written_shown" if f == "written" else f) for f in fields if f not in ("stale", "unwritten")]
+        return fields
 
     @admin.display(description="changes and why")
     def changes_explained(self, run: BinpackRun):
@@ -78,7 +103,7 @@ class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="pods written by it")
     def last_written(self, cluster):
         run = cluster.binpack_runs.first()
-        return run.written if run else "-"
+        return written_describe(run) if run else "-"
 
     def _run(self, request, queryset, *, dry_run: bool):
         from capacity.binpack.services import pod_deletion_costs_apply
@@ -94,8 +119,9 @@ class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 self.message_user(request, f"{cluster}: {settled_describe(earlier)}", messages.WARNING)
             level = messages.WARNING if run.errors else messages.SUCCESS
             done = f"would write {run.planned}" if dry_run else f"wrote {run.written} of {run.planned}"
-            untried = run.results.count("untried")
+            untried, lost = run.results.count("untried"), run.results.count("lease-lost")
             more = (f", {untried} not tried (the cluster had stopped answering)" if untried else "") + (
+                f", {lost} not tried (the run's lease lapsed while it wrote)" if lost else "") + (
                 f", {run.over_budget} left for the next run (budget)" if run.over_budget else "")
             self.message_user(request, f"{cluster}: {done} cost(s), {run.unchanged} unchanged, {run.skipped} "
                                        f"skipped, {run.stale} stale, {run.results.count('error')} error(s){more} "

@@ -196,6 +196,14 @@ class BinpackPlan:
     formula: str = FORMULA
     # (namespace, pod) -> why it gets its cost, for every pod costed, changed or not
     bases: Mapping[tuple[str, str], CostBasis] = field(default_factory=dict, repr=False, compare=False)
+    # Every pod of the snapshot (the snapshot's own tuple, not a copy): whether a pod asked
+    # about was there at all.
+    pods: tuple[PodView, ...] = field(default=(), repr=False, compare=False)
+
+    def has_pod(self, namespace: str, name: str) -> bool:
+        """Whether the cluster's reading the plan was made from holds this pod (any pod, on
+        any node, live or not). A scan: asked of a few pods only (`--explain`)."""
+        return any(p.name == name and p.namespace == namespace for p in self.pods)
 
     @property
     def costs(self) -> dict[tuple[str, str], int]:
@@ -212,6 +220,9 @@ class BinpackPlan:
         removed = next((c for c in self.changes if (c.namespace, c.name) == (namespace, name)), None)
         if removed is not None:
             return removed.reason
+        if not self.has_pod(namespace, name):
+            return (f"no such pod: {namespace}/{name} is not in the cluster's reading "
+                    f"(taken at {self.taken_at:%Y-%m-%d %H:%M:%S %Z})")
         return "no cost of ours: not among the live pods with a controller on GPU nodes"
 
     def describe(self) -> list[str]:
@@ -386,7 +397,7 @@ def _plan(snapshot: ClusterSnapshot, options: BinpackOptions) -> BinpackPlan:
         for pod, workload, group, old, new, basis, note in pending[:options.max_writes])
     return BinpackPlan(taken_at=snapshot.taken_at, changes=changes, unchanged=unchanged, skipped=tuple(skipped),
                        groups=ranks, over_budget=max(0, len(pending) - options.max_writes),
-                       bases=MappingProxyType(bases))
+                       bases=MappingProxyType(bases), pods=snapshot.pods)
 
 
 def _rank_groups(group_sums: dict[tuple[str, str], list[int]]) -> tuple[GroupRank, ...]:

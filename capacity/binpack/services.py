@@ -7,8 +7,12 @@ change it is about to write, under a lease its process renews while writes are i
 flight. It is finished (counts and audit, one transaction) by the same process. A run
 whose process died mid-write keeps `writing` past its lease; `binpack_runs_settle` (run by
 the next binpack run on the cluster before it plans, so by the beat too) then reads the
-announced pods, audits those that carry the announced cost, once, and marks the run
-interrupted with true counts."""
+announced pods, audits those that carry the announced cost (one entry for the run), and
+marks the run interrupted with true counts, keeping on each announced change whether it
+found it. A writer that was only stalled past its lease stops starting writes; when its
+writes in flight answer, it records them itself: the whole run if no settler has recorded
+it yet, else (under the run's row lock) only the writes the settle did not find, in an
+entry of its own. So each cost that lands is audited once."""
 from __future__ import annotations
 
 import logging
@@ -57,6 +61,7 @@ _RECORDED_CHANGES = 1000
 LEASE_SECONDS = 60
 LEASE_RENEW_SECONDS = 10
 INTERRUPTED_CAUSE = "recorded after an interruption: the run's process stopped mid-write"
+LATE_CAUSE = "written by its own process after the run was settled as interrupted (the writes landed after the settle)"
 
 
 def binpack_options(*, override_manual: bool | None = None, opted_out_owners=frozenset()) -> planning.BinpackOptions:
@@ -96,17 +101,34 @@ def _cost_patch(change: planning.CostChange, resource_version: str) -> dict:
                          "annotations": {DELETION_COST: value, BINPACK_MARKER: value}}}
 
 
+class _Stop(threading.Event):
+    """Set when the writes not yet started are not to be tried; `outcome` is what they are
+    then: "untried" (the cluster stopped answering) or "lease-lost" (the run was taken to
+    be settled as interrupted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcome = "untried"
+        self._first = threading.Lock()
+
+    def stop(self, outcome: str) -> None:
+        with self._first:       # the first reason stands: a write thread and the renewal may race
+            if not self.is_set():
+                self.outcome = outcome
+                self.set()
+
+
 def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
-               stop: threading.Event | None = None) -> str:
+               stop: _Stop | None = None) -> str:
     """Patch one pod. Returns "written", "stale" (it changed since the snapshot in a way
-    that makes the planned cost not ours to write), "error", or "untried" (`stop` was set:
-    an earlier write found the cluster not answering).
+    that makes the planned cost not ours to write), "error", or, once `stop` was set, its
+    outcome ("untried": an earlier write found the cluster not answering; "lease-lost").
 
     The write is conditioned on the version the snapshot read, so it applies only to the
     pod the plan judged (same uid, not leaving, its cost as planned from) at no extra
     read. A pod changed since (a status update, a label) is read again and judged again."""
     if stop is not None and stop.is_set():
-        return "untried"
+        return stop.outcome
     if change.resource_version:
         try:
             gateway.patch(kube.PODS, change.name, _cost_patch(change, change.resource_version),
@@ -150,7 +172,7 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
 
 
 def _landed_or_stale(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
-                     stop: threading.Event | None) -> str:
+                     stop: _Stop | None) -> str:
     """A conditioned write refused (409) after an earlier try of it went unanswered: that
     try may have been applied, its answer lost, the pod's version then moved by this very
     write. The pod read again says which: the same pod carrying exactly this change (cost
@@ -164,7 +186,7 @@ def _landed_or_stale(gateway: kube.KubeGateway, change: planning.CostChange, err
 
 
 def _pod_read(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
-              stop: threading.Event | None) -> tuple[dict | None, str]:
+              stop: _Stop | None) -> tuple[dict | None, str]:
     """The change's pod read again, else None and what the change's outcome is then
     ("stale": the pod is gone; "error": the read failed, said in `errors`)."""
     try:
@@ -175,13 +197,13 @@ def _pod_read(gateway: kube.KubeGateway, change: planning.CostChange, errors: li
         return None, _failed(change, exc, errors, stop)
 
 
-def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop: threading.Event | None) -> str:
+def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop: _Stop | None) -> str:
     errors.append(f"{change.namespace}/{change.name}: {exc}")
     if stop is not None and exc.transient:
         # The gateway already retried this one: the cluster is not answering (or throttles
         # every try). Each further write would wait out the same retries (up to
         # KUBE_RETRY_ATTEMPTS x KUBE_REQUEST_TIMEOUT each), so the rest wait for the next run.
-        stop.set()
+        stop.stop("untried")
     return "error"
 
 
@@ -193,8 +215,9 @@ def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str], *,
 
     `heartbeat` is called every LEASE_RENEW_SECONDS while writes are in flight (from this
     thread, which only waits on them); when it returns False the run's lease was lost (it
-    was settled as interrupted meanwhile) and the writes not yet started are not tried."""
-    stop = threading.Event()
+    is being settled as interrupted) and the writes not yet started are not tried
+    ("lease-lost")."""
+    stop = _Stop()
     if not changes:
         return []
     width = max(1, min(settings.BINPACK_WRITE_CONCURRENCY, len(changes)))
@@ -209,12 +232,15 @@ def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str], *,
             if heartbeat is not None and pending and time.monotonic() - renewed >= LEASE_RENEW_SECONDS:
                 renewed = time.monotonic()
                 if not heartbeat():
-                    stop.set()
+                    stop.stop("lease-lost")
         results = [f.result() for f in futures]
-    untried = results.count("untried")
+    untried, lost = results.count("untried"), results.count("lease-lost")
     if untried:
         errors.append(f"{untried} write(s) not tried after the cluster failed to answer a write (above); "
                       "the next run plans them again")
+    if lost:
+        errors.append(f"{lost} write(s) not tried: the run's lease lapsed while it wrote and another process "
+                      "took it to settle as interrupted; the next run plans them again")
     return results
 
 
@@ -235,16 +261,27 @@ def _renew(run: BinpackRun) -> bool:
     return bool(held)
 
 
-def _run_audit(run: BinpackRun, written: list[planning.CostChange]) -> None:
-    """One entry per run that patched pods: each pod's deletion cost before and after (the
-    first `_RECORDED_CHANGES`; the count says how many in all)."""
+def _run_cause(run: BinpackRun) -> str:
+    return f"binpack run #{run.pk} ({run.get_trigger_display()})"
+
+
+def _run_audit(run: BinpackRun, written: list[tuple[str, str | None, int | None]], *, at: datetime,
+               cause: str) -> None:
+    """One entry for the pods a run patched (`written`: "namespace/pod", cost before, cost
+    after): each pod's deletion cost before and after (the first `_RECORDED_CHANGES`; the
+    count says how many in all). A run finished by its process, a settle and a late writer
+    each write theirs in this shape."""
     shown = written[:_RECORDED_CHANGES]
     more = f" ({len(written) - len(shown)} more not listed)" if len(written) > len(shown) else ""
-    audit(app="binpack", action="pod_deletion_costs_write", at=run.finished_at, actor=run.actor,
-          actor_label=run.actor_label, cause=f"binpack run #{run.pk} ({run.get_trigger_display()})",
+    audit(app="binpack", action="pod_deletion_costs_write", at=at, actor=run.actor,
+          actor_label=run.actor_label, cause=cause,
           target=f"{len(written)} pod(s) of cluster {run.cluster}{more}", cluster=run.cluster,
-          subject=("binpack_run", run.pk), old={f"{c.namespace}/{c.name}": c.old for c in shown},
-          new={f"{c.namespace}/{c.name}": c.new for c in shown})
+          subject=("binpack_run", run.pk), old={key: old for key, old, _ in shown},
+          new={key: new for key, _, new in shown})
+
+
+def _written(change: planning.CostChange) -> tuple[str, str | None, int | None]:
+    return f"{change.namespace}/{change.name}", change.old, change.new
 
 
 def _announced(change: planning.CostChange) -> dict:
@@ -314,26 +351,27 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
     run.errors = errors
     run.finished_at = clock.now()
     with transaction.atomic():
-        if run.state == BinpackRun.State.WRITING and not BinpackRun.objects.select_for_update().filter(
-                pk=run.pk, state=BinpackRun.State.WRITING, lease_owner=run.lease_owner).exists():
-            # Its lease lapsed and a settler recorded it from the pods (and audited what it
-            # found): recording it again would audit those pods twice.
-            lost = True
-        else:
-            lost = False
+        # IMPORTANT: under the run's row lock, as a settler records it: whoever records the
+        # run second sees what the first recorded, so no cost is audited twice.
+        settled_meanwhile = run.state == BinpackRun.State.WRITING and BinpackRun.objects.select_for_update(
+        ).values_list("state", flat=True).get(pk=run.pk) != BinpackRun.State.WRITING
+        if not settled_meanwhile:
+            # Ours, or claimed by a settler that has not recorded it yet (its lease lapsed while
+            # writes were in flight): every write has answered, which says more than the
+            # settler's reading of the pods can, so the run is recorded here and the settler,
+            # finding it done, records nothing.
             run.state, run.announced, run.lease_owner, run.lease_expires_at = BinpackRun.State.DONE, [], "", None
             run.save()
             if written:
-                _run_audit(run, written)
-    if lost:
-        logger.warning("binpack run %s on %s: settled as interrupted by another process while it wrote; its "
-                       "record stands (%d write(s) returned here)", run.pk, cluster, len(written))
+                _run_audit(run, [_written(c) for c in written], at=run.finished_at, cause=_run_cause(run))
+    if settled_meanwhile:
         results = run.results
-        run.refresh_from_db()
+        run = _late_writes_record(run.pk, changes=plan.changes, results=results, errors=errors, now=run.finished_at)
         run.results, run.settled = results, settled
     if errors:
         logger.warning("binpack on %s: %d write(s) failed, %d not tried, first: %s", cluster,
-                       run.results.count("error"), run.results.count("untried"), errors[0])
+                       run.results.count("error"), run.results.count("untried") + run.results.count("lease-lost"),
+                       errors[0])
     return run, plan
 
 
@@ -351,9 +389,11 @@ def _carries(pod: dict | None, uid: str, new: int | None) -> bool:
 def binpack_runs_settle(*, cluster: Cluster, gateway: kube.KubeGateway | None = None,
                         now: datetime | None = None) -> list[BinpackRun]:
     """Settle every run of `cluster` left `writing` past its lease (its process died
-    mid-write) from the pods it announced: each pod carrying the announced cost and marker
-    is audited now, under the run's actor, saying it was recorded after an interruption;
-    the rest are recorded as not written. The run is marked interrupted with true counts.
+    mid-write) from the pods it announced: the pods carrying the announced cost and marker
+    are audited now, in one entry under the run's actor saying it was recorded after an
+    interruption; the rest are recorded as not written. The run is marked interrupted with
+    true counts; each announced change keeps whether it was found (`found`), for its
+    process should it answer late after all (`_late_writes_record`).
     Returns the runs settled. Idempotent; concurrent settlers take a run one at a time (a
     conditional UPDATE claims it, the final record is made under a row lock and only by
     the claimant). A cluster that cannot be read raises its KubeError; the run stays
@@ -389,18 +429,17 @@ def _settle_one(pk: int, *, holder: str, pods: dict, now: datetime) -> BinpackRu
         run = BinpackRun.objects.select_for_update(of=("self",)).select_related("cluster", "actor").get(pk=pk)
         if run.state != BinpackRun.State.WRITING or run.lease_owner != holder:
             return None
-        found = {(a["namespace"], a["pod"]): _carries(pods.get((a["namespace"], a["pod"])), a["uid"], a["new"])
-                 for a in run.announced}
-        written = [a for a in run.announced if found[(a["namespace"], a["pod"])]]
-        cause = (f"binpack run #{run.pk} ({run.get_trigger_display()}), {INTERRUPTED_CAUSE}; the pod carried "
-                 f"the announced cost when the run was settled at {now:%Y-%m-%d %H:%M:%S %Z}")
-        for a in written:
-            key = f"{a['namespace']}/{a['pod']}"
-            audit(app="binpack", action="pod_deletion_costs_write", at=now, actor=run.actor,
-                  actor_label=run.actor_label, cause=cause, target=f"pod {key} of cluster {run.cluster}",
-                  cluster=run.cluster, subject=("binpack_run", run.pk), old={key: a["old"]}, new={key: a["new"]})
+        for a in run.announced:
+            # Kept on the run: what its process, should it still answer, must not audit again.
+            a["found"] = _carries(pods.get((a["namespace"], a["pod"])), a["uid"], a["new"])
+        written = [a for a in run.announced if a["found"]]
+        if written:
+            _run_audit(run, [(f"{a['namespace']}/{a['pod']}", a["old"], a["new"]) for a in written], at=now,
+                       cause=f"{_run_cause(run)}, {INTERRUPTED_CAUSE}; the pods carried the announced cost when "
+                             f"the run was settled at {now:%Y-%m-%d %H:%M:%S %Z}")
+        found = {(a["namespace"], a["pod"]) for a in written}
         for recorded in run.changes:
-            hit = found.get((recorded.get("namespace"), recorded.get("pod")))
+            hit = (recorded.get("namespace"), recorded.get("pod")) in found
             recorded["result"] = "settled-written" if hit else "settled-not-written"
         run.written, run.unwritten = len(written), len(run.announced) - len(written)
         run.errors = [f"interrupted: its process stopped mid-write; settled from the cluster at "
@@ -408,8 +447,43 @@ def _settle_one(pk: int, *, holder: str, pods: dict, now: datetime) -> BinpackRu
                       f"written and audited then, {run.unwritten} not written (the next run plans them again)",
                       *run.errors]
         run.state, run.finished_at = BinpackRun.State.INTERRUPTED, now
-        run.announced, run.lease_owner, run.lease_expires_at = [], "", None
+        run.lease_owner, run.lease_expires_at = "", None
         run.save()
     logger.warning("binpack run %s on %s settled as interrupted: %d of %d announced cost(s) written", run.pk,
                    run.cluster, run.written, run.written + run.unwritten)
+    return run
+
+
+def _late_writes_record(pk: int, *, changes, results: list[str], errors: list[str], now: datetime) -> BinpackRun:
+    """A writer whose run was settled as interrupted while its writes were in flight records,
+    once they all answered, the costs it wrote that the settle did not find on the pods (the
+    settle read them before these writes landed): audited under the run's actor in an entry
+    of their own, and counted written on the run. The settle's findings stay as it recorded
+    them (audited once, by it). Under the run's row lock, as the settle was recorded."""
+    with transaction.atomic():
+        run = BinpackRun.objects.select_for_update(of=("self",)).select_related("cluster", "actor").get(pk=pk)
+        found = {(a["namespace"], a["pod"]): a.get("found") for a in run.announced}
+        if run.state != BinpackRun.State.INTERRUPTED or not found:
+            logger.warning("binpack run %s: settled as interrupted while it wrote and its settle's findings are gone "
+                           "(already recorded); its %d write(s) returned here are not recorded again", pk,
+                           results.count("written"))
+            return run
+        late = [c for c, result in zip(changes, results)
+                if result == "written" and found.get((c.namespace, c.name)) is False]
+        if late:
+            _run_audit(run, [_written(c) for c in late], at=now, cause=f"{_run_cause(run)}, {LATE_CAUSE}")
+            keys = {(c.namespace, c.name) for c in late}
+            for recorded in run.changes:
+                if (recorded.get("namespace"), recorded.get("pod")) in keys:
+                    recorded["result"] = "written-late"
+            run.written, run.unwritten = run.written + len(late), run.unwritten - len(late)
+        run.errors = [*run.errors,
+                      f"its process's writes all answered at {now:%Y-%m-%d %H:%M:%S %Z}, after the settle: "
+                      f"{len(late)} more cost(s) written, audited by it; {run.written} of {len(found)} written in all",
+                      *errors]
+        # Its process has no write left in flight: nothing more can land for this run.
+        run.announced = []
+        run.save()
+    logger.warning("binpack run %s on %s: settled as interrupted while it wrote; %d of its write(s) landed after "
+                   "the settle and were recorded by its process", pk, run.cluster, len(late))
     return run

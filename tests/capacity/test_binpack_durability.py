@@ -1,4 +1,5 @@
-"""A binpack write run whose process is killed mid-write is settled from the pods, once.
+"""A binpack write run whose process is killed (or stalled) mid-write is settled from the
+pods, and every cost that lands is audited once.
 
 The crash is real: a separate process runs a binpack write run and SIGKILLs itself as
 soon as its 2nd of 4 pod patches returned (`binpack_crash_worker.py`), against the
@@ -10,9 +11,11 @@ run interrupted with true counts, then plans and writes the remainder.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,12 +23,13 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import connections
 
 from audit.models import AuditEntry
 from capacity.binpack import services
 from capacity.binpack.models import BinpackRun
 from capacity.binpack.tasks import binpack_cluster
-from clusters import labels
+from clusters import kube, labels
 from config import clock
 from tests.capacity.test_binpack_services import NS, changes_table, world  # noqa: F401 (the fixture)
 
@@ -98,14 +102,16 @@ def killed_run(world, ops):
 def assert_settled_once(handle, run, written, ops):
     run.refresh_from_db()
     assert run.state == BinpackRun.State.INTERRUPTED and (run.written, run.unwritten, run.stale) == (2, 2, 0)
-    assert run.announced == [] and run.lease_owner == "" and run.finished_at is not None
+    assert run.lease_owner == "" and run.finished_at is not None
+    # What the settle found on each pod stays, should the run's process answer after all.
+    assert {a["pod"] for a in run.announced if a["found"]} == written and len(run.announced) == 4
     assert run.errors[0].startswith("interrupted: its process stopped mid-write; settled from the cluster at ")
-    entries = AuditEntry.objects.filter(app="binpack", subject_type="binpack_run", subject_id=run.pk)
-    assert sorted(k for e in entries for k in e.new) == sorted(f"{NS}/{p}" for p in written)
-    assert entries.count() == 2                               # one per written pod, none for the unwritten
-    for entry in entries:
-        assert entry.actor == ops and entry.cluster == handle.cluster
-        assert "after an interruption" in entry.cause and f"binpack run #{run.pk}" in entry.cause
+    # One entry for the run, as a run that finishes writes: the written pods, none of the unwritten.
+    (entry,) = AuditEntry.objects.filter(app="binpack", subject_type="binpack_run", subject_id=run.pk)
+    assert set(entry.new) == {f"{NS}/{p}" for p in written} and set(entry.old) == set(entry.new)
+    assert entry.target == f"2 pod(s) of cluster {handle.cluster}"
+    assert entry.actor == ops and entry.cluster == handle.cluster
+    assert "after an interruption" in entry.cause and f"binpack run #{run.pk}" in entry.cause
     assert {c["pod"]: c["result"] for c in run.changes} == {
         p: "settled-written" if p in written else "settled-not-written" for p in PODS}
 
@@ -135,7 +141,7 @@ def test_the_next_run_settles_a_killed_run_once_then_writes_the_rest(world, ops,
 
     # A further settle finds nothing to do: nothing audited twice.
     assert services.binpack_runs_settle(cluster=handle.cluster) == []
-    assert AuditEntry.objects.filter(app="binpack", subject_id=run.pk).count() == 2
+    assert AuditEntry.objects.filter(app="binpack", subject_id=run.pk).count() == 1
 
     # The runs page says so.
     client.force_login(ops)
@@ -190,3 +196,225 @@ def test_a_run_within_its_lease_is_not_settled_even_by_the_next_run(world, ops, 
     run.refresh_from_db()
     assert run.state == BinpackRun.State.WRITING and run.lease_owner.startswith("writer:")
     assert not AuditEntry.objects.filter(app="binpack", subject_id=run.pk).exists()
+
+
+def test_while_a_run_writes_its_lists_say_so_and_once_settled_its_settled_counts(world, ops, later, client):
+    handle, core = world
+    run, written = killed_run(world, ops)
+    client.force_login(ops)
+
+    def cells(url: str, column: str) -> list[str]:
+        html = client.get(url).content.decode()
+        return [re.sub(r"<[^>]+>", "", cell).strip()
+                for cell in re.findall(rf'<td class="field-{column}[^"]*">(.*?)</td>', html, re.S)]
+
+    assert cells("/admin/capacity/binpackrun/", "written_shown") == [
+        "writing: 4 change(s) announced, counts not final"]
+    assert cells("/admin/capacity/binpackrun/", "stale_shown") == ["not final"]
+    assert cells("/admin/capacity/binpackcluster/", "last_written") == [
+        "writing: 4 change(s) announced, counts not final"]
+    page = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
+    assert "writing: 4 change(s) announced, counts not final" in page
+    assert "field-written" not in page.replace("field-written_shown", "")   # no bare 0 written
+
+    later()
+    services.binpack_runs_settle(cluster=handle.cluster)
+
+    assert cells("/admin/capacity/binpackrun/", "written_shown") == [
+        "2 of 4 announced (interrupted, settled from the cluster)"]
+    assert cells("/admin/capacity/binpackrun/", "unwritten_shown") == ["2"]
+    assert cells("/admin/capacity/binpackcluster/", "last_written") == [
+        "2 of 4 announced (interrupted, settled from the cluster)"]
+
+
+class HeldWrite:
+    """The gateway, with one pod's write held back: `before_write()` runs first (on the
+    writing thread), then the write goes out. Writes answered are counted per pod."""
+
+    def __init__(self, gateway, pod: str, before_write):
+        self.gateway, self.pod, self.before_write = gateway, pod, before_write
+        self.answered: list[str] = []
+        self.changed = threading.Condition()
+
+    def wait_answered(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.answered) >= count, timeout=60)
+
+    def __getattr__(self, name):
+        return getattr(self.gateway, name)
+
+    def patch(self, resource, name, body, **kwargs):
+        if resource is kube.PODS and name == self.pod:
+            try:
+                self.before_write()
+            finally:
+                connections.close_all()      # this thread's own database connection
+        answer = self.gateway.patch(resource, name, body, **kwargs)
+        if resource is kube.PODS:
+            with self.changed:
+                self.answered.append(name)
+                self.changed.notify_all()
+        return answer
+
+
+def settle_now(handle) -> list[BinpackRun]:
+    """What the next run on the cluster does first, past the writing run's lease."""
+    return services.binpack_runs_settle(cluster=handle.cluster, gateway=handle.gateway,
+                                        now=clock.now() + timedelta(seconds=services.LEASE_SECONDS + 1))
+
+
+def audited(run) -> dict[str, list[AuditEntry]]:
+    """Each pod of the run's audit entries, with the entries that name it."""
+    by_pod: dict[str, list[AuditEntry]] = {}
+    for entry in AuditEntry.objects.filter(app="binpack", subject_type="binpack_run", subject_id=run.pk):
+        assert set(entry.old) == set(entry.new)
+        for key in entry.new:
+            by_pod.setdefault(key.split("/", 1)[1], []).append(entry)
+    return by_pod
+
+
+@pytest.fixture
+def no_renewal(monkeypatch):
+    """The writer does not renew its lease during the test (however slow the machine): the
+    settle takes the run as the test says, not as a renewal racing it decides."""
+    monkeypatch.setattr(services, "LEASE_RENEW_SECONDS", 3600)
+
+
+def test_a_write_that_lands_after_its_stalled_run_was_settled_is_audited_once_by_the_writer(world, ops, settings,
+                                                                                            no_renewal):
+    """All four writes are in flight at once; a-1's is held until the other three answered
+    and the run (its lease lapsed) was settled: the settle finds three costs on the pods and
+    audits them. a-1's cost then lands: its writer audits it, alone, and the run counts it."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 4
+    settled = []
+
+    def settle_once_the_others_answered():
+        gateway.wait_answered(3)
+        settled.extend(settle_now(handle))
+
+    gateway = HeldWrite(handle.gateway, "a-1", settle_once_the_others_answered)
+    run, plan = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=gateway,
+                                                  trigger=BinpackRun.Trigger.ADMIN)
+
+    assert [r.pk for r in settled] == [run.pk] and gateway.answered[-1] == "a-1"
+    assert carried(core, [{"pod": c.name, "new": c.new} for c in plan.changes]) == set(PODS)
+    run.refresh_from_db()
+    assert run.state == BinpackRun.State.INTERRUPTED and (run.written, run.unwritten) == (4, 0)
+    assert run.announced == []                # its process answered: nothing more can land
+    assert {c["pod"]: c["result"] for c in run.changes} == {
+        "a-0": "settled-written", "a-1": "written-late", "a-2": "settled-written", "b-0": "settled-written"}
+    by_pod = audited(run)
+    assert {p: len(entries) for p, entries in by_pod.items()} == dict.fromkeys(PODS, 1)   # each once
+    settle_entry, late_entry = by_pod["a-0"][0], by_pod["a-1"][0]
+    assert set(settle_entry.new) == {f"{NS}/a-0", f"{NS}/a-2", f"{NS}/b-0"}
+    assert "after an interruption" in settle_entry.cause
+    planned = {c.name: c.new for c in plan.changes}
+    assert late_entry.new == {f"{NS}/a-1": planned["a-1"]} and late_entry.old == {f"{NS}/a-1": None}
+    assert services.LATE_CAUSE in late_entry.cause and f"binpack run #{run.pk}" in late_entry.cause
+    assert late_entry.actor == settle_entry.actor == ops
+    assert run.errors[1].startswith("its process's writes all answered at ")
+    assert run.errors[1].endswith("after the settle: 1 more cost(s) written, audited by it; 4 of 4 written in all")
+
+
+def test_a_stalled_writer_whose_lease_was_taken_starts_no_more_writes_and_audits_the_one_that_landed(
+        world, settings, monkeypatch, capsys):
+    """One write at a time; the command's first write is stalled past the lease: a settler
+    records the run (no cost on any pod yet), the writer's renewal then finds its lease gone,
+    and only then the stalled write lands. The three writes not started are not sent; the one
+    that landed is audited by the writer, once, and counted; the command says so and exits 1."""
+    from django.core.management.base import CommandError
+
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    monkeypatch.setattr(services, "LEASE_RENEW_SECONDS", 0.01)
+    settle_done, lease_lost = threading.Event(), threading.Event()
+    renew = services._renew
+
+    def renew_after_the_settle(run):
+        # A renewal between the settler's read and its claim would (rightly) keep the run the
+        # writer's: the writer renews only once the settle happened, so the test goes one way.
+        assert settle_done.wait(timeout=60)
+        held = renew(run)
+        if not held:
+            lease_lost.set()
+        return held
+
+    monkeypatch.setattr(services, "_renew", renew_after_the_settle)
+    settled = []
+
+    def settle_then_wait_for_the_writer_to_see_it():
+        settled.extend(settle_now(handle))
+        settle_done.set()
+        assert lease_lost.wait(timeout=60)
+
+    gateway = HeldWrite(handle.gateway, "a-0", settle_then_wait_for_the_writer_to_see_it)
+    monkeypatch.setattr(kube, "gateway_for", lambda cluster: gateway)
+
+    with pytest.raises(CommandError) as failed:
+        call_command("binpack", "--cluster", handle.cluster.name)
+
+    (run,) = BinpackRun.objects.all()
+    assert [r.pk for r in settled] == [run.pk] and gateway.answered == ["a-0"]
+    assert str(failed.value).startswith(f"3 of 4 cost(s) not written on cluster {handle.cluster.name} "
+                                        f"(run {run.pk}): interrupted: ")
+    out = capsys.readouterr().out.splitlines()
+    lapsed = "not written, not tried: the run's lease lapsed while it wrote (taken to be settled as interrupted): "
+    assert out[0].startswith("wrote team/a-0: ") and all(line.startswith(lapsed + "team/") for line in out[1:4])
+    assert out[-1] == f"written 1, stale 0, errors 0, not tried (lease lapsed) 3 (run {run.pk})"
+    costs = {p: annotations(core, p).get(labels.DELETION_COST) for p in PODS}
+    assert costs == {"a-0": str(run.changes[0]["new"]), "a-1": None, "a-2": None, "b-0": None}
+    assert run.state == BinpackRun.State.INTERRUPTED and (run.written, run.unwritten) == (1, 3)
+    assert {c["pod"]: c["result"] for c in run.changes} == {
+        "a-0": "written-late", "a-1": "settled-not-written", "a-2": "settled-not-written",
+        "b-0": "settled-not-written"}
+    (entry,) = AuditEntry.objects.filter(app="binpack", subject_id=run.pk)
+    assert set(entry.new) == {f"{NS}/a-0"} and services.LATE_CAUSE in entry.cause
+    assert (entry.actor, entry.actor_label) == (None, run.actor_label) and run.actor_label.startswith("cli:")
+    assert run.errors[-1] == ("3 write(s) not tried: the run's lease lapsed while it wrote and another process took "
+                              "it to settle as interrupted; the next run plans them again")
+
+
+def test_a_writer_finishing_before_its_settler_records_records_its_run_and_the_settler_nothing(world, ops, settings,
+                                                                                               no_renewal):
+    """A settler claims the stalled run and reads the pods before the last write (b-0) lands;
+    the writer then finishes before the settler records: every write answered, so the writer
+    records its run as done and audits all four; the settler, finding it done, records
+    nothing (its reading would have missed b-0)."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    read, writer_done, by_settler = threading.Event(), threading.Event(), []
+
+    class ReadThenWait:
+        def list(self, resource, **kwargs):
+            pods = handle.gateway.list(resource, **kwargs)
+            read.set()
+            assert writer_done.wait(timeout=60)
+            return pods
+
+    def settle():
+        try:
+            by_settler.extend(services.binpack_runs_settle(
+                cluster=handle.cluster, gateway=ReadThenWait(),
+                now=clock.now() + timedelta(seconds=services.LEASE_SECONDS + 1)))
+        finally:
+            connections.close_all()
+
+    settler = threading.Thread(target=settle)
+
+    def start_the_settler():
+        settler.start()
+        assert read.wait(timeout=60)
+
+    gateway = HeldWrite(handle.gateway, "b-0", start_the_settler)
+    try:
+        run, plan = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=gateway)
+    finally:
+        writer_done.set()
+        settler.join(timeout=60)
+
+    assert by_settler == []
+    run.refresh_from_db()
+    assert run.state == BinpackRun.State.DONE and (run.written, run.stale) == (4, 0) and run.lease_owner == ""
+    (entry,) = AuditEntry.objects.filter(app="binpack", subject_id=run.pk)
+    assert set(entry.new) == {f"{NS}/{p}" for p in PODS} and "interruption" not in entry.cause

@@ -213,7 +213,9 @@ def test_why_is_also_said_for_pods_the_plan_leaves_as_they_are():
                                            "(node tie-break) = 1931")
     assert result.explain("team", "hand") == "no cost of ours: cost '500' set by hand"
     assert result.explain("team", "ds") == "no cost of ours: not among the live pods with a controller on GPU nodes"
-    assert result.explain("team", "nope") == "no cost of ours: not among the live pods with a controller on GPU nodes"
+    assert result.explain("team", "nope") == ("no such pod: team/nope is not in the cluster's reading "
+                                              "(taken at 2026-01-01 12:00:00 UTC)")
+    assert result.has_pod("team", "ds") and not result.has_pod("team", "nope") and not result.has_pod("other", "a")
 
 
 def test_overriding_a_hand_set_cost_says_why_and_what_it_replaces():

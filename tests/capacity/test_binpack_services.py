@@ -267,7 +267,28 @@ def test_command_explains_a_pods_cost_whether_or_not_it_changes(world, capsys):
                    "why team/b-1: no cost of ours: cost '999' set by hand",
                    "why team/c-0: no cost of ours: workload opted out", bp.COST_ORDER]
     call_command("binpack", "--cluster", handle.cluster.name, "--dry-run", "--json", "--explain", "team/a-2")
-    assert json.loads(capsys.readouterr().out)["explained"] == {"team/a-2": A2_WHY}
+    report = json.loads(capsys.readouterr().out)
+    assert report["explained"] == {"team/a-2": A2_WHY} and report["explain_not_found"] == []
+
+
+def test_command_says_a_pod_to_explain_is_not_in_the_cluster_and_goes_on(world, capsys):
+    """A pod that does not exist is not one that gets no cost: said so, text and JSON, and the
+    run is made as asked (no failure)."""
+    handle, core = world
+    call_command("binpack", "--cluster", handle.cluster.name, "--explain", "team/a-9", "--explain", "team/web")
+    out = capsys.readouterr().out.splitlines()
+    run = BinpackRun.objects.get()
+    assert (f"why team/a-9: no such pod: team/a-9 is not in the cluster's reading "
+            f"(taken at {run.started_at:%Y-%m-%d %H:%M:%S %Z})") in out
+    assert "why team/web: no cost of ours: not among the live pods with a controller on GPU nodes" in out
+    assert out[-1] == f"written 4, stale 0, errors 0 (run {run.pk})" and run.written == 4
+
+    call_command("binpack", "--cluster", handle.cluster.name, "--dry-run", "--json", "--explain", "team/a-9",
+                 "--explain", "team/a-2")
+    report = json.loads(capsys.readouterr().out)
+    assert report["explain_not_found"] == ["team/a-9"]
+    assert report["explained"]["team/a-9"].startswith("no such pod: team/a-9 is not in the cluster's reading")
+    assert report["explained"]["team/a-2"] == A2_WHY
 
 
 def test_command_refuses_an_explain_that_names_no_pod_before_reading_the_cluster(world):

@@ -52,7 +52,10 @@ class Command(CliActorMixin, BaseCommand):
             out = plan.as_dict()
             out.update({"run": run.pk, "dry_run": run.dry_run, "written": run.written, "stale": run.stale,
                         "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4), "settled": settled,
-                        "explained": {f"{ns}/{name}": plan.explain(ns, name) for ns, name in explain}})
+                        "explained": {f"{ns}/{name}": plan.explain(ns, name) for ns, name in explain},
+                        # Asked about, but not in the cluster's reading (their "explained" says so too).
+                        "explain_not_found": [f"{ns}/{name}" for ns, name in explain
+                                              if not plan.has_pod(ns, name)]})
             for change, result in zip(out["changes"], run.results):
                 change["result"] = result
             self.stdout.write(json.dumps(out, indent=2, ensure_ascii=False))
@@ -73,9 +76,10 @@ class Command(CliActorMixin, BaseCommand):
         if len(lines) > 1 or explain:
             self.stdout.write(COST_ORDER)
         if not run.dry_run:
-            untried = run.results.count("untried")
+            untried, lost = run.results.count("untried"), run.results.count("lease-lost")
             self.stdout.write(f"written {run.written}, stale {run.stale}, errors {run.results.count('error')}"
-                              + (f", not tried {untried}" if untried else "") + f" (run {run.pk})")
+                              + (f", not tried {untried}" if untried else "")
+                              + (f", not tried (lease lapsed) {lost}" if lost else "") + f" (run {run.pk})")
         for error in run.errors:
             self.stderr.write(error)
         self._fail_unless_written(cluster, run)
@@ -84,7 +88,7 @@ class Command(CliActorMixin, BaseCommand):
     def _fail_unless_written(cluster, run) -> None:
         """Exit 1 when a planned cost was not written for a failure (a pod changed since the
         plan is left to whoever changed it: no failure)."""
-        failed = run.results.count("error") + run.results.count("untried")
+        failed = sum(run.results.count(outcome) for outcome in ("error", "untried", "lease-lost"))
         if failed:
             raise CommandError(f"{failed} of {run.planned} cost(s) not written on cluster {cluster.name} "
                                f"(run {run.pk}): {run.errors[0]}")
