@@ -260,6 +260,18 @@ def _created_after(obj: dict, moment: datetime | None) -> bool:
     return at.tzinfo is not None and at > moment
 
 
+def switched_kind(obj: dict) -> str | None:
+    """Which of the org switch's workloads `obj` is, as exemptions name them: "pynode" (a
+    Knative Service labelled as one), "inferenceservice" (a model not in a raw mode, which
+    can scale to zero); None for anything the switch never sets to "0"."""
+    kind, meta = obj.get("kind"), obj.get("metadata") or {}
+    if kind == "Service" and (meta.get("labels") or {}).get(COMPONENT_LABEL) == PYNODE_COMPONENT:
+        return "pynode"
+    if kind == "InferenceService" and (meta.get("annotations") or {}).get(DEPLOYMENT_MODE) not in RAW_MODES:
+        return "inferenceservice"
+    return None
+
+
 def routed_revisions(ksvc: dict) -> list[str]:
     """Revisions a Knative Service sends traffic to, else its latest ready one."""
     status = ksvc.get("status") or {}

@@ -11,6 +11,7 @@ from django.db.models import Q
 from clusters import discovery, kube
 from clusters.labels import GPU_RESOURCE
 from audit.selectors import entries_filter
+from orgs import planning
 from orgs.models import DormancySwitch, Org, ScaleToZero, WorkloadExemption
 
 # The audit actions that record min-scale changes the org switch made, workload by workload.
@@ -169,3 +170,29 @@ def namespaces_not_scaling_to_zero(*, cluster, namespaces: set[str]) -> frozense
     if cluster is not None:
         rows = rows.filter(cluster=cluster)
     return frozenset(rows.values_list("namespace", flat=True))
+
+
+def org_keeps_at_zero(*, cluster, workload: dict, now: datetime) -> str:
+    """Why its org's scale to zero keeps `workload` (a Knative Service or InferenceService as
+    read from the cluster) at zero now, in words; "" when it does not: not a pynode or a
+    model that can scale to zero, no org, an org awake or not allowed to scale to zero, or
+    the workload exempt or snoozed (the switch keeps those at their owner's floor).
+
+    Another feature that would raise it (the pruner's restore) must leave it asleep: it
+    wakes when the org does, to its owner's floor."""
+    kind = planning.switched_kind(workload)
+    meta = workload.get("metadata") or {}
+    if kind is None:
+        return ""
+    orgs = Org.objects.filter(namespace=meta.get("namespace", ""))
+    if cluster is not None:
+        orgs = orgs.filter(cluster=cluster)
+    org = orgs.first()
+    if org is None or org.wanted != ScaleToZero.ENABLED:
+        return ""
+    exemption = WorkloadExemption.objects.filter(org=org, kind=kind, name=meta.get("name", "")).first()
+    if exemption is not None and exemption.hold().active(now):
+        return ""
+    since = f" since {org.dormant_since:%Y-%m-%d %H:%M} UTC" if org.dormant_since else ""
+    workload = f"{kind} {org.namespace}/{meta.get('name', '')}"
+    return f"org {org.slug} is dormant{since}: it keeps {workload} at zero until it wakes"

@@ -15,12 +15,13 @@ recorded before initial-scale was written restores min-scale alone, as it always
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from clusters import kube
 from clusters.errors import Conflict, Invalid
 from clusters.knative import initial_scale_key, min_scale_current, min_scale_key
-from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE
+from clusters.labels import INITIAL_SCALE, INITIAL_SCALE_LEGACY, MIN_SCALE, OWNER_INITIAL_SCALE, OWNER_MIN_SCALE
 
 from .planning import (
     KSERVE_STOP_ANNOTATION, M_KNATIVE_MIN_SCALE, M_KSERVE_STOP, M_MIN_REPLICAS, M_NOTEBOOK, M_SCALE,
@@ -207,24 +208,53 @@ def settle(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, m
 RESTORE_ATTEMPTS = 3
 
 
+def owner_record(restore_state: dict) -> dict:
+    """A Knative Service's owner values from a prune's restore state, as the org switch
+    records them on a pynode it holds at "0" (`capacity.io/owner-min-scale`, and
+    `owner-initial-scale` where the prune wrote initial-scale; "" = the owner set none)."""
+    template = restore_state.get("templateAnnotations") or {}
+    record = {OWNER_MIN_SCALE: min_scale_current(template) or ""}
+    for key in (INITIAL_SCALE, INITIAL_SCALE_LEGACY):
+        if key in template:
+            record[OWNER_INITIAL_SCALE] = template[key] or ""
+    return record
+
+
 def restore(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, method: str,
-            restore_state: dict, applied_state: dict, uid: str = "") -> tuple[dict, bool, str]:
+            restore_state: dict, applied_state: dict, uid: str = "",
+            kept_asleep: Callable[[dict], str] | None = None) -> tuple[dict, bool, str, str]:
     """Put `restore_state` back, only on the object the prune acted on (`uid`) and while it
-    still holds exactly `applied_state`. Returns (owner, restored?, why not) — nothing is
-    written when it changed since. A change racing the write (409) is read again."""
+    still holds exactly `applied_state`. Returns (owner, restored?, why not, asleep) —
+    nothing is written when it changed since. A change racing the write (409) is read again.
+
+    `kept_asleep(owner)`: why another feature with the right to (an org's dormancy) keeps
+    the owner as just read at zero, "" when none does. Such an owner is not woken (`asleep`
+    says why): a pynode keeps its "0" and the owner's values go to the org switch's record,
+    which gives them back when the org wakes (a metadata write: no new Revision, no pod);
+    a model is left as it is, since giving KServe back its minReplicas or removing its stop
+    starts a new revision's pods (restored False: restore it once the org is awake)."""
     for attempt in range(RESTORE_ATTEMPTS):
         obj = read_owner(gateway, kind, namespace, name)
         if _other_object(obj, uid):
             return obj, False, (f"the {kind} was deleted and created again since the prune (UID {uid}, now "
-                                f"{_uid(obj)}): it is another workload")
+                                f"{_uid(obj)}): it is another workload"), ""
         state = current_state(method, obj, keys=recorded_keys(applied_state))
         if state != applied_state:
-            return obj, False, f"it now holds {state}, not what the prune set ({applied_state})"
+            return obj, False, f"it now holds {state}, not what the prune set ({applied_state})", ""
+        asleep = kept_asleep(obj) if kept_asleep is not None else ""
+        if asleep and method != M_KNATIVE_MIN_SCALE:
+            return obj, False, (f"{asleep}; giving it back {restore_state} now would start its GPU pods, so "
+                                "restore it once the org is awake"), asleep
         try:
-            _write(gateway, kind, namespace, name, method, restore_state, _version(obj))
+            if asleep:
+                gateway.patch(RESOURCES[kind], name, {"metadata": {"annotations": owner_record(restore_state),
+                                                                   "resourceVersion": _version(obj)}},
+                              namespace=namespace, patch_type="merge")
+            else:
+                _write(gateway, kind, namespace, name, method, restore_state, _version(obj))
         except Conflict:
             if attempt == RESTORE_ATTEMPTS - 1:
                 raise
             continue
-        return obj, True, ""
+        return obj, True, "", asleep
     raise AssertionError("unreachable")

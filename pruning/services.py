@@ -695,7 +695,11 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
     """Put back exactly what the prune took away. Idempotent: a restored decision is left alone.
 
     A decision still `acting` (its worker died around the write) is first settled from
-    the owner's real state: undone when it took effect, refused when it did not."""
+    the owner's real state: undone when it took effect, refused when it did not.
+
+    A pynode or model its org's dormancy keeps at zero is not woken (`actions.restore`): a
+    pynode's owner values go to the org's record and come back when the org wakes; a
+    model is left as it is and the decision stays restorable, saying why."""
     if decision.restore == PruneDecision.Restore.RESTORED:
         return decision
     if decision.result == PruneDecision.Result.ACTING:
@@ -706,31 +710,43 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
     if decision.result != PruneDecision.Result.SUCCEEDED:
         raise ValueError(f"decision {decision.pk} ({decision.namespace}/{decision.pod}) was not acted on "
                          f"(result {decision.result or 'none'!r}): nothing to restore")
+    cluster = decision.run.cluster
     try:
-        owner, restored, why_not = actions.restore(
+        owner, restored, why_not, asleep = actions.restore(
             kube_gateway, kind=decision.owner_kind, namespace=decision.namespace, name=decision.owner_name,
             method=decision.method, restore_state=decision.restore_state, applied_state=decision.applied_state,
-            uid=decision.owner_uid)
+            uid=decision.owner_uid,
+            kept_asleep=lambda obj: org_selectors.org_keeps_at_zero(cluster=cluster, workload=obj, now=now))
     except KubeError as exc:
         decision.restore, decision.error = PruneDecision.Restore.FAILED, f"restore failed ({describe_failure(exc)})"
         decision.save(update_fields=["restore", "error"])
         return decision
+    if asleep and not restored:
+        # Its org's dormancy keeps it asleep too: nothing was taken back, nothing is spent;
+        # the decision stays restorable once the org is awake.
+        decision.error = f"not restored, nothing was written: {why_not}"
+        decision.save(update_fields=["error"])
+        return decision
     decision.restored_by, decision.restored_at = actor, now
     decision.restore = PruneDecision.Restore.RESTORED if restored else PruneDecision.Restore.CHANGED
-    if not restored:
-        decision.error = f"not restored, nothing was written: {why_not}"
+    decision.error = "" if restored else f"not restored, nothing was written: {why_not}"
+    # A pynode its org keeps asleep keeps its "0": the owner's values went to the org's record.
+    record = actions.owner_record(decision.restore_state) if asleep else None
+    done = (f"the pruner's min-scale 0 is withdrawn, but {asleep}: the owner's values {record} are recorded for "
+            "that wake" if asleep else f"restored to {decision.restore_state}")
     if restored:
         try:
             kube_gateway.create_event(owner, reason="GPUIdleRestored", component=EVENT_COMPONENT, now=now,
-                                      message=f"restored to {decision.restore_state} by {actor or 'the schedule'} "
-                                              f"(prune run {decision.run_id})")
+                                      message=f"{done} by {actor or 'the schedule'} (prune run {decision.run_id})")
         except KubeError as exc:
             decision.error = f"restored, but the Event failed: {exc}"
     with transaction.atomic():
         decision.save(update_fields=["restore", "restored_by", "restored_at", "error"])
         if restored:
+            cause = f"restore of what prune run #{decision.run_id} scaled to zero"
             audit(app="pruning", action="workload_restore", at=now, actor_label=actor_label_current() or actor,
-                  cause=f"restore of what prune run #{decision.run_id} scaled to zero", target=_workload(decision),
+                  cause=f"{cause}, into the org's record: {asleep}" if asleep else cause, target=_workload(decision),
                   cluster_id=decision.run.cluster_id, subject=("prune_decision", decision.pk),
-                  old=decision.applied_state or {}, new=decision.restore_state or {})
+                  old=decision.applied_state or {},
+                  new={**decision.applied_state, "annotations": record} if asleep else decision.restore_state or {})
     return decision
