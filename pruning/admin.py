@@ -95,7 +95,7 @@ class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         from clusters.kube import gateway_for
         from config import clock
 
-        done = changed = already = not_acted = failed = 0
+        done = changed = asleep = already = not_acted = failed = 0
         selected = list(queryset.select_related("run__cluster"))
         for decision in selected:
             if decision.restore == PruneDecision.Restore.RESTORED:
@@ -122,17 +122,23 @@ class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             elif result.restore == PruneDecision.Restore.CHANGED:
                 changed += 1
                 self.message_user(request, f"{decision}: {result.error}", messages.WARNING)
+            elif result.restore == PruneDecision.Restore.NONE:
+                # Its org's dormancy keeps it at zero: left asleep on purpose, still restorable.
+                asleep += 1
+                self.message_user(request, f"{decision}: {result.error}", messages.WARNING)
             else:
                 failed += 1
                 self.message_user(request, f"{decision}: {result.error}", messages.ERROR)
         # Django's admin shows messages through `capfirst`: lead with the count so the
         # verbs read as written. Every selected row is counted once, under one heading.
         parts = [f"restored {done}", f"left alone {changed} changed since the prune"]
+        if asleep:
+            parts.append(f"{asleep} kept asleep by their org's dormancy (restore them once the org is awake)")
         if already:
             parts.append(f"{already} already restored")
         if not_acted:
             parts.append(f"{not_acted} never scaled to zero by a prune (nothing to restore)")
         if failed:
             parts.append(f"{failed} failed")
-        self.message_user(request, f"{len(selected)} selected: {'; '.join(parts)}",
-                          messages.ERROR if failed else messages.SUCCESS)
+        level = messages.ERROR if failed else messages.WARNING if (changed or asleep) else messages.SUCCESS
+        self.message_user(request, f"{len(selected)} selected: {'; '.join(parts)}", level)

@@ -54,6 +54,13 @@ class OrphanInline(ReadOnlyInline):
     exclude = ["owner_references"]
 
 
+def _asked_before(request, *, job: DefragJob, what: str, at, by) -> None:
+    """A request the job already holds, asked again (a double click, back and resubmit)."""
+    who = by.get_username() if by is not None else "a command"
+    messages.warning(request, f"Job #{job.pk}: this {what} was already requested at {at:%Y-%m-%d %H:%M:%S} UTC "
+                              f"by {who} and is on its way: nothing new was asked")
+
+
 @admin.register(DefragJob)
 class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
@@ -65,6 +72,10 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     change_list_template = "capacity/defragjob_change_list.html"
 
     asked_by = actor_display("requested_by", "requested_by_label", "asked by", ordering="requested_by")
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # The dashboard names its cluster in its URL and links here by it (?cluster__name=…).
+        return lookup == "cluster__name" or super().lookup_allowed(lookup, value, request)
 
     def has_add_permission(self, request):
         return False  # jobs start from the report page ("defrag this node"), never from a blank form
@@ -159,18 +170,22 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             raise PermissionDenied("draining needs the 'Can drain (evict and delete) a defragged node' permission")
         if request.method == "POST" and request.POST.get("confirm") == job.node_name:
             try:
-                services.defrag_job_drain(job=job, actor=request.user,
-                                          delete_node=request.POST.get("delete_node") == "on")
+                row = services.defrag_job_drain(job=job, actor=request.user,
+                                                delete_node=request.POST.get("delete_node") == "on")
             except services.DefragError as exc:
                 messages.error(request, str(exc))
             else:
-                messages.success(request, f"Drain of {job.node_name} requested: a worker evicts its orphans")
+                if job.drain_requested_at is not None and row.drain_requested_at == job.drain_requested_at:
+                    _asked_before(request, job=job, what="drain", at=row.drain_requested_at,
+                                  by=row.drain_requested_by)
+                else:
+                    messages.success(request, f"Drain of {job.node_name} requested: a worker evicts its orphans")
             return HttpResponseRedirect(self._job_url(job))
         if request.method == "POST":
             messages.error(request, "Type the node name exactly to confirm the drain.")
         return TemplateResponse(request, "capacity/defrag_drain_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
-            "retry": f"{services.eviction_retry_seconds(job):g}",
+            "retry": f"{services.eviction_retry_seconds(job):g}", "refusal": services.drain_refusal(job),
             "orphans": job.orphans.filter(state="orphaned"), "title": f"Drain node {job.node_name}?"})
 
     def abort_view(self, request, pk: int):
@@ -183,17 +198,11 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                 messages.error(request, "Tick the box that says capacity drops to delete the orphans anyway.")
                 return HttpResponseRedirect(reverse("admin:capacity_defragjob_abort", args=[job.pk]))
             try:
-                services.defrag_job_abort(job=job, actor=request.user, orphans=choice)
+                row = services.defrag_job_abort(job=job, actor=request.user, orphans=choice)
             except services.DefragError as exc:
                 messages.error(request, str(exc))
             else:
-                messages.success(request, {
-                    AbortChoice.KEEP: f"Job #{job.pk}: keeping the orphans requested; a worker stops the abort "
-                                      f"as abort-stuck where they are still needed",
-                    AbortChoice.DELETE: f"Job #{job.pk}: deleting the orphans anyway requested; a worker deletes "
-                                        f"them even where their revision is not back to scale",
-                }.get(choice, f"Abort of job #{job.pk} requested: a worker uncordons the node if the job cordoned "
-                              f"it, and deletes each orphan once its revision is back to scale"))
+                self._abort_said(request, job=job, row=row, choice=choice)
             return HttpResponseRedirect(self._job_url(job))
         return TemplateResponse(request, "capacity/defrag_abort_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
@@ -201,6 +210,23 @@ class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             "deadline": f"{settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}s",
             "kept": job.orphans.filter(state="orphaned"),
             "title": f"Abort defrag of {job.node_name}?"})
+
+    @staticmethod
+    def _abort_said(request, *, job: DefragJob, row: DefragJob, choice: str) -> None:
+        """What the abort page says: what this press asked, or that it asked nothing new
+        (`job` as the page read it, `row` as the service left it)."""
+        if row.state == JobState.ABORTED:
+            messages.warning(request, f"Job #{job.pk} is already aborted: nothing was asked")
+        elif job.abort_requested_at is not None and row.abort_requested_at == job.abort_requested_at:
+            _asked_before(request, job=job, what="abort", at=row.abort_requested_at, by=row.abort_requested_by)
+        else:
+            messages.success(request, {
+                AbortChoice.KEEP: f"Job #{job.pk}: keeping the orphans requested; a worker stops the abort "
+                                  f"as abort-stuck where they are still needed",
+                AbortChoice.DELETE: f"Job #{job.pk}: deleting the orphans anyway requested; a worker deletes "
+                                    f"them even where their revision is not back to scale",
+            }.get(choice, f"Abort of job #{job.pk} requested: a worker uncordons the node if the job cordoned "
+                          f"it, and deletes each orphan once its revision is back to scale"))
 
     def return_view(self, request, pk: int):
         """Return the job's node to service (uncordon), after a page that names the node and

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import secrets
 import socket
 from collections.abc import Iterable
@@ -253,6 +254,12 @@ def _is_orphaned(pod: dict) -> bool:
 
 # ---- step 1: discovery ---------------------------------------------------------------------
 
+# A Node's name is a DNS-1123 subdomain (k8s.io/apimachinery/pkg/util/validation): anything
+# else names no node, and in a URL path it could name another one ("n1?x=1", "n1/status").
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NODE_NAME_MAX = 253
+
+
 def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGateway | None = None) -> DefragPlan:
     """Read the node, its pods, and for every model revision its PodAutoscaler and ReplicaSet.
 
@@ -260,6 +267,9 @@ def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGatew
     """
     if not node_name or not isinstance(node_name, str):
         raise DefragError(f"a node name is required, got {node_name!r}")
+    if len(node_name) > NODE_NAME_MAX or not NODE_NAME.fullmatch(node_name):
+        raise DefragError(f"{node_name!r} is not a Kubernetes node name (lowercase letters, digits, '-' and '.', "
+                          f"at most {NODE_NAME_MAX} characters)")
     gateway = _gateway(cluster, gateway)
     try:
         node = gateway.get(kube.NODES, node_name)
@@ -685,6 +695,21 @@ def defrag_job_wait(*, job: DefragJob, gateway: kube.KubeGateway | None = None, 
 
 # ---- drain and abort -------------------------------------------------------------------------
 
+def drain_refusal(job: DefragJob, *, delete_node: bool | None = None) -> str | None:
+    """Why a drain of `job` would be refused now, or None. `delete_node` None: whichever the
+    operator picks (the drain page, before it is picked)."""
+    if job.state == JobState.DRAINING or (job.drain_requested_at and job.state == JobState.SAFE):
+        if delete_node is not None and job.delete_node != delete_node:
+            return (f"job #{job.pk} already has a drain requested {'that deletes' if job.delete_node else 'that keeps'}"
+                    f" the Node: it is not changed (abort the job to stop the drain)")
+        return None
+    if job.state != JobState.SAFE:
+        return f"job #{job.pk} is {job.state}: only a job that reported the node safe may drain it"
+    if job.abort_pending:
+        return f"job #{job.pk} has an abort request pending: it will not be drained"
+    return None
+
+
 def defrag_job_drain(*, job: DefragJob, actor, delete_node: bool = False, now: datetime | None = None,
                      enqueue: bool = True) -> DefragJob:
     """Ask for the drain of a safe node: its orphans are evicted (PDBs honoured), and
@@ -696,16 +721,11 @@ def defrag_job_drain(*, job: DefragJob, actor, delete_node: bool = False, now: d
         raise DefragError(f"user {actor} may not drain nodes (needs capacity.drain_defragjob)")
     with transaction.atomic():
         row = DefragJob.objects.select_for_update().get(pk=job.pk)
+        refusal = drain_refusal(row, delete_node=delete_node)
+        if refusal:
+            raise DefragError(refusal)
         if row.state == JobState.DRAINING or (row.drain_requested_at and row.state == JobState.SAFE):
-            if row.delete_node != delete_node:
-                raise DefragError(f"job #{row.pk} already has a drain requested "
-                                  f"{'that deletes' if row.delete_node else 'that keeps'} the Node: it is not "
-                                  f"changed (abort the job to stop the drain)")
-            return row
-        if row.state != JobState.SAFE:
-            raise DefragError(f"job #{row.pk} is {row.state}: only a job that reported the node safe may drain it")
-        if row.abort_pending:
-            raise DefragError(f"job #{row.pk} has an abort request pending: it will not be drained")
+            return row   # the same drain asked again: already on its way
         DefragJob.objects.filter(pk=row.pk).update(drain_requested_at=now, drain_requested_by=actor,
                                                    delete_node=delete_node)
         _log_write(row.pk, [f"Drain requested by {actor or 'CLI'}"

@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Prefetch
+from django.db.models import Max, Prefetch
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -30,11 +30,32 @@ NOT_GRACEFUL = ("This is NOT graceful: the old revision's pods stop at once, wit
                 "deployment in resource-constrained conditions, not a rollout.")
 
 
-def _confirm(modeladmin, request, *, title, items, button, action=None, selected=(), warning=None):
+def _confirm(modeladmin, request, *, title, items, button, action=None, selected=(), warning=None, hidden=None):
     return TemplateResponse(request, "capacity/runbook_confirm.html", {
         **modeladmin.admin_site.each_context(request), "opts": modeladmin.model._meta, "title": title,
         "items": items, "button": button, "action": action, "selected": [str(pk) for pk in selected],
-        "warning": warning, "cancel_url": reverse("admin:capacity_servedmodel_changelist")})
+        "hidden": sorted((hidden or {}).items()), "warning": warning,
+        "cancel_url": reverse("admin:capacity_servedmodel_changelist")})
+
+
+# The confirmation page carries the last runbook action recorded when it was shown: a second
+# post of the same page (a double click, back and resubmit) finds its own earlier action newer
+# than that, and is not carried out again.
+SHOWN_AFTER = "actions_up_to"
+
+
+def _actions_up_to() -> int:
+    return RunbookAction.objects.aggregate(last=Max("pk"))["last"] or 0
+
+
+def _done_since(request, model: ServedModel, *, action: str) -> RunbookAction | None:
+    """The `action` on `model` recorded since the confirmation posted in `request` was shown,
+    done or under way (a failed one may be confirmed again); None without such a page."""
+    raw = request.POST.get(SHOWN_AFTER, "")
+    if not raw.isdigit():
+        return None
+    return RunbookAction.objects.filter(served_model=model, action=action, pk__gt=int(raw)) \
+        .exclude(state=RunbookAction.State.FAILED).select_related("actor").order_by("pk").first()
 
 
 # A new revision starts its initial scale (1 pod unless the owner set it) whatever the model's
@@ -122,11 +143,20 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             (r["name"], "ready" if r["ready"] else "not ready", r["pods_running"], r["pods_pending"])
             for r in obj.revisions))
 
+    def get_list_display(self, request):
+        # The unblock link only for those who may follow it; the others read what blocks.
+        if request.user.has_perm("capacity.delete_old_revision"):
+            return self.list_display
+        return tuple("actions_column_seen" if c == "actions_column" else c for c in self.list_display)
+
     @admin.display(description="unblock a Pending revision; runbook actions under way or failed")
-    def actions_column(self, obj):
+    def actions_column(self, obj, *, may_unblock: bool = True):
         parts = [format_html('<div><a href="{}">delete the old revision {} ({} GPU)</a></div>',
                              reverse("admin:capacity_servedmodel_unblock", args=[obj.pk, b["old_revision"]]),
-                             b["old_revision"], b["gpus_held"]) for b in obj.blocked]
+                             b["old_revision"], b["gpus_held"]) if may_unblock else
+                 format_html("<div>the old revision {} ({} GPU) blocks a Pending one: deleting it needs the "
+                             "'delete old revision' permission</div>", b["old_revision"], b["gpus_held"])
+                 for b in obj.blocked]
         latest: dict[str, RunbookAction] = {}
         for row in getattr(obj, "actions_seen", ()):
             latest.setdefault(row.action, row)
@@ -136,6 +166,10 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                                          reverse("admin:capacity_runbookaction_change", args=[row.pk]),
                                          ACTION_NAMES.get(row.action, row.action), action_state(row)))
         return format_html_join("", "{}", ((p,) for p in parts)) if parts else "-"
+
+    @admin.display(description="Pending revisions blocked; runbook actions under way or failed")
+    def actions_column_seen(self, obj):
+        return self.actions_column(obj, may_unblock=False)
 
     def get_urls(self):
         return [path("<int:pk>/unblock/<str:revision>/", self.admin_site.admin_view(self.unblock_view),
@@ -157,11 +191,18 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
         models = [m for m in queryset if not m.gone]
         if request.POST.get("confirm") != "yes":
             return _confirm(self, request, title="Redeploy these models?", button="Redeploy",
-                            items=[f"{m} ({m.kind}): a new revision rolls out, then the old one is retired"
-                                   + (ASLEEP_WAKES if m.gpus_held == 0 else "") for m in models],
-                            action="redeploy", selected=[m.pk for m in models],
+                            items=[f"{m} on {m.cluster} ({m.kind}): a new revision rolls out, then the old one is "
+                                   f"retired" + (ASLEEP_WAKES if m.gpus_held == 0 else "") for m in models],
+                            action="redeploy", selected=[m.pk for m in models], hidden={SHOWN_AFTER: _actions_up_to()},
                             warning=ASLEEP_WARNING if any(m.gpus_held == 0 for m in models) else None)
         for model in models:
+            earlier = _done_since(request, model, action="model_redeploy")
+            if earlier is not None:
+                self.message_user(request, f"{model}: not redeployed again: a redeploy was asked since this "
+                                           f"confirmation was shown (at {_when(earlier.at)} by "
+                                           f"{earlier.actor or 'system'}, {action_state(earlier)}); select the model "
+                                           f"again to redeploy once more", messages.WARNING)
+                continue
             try:
                 services.model_redeploy(model=model, actor=request.user)
             except services.RunbookUnsettled as exc:
@@ -184,8 +225,8 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             return None
         if request.POST.get("confirm") != "yes":
             return _confirm(self, request, title="Delete these models stuck deploying?", button="Delete",
-                            items=[f"{m}: InferenceService, its Knative Service, Configuration and Revisions"
-                                   for m in stuck], action="delete_stuck", selected=[m.pk for m in stuck],
+                            items=[f"{m} on {m.cluster}: InferenceService, its Knative Service, Configuration "
+                                   f"and Revisions" for m in stuck], action="delete_stuck", selected=[m.pk for m in stuck],
                             warning=f"You ({request.user}) will be recorded as the operator who deleted them.")
         for model in stuck:
             try:
@@ -223,8 +264,10 @@ class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
                     self.message_user(request, f"the registry could not be synced after it ({exc}); the list shows "
                                                f"the last sync", messages.WARNING)
             return HttpResponseRedirect(changelist)
-        return _confirm(self, request, title=f"Delete the old revision {revision} of {model}?",
-                        items=[blocked["reason"]], button=f"Delete {revision}", warning=NOT_GRACEFUL)
+        return _confirm(self, request, title=f"Delete the old revision {revision} of {model} on {model.cluster}?",
+                        items=[f"{blocked['reason']} (as the registry sync at {_when(model.synced_at)} saw it; the "
+                               f"cluster is read again before anything is deleted)"],
+                        button=f"Delete {revision}", warning=NOT_GRACEFUL)
 
 
 # A Kubernetes quantity as the runbook's specs use them: a positive number, an optional

@@ -129,3 +129,37 @@ def test_an_operator_without_the_permission_cannot_start_a_defrag(live_server, c
     shot(page, "6-forbidden")
     assert not DefragJob.objects.exists()
     assert not any(n.get("spec", {}).get("unschedulable") for n in cluster.gateway.list(kube.NODES))
+
+
+def test_the_open_job_page_offers_what_the_new_state_allows_and_says_when_it_cannot_follow(
+        live_server, cluster, browser_page, django_user_model):
+    """The operator watches a job reach safe on its page: the Drain action appears without a
+    reload; when the panel stops answering, the page says it is no longer following the job."""
+    django_user_model.objects.create_superuser("oncall", "oncall@example.com", "s3cret-pass")
+    job = DefragJob.objects.create(cluster=cluster.cluster, node_name="h100-1", state=JobState.CORDONED,
+                                   created_at=clock.now())
+    page = browser_page
+    log_in(page, live_server.url, "oncall", "s3cret-pass")
+    page.goto(f"{live_server.url}/admin/capacity/defragjob/{job.pk}/change/")
+    expect(page.locator("#defrag-state")).to_have_text("node cordoned")
+    expect(page.locator("a", has_text="Drain…")).to_have_count(0)
+
+    DefragJob.objects.filter(pk=job.pk).update(state=JobState.SAFE, safe_at=clock.now())   # as the worker records it
+
+    expect(page.locator("#defrag-state")).to_have_text("safe to defrag/remove node", timeout=20_000)
+    expect(page.locator("a", has_text="Drain…")).to_be_visible(timeout=20_000)
+    expect(page.locator("#defrag-following")).to_be_hidden()
+    page.click("a:has-text('Drain…')")
+    expect(page.locator("#content h1")).to_have_text(["Drain node h100-1 of cluster sim?"])   # once, naming both
+    page.go_back()
+
+    # The panel stops answering while a drain is under way: the page says it shows the last state it read.
+    DefragJob.objects.filter(pk=job.pk).update(drain_requested_at=clock.now())
+    page.reload()
+    page.route("**/progress.json", lambda route: route.abort())
+    expect(page.locator("#defrag-following")).to_contain_text("Not following the job: the panel did not answer",
+                                                              timeout=20_000)
+    expect(page.locator("#defrag-following")).to_contain_text("shown as read at")
+    shot(page, "7-job-not-followed")
+    page.unroute("**/progress.json")
+    expect(page.locator("#defrag-following")).to_be_hidden(timeout=20_000)

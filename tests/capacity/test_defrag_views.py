@@ -161,3 +161,97 @@ def test_a_stuck_abort_offers_keep_or_delete_and_deleting_needs_the_capacity_box
                                                                "capacity_drops": "on"})
     job.refresh_from_db()
     assert job.abort_choice == "delete" and job.abort_pending and job.abort_requested_by == staff
+
+
+def test_the_dashboards_defrag_jobs_button_lists_that_clusters_jobs(sim_cluster_factory, client, staff):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    other = Cluster.objects.create(name="other", kubeconfig_path="/nonexistent")
+    sim = Cluster.objects.get(name="sim")
+    DefragJob.objects.create(cluster=sim, node_name="n1", state=JobState.SAFE, created_at="2026-01-01T00:00:00Z")
+    DefragJob.objects.create(cluster=other, node_name="far-node", state=JobState.SAFE,
+                             created_at="2026-01-01T00:00:00Z")
+    dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    href = re.search(r'<a class="button" href="([^"]+)">Defrag jobs</a>', dashboard).group(1).replace("&amp;", "&")
+
+    listing = client.get(href)
+
+    assert listing.status_code == 200
+    page = listing.content.decode()
+    assert "n1" in page and "far-node" not in page and "1 defrag job" in page
+
+
+def test_aborting_an_aborted_job_or_asking_the_same_abort_twice_says_nothing_new_was_asked(
+        sim_cluster_factory, client, staff):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    sim = Cluster.objects.get(name="sim")
+    done = DefragJob.objects.create(cluster=sim, node_name="n1", state=JobState.ABORTED,
+                                    created_at="2026-01-01T00:00:00Z")
+    live = DefragJob.objects.create(cluster=sim, node_name="n2", state=JobState.SAFE, created_at="2026-01-01T00:00:00Z")
+
+    def abort(job) -> list[str]:
+        page = client.post(f"/admin/capacity/defragjob/{job.pk}/abort/", {"confirm": "yes"}, follow=True)
+        return [f"{m.level_tag}: {m}" for m in page.context["messages"]]
+
+    assert abort(done) == [f"warning: Job #{done.pk} is already aborted: nothing was asked"]
+    done.refresh_from_db()
+    assert done.abort_requested_at is None
+
+    first = abort(live)
+    live.refresh_from_db()
+    asked_at = live.abort_requested_at
+    again = abort(live)                                   # a double click, or back and resubmit
+    live.refresh_from_db()
+    assert first[0].startswith(f"success: Abort of job #{live.pk} requested: a worker uncordons the node")
+    assert again == [f"warning: Job #{live.pk}: this abort was already requested at "
+                     f"{asked_at:%Y-%m-%d %H:%M:%S} UTC by ops and is on its way: nothing new was asked"]
+    assert live.abort_requested_at == asked_at
+
+
+def test_a_drain_confirmed_twice_is_asked_once_and_the_second_press_says_so(sim_cluster_factory, client, staff):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=JobState.SAFE,
+                                   created_at="2026-01-01T00:00:00Z")
+    url = f"/admin/capacity/defragjob/{job.pk}/drain/"
+
+    first = client.post(url, {"confirm": "n1"}, follow=True)
+    job.refresh_from_db()
+    asked_at = job.drain_requested_at
+    again = client.post(url, {"confirm": "n1"}, follow=True)
+
+    job.refresh_from_db()
+    assert [str(m) for m in first.context["messages"]] == ["Drain of n1 requested: a worker evicts its orphans"]
+    assert [str(m) for m in again.context["messages"]] == [
+        f"Job #{job.pk}: this drain was already requested at {asked_at:%Y-%m-%d %H:%M:%S} UTC by ops and is on its "
+        f"way: nothing new was asked"]
+    assert job.drain_requested_at == asked_at
+
+
+@pytest.mark.parametrize("node", ["n1?x=1", "../nodes/n1", "n1/status", "N1", "é漢字", ".*[(", "n" * 254])
+def test_a_start_page_for_what_cannot_be_a_node_name_says_so_and_reads_nothing(sim_cluster_factory, client, staff,
+                                                                               node):
+    handle = sim_cluster_factory(objects(), name="sim")
+    response = client.get("/admin/capacity/defragjob/start/", {"cluster": "sim", "node": node}, follow=True)
+    (said,) = [str(m) for m in response.context["messages"]]
+    assert said == f"Cannot defrag {node!r}: {node!r} is not a Kubernetes node name (lowercase letters, digits, " \
+                   f"'-' and '.', at most 253 characters)"
+    assert not handle.gateway.calls and not DefragJob.objects.exists()
+
+
+@pytest.mark.parametrize("state", [JobState.ABORTED, JobState.CORDONED, JobState.DRAINED])
+def test_the_drain_page_of_a_job_that_cannot_be_drained_says_why_and_offers_no_drain(sim_cluster_factory, client,
+                                                                                     staff, state):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=state,
+                                   created_at="2026-01-01T00:00:00Z")
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/drain/").content.decode()
+    assert f"Nothing can be drained now: job #{job.pk} is {state}: only a job that reported the node safe may " \
+           f"drain it." in page
+    assert 'name="confirm"' not in page

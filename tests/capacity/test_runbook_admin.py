@@ -47,6 +47,14 @@ def operator(client, *codenames) -> User:
     return user
 
 
+def confirmation(page) -> dict[str, list[str]]:
+    """What the confirmation page's form posts when its button is pressed: its hidden fields and the button."""
+    form: dict[str, list[str]] = {"confirm": ["yes"]}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page.content.decode()):
+        form.setdefault(name, []).append(value)
+    return form
+
+
 def revisions(crd) -> list[str]:
     items = crd.list_namespaced_custom_object("serving.knative.dev", "v1", NS, "revisions")["items"]
     return sorted(r["metadata"]["name"] for r in items if r["metadata"]["name"].startswith("zq86d3o"))
@@ -83,7 +91,7 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     page = client.post(changelist, form)
     assert b"Redeploy these models?" in page.content                # confirmation first
     assert revisions(crd) == ["zq86d3o-predictor-00001"]
-    client.post(changelist, {**form, "confirm": "yes"})
+    client.post(changelist, confirmation(page))
     handle.advance(60)
     assert revisions(crd) == ["zq86d3o-predictor-00001", "zq86d3o-predictor-00002"]
     assert model_pods(core) == {"zq86d3o-predictor-00001": "Running", "zq86d3o-predictor-00002": "Pending"}
@@ -91,8 +99,8 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     model = the_model(handle)
     (blocked,) = model.blocked
     assert blocked["old_revision"] == "zq86d3o-predictor-00001"
-    listing = client.get(changelist)
-    assert b"delete the old revision zq86d3o-predictor-00001" in listing.content
+    listing = client.get(changelist).content.decode()
+    assert "the old revision zq86d3o-predictor-00001 (1 GPU) blocks a Pending one" in listing
 
     unblock = f"/admin/capacity/servedmodel/{model.pk}/unblock/zq86d3o-predictor-00001/"
     assert client.get(unblock).status_code == 403                     # its own permission
@@ -100,6 +108,8 @@ def test_seed_002_redeploy_goes_pending_and_deleting_the_old_revision_unblocks_i
     client.force_login(User.objects.get(pk=user.pk))
     confirm = client.get(unblock)
     assert b"NOT graceful" in confirm.content and revisions(crd)[0] == "zq86d3o-predictor-00001"
+    assert f"(as the registry sync at {model.synced_at:%Y-%m-%d %H:%M:%S} UTC saw it; the cluster is read again " \
+           "before anything is deleted)" in confirm.content.decode()
     client.post(unblock, {"confirm": "yes"})
     assert revisions(crd) == ["zq86d3o-predictor-00002"]
     handle.advance(120)
@@ -141,6 +151,27 @@ def test_redeploying_a_model_scaled_to_zero_says_first_that_it_will_start_pods(w
     assert revisions(crd) == ["zq86d3o-predictor-00001"], "nothing done before the confirmation"
 
 
+def test_a_redeploy_confirmed_twice_redeploys_once_and_says_so(world, client):
+    handle, crd, core = world
+    model = the_model(handle)
+    operator(client, "redeploy_servedmodel")
+    changelist = "/admin/capacity/servedmodel/"
+    page = client.post(changelist, {"action": "redeploy", "_selected_action": [model.pk]})
+    assert f"{NS}/zq86d3o on {handle.cluster.name} (InferenceService): a new revision rolls out" \
+        in page.content.decode()
+
+    first = client.post(changelist, confirmation(page), follow=True)
+    again = client.post(changelist, confirmation(page), follow=True)   # a double click, or back and resubmit
+    handle.advance(60)
+
+    assert revisions(crd) == ["zq86d3o-predictor-00001", "zq86d3o-predictor-00002"]
+    assert RunbookAction.objects.filter(action="model_redeploy").count() == 1
+    assert [str(m) for m in first.context["messages"]] == [f"{NS}/zq86d3o: redeploy started (a new revision rolls out)"]
+    (said,) = [str(m) for m in again.context["messages"]]
+    assert said.startswith(f"{NS}/zq86d3o: not redeployed again: a redeploy was asked since this confirmation was "
+                           f"shown (at ") and " done at " in said
+
+
 def test_redeploy_needs_its_permission(world, client):
     handle, crd, core = world
     model = the_model(handle)
@@ -149,6 +180,24 @@ def test_redeploy_needs_its_permission(world, client):
     client.post("/admin/capacity/servedmodel/", form)
     handle.advance(60)
     assert revisions(crd) == ["zq86d3o-predictor-00001"] and not RunbookAction.objects.exists()
+
+
+def test_the_registry_offers_the_unblock_link_only_to_those_who_may_delete_an_old_revision(world, client):
+    handle, crd, core = world
+    model = the_model(handle)
+    ServedModel.objects.filter(pk=model.pk).update(blocked=[{"old_revision": "zq86d3o-predictor-00001", "gpus_held": 1,
+                                                             "reason": "its GPU is held by the old revision"}])
+    unblock = f"/admin/capacity/servedmodel/{model.pk}/unblock/zq86d3o-predictor-00001/"
+
+    operator(client)                                                   # may view the registry only
+    page = client.get("/admin/capacity/servedmodel/").content.decode()
+    assert unblock not in page
+    assert "the old revision zq86d3o-predictor-00001 (1 GPU) blocks a Pending one: deleting it needs the " \
+           "'delete old revision' permission" in page
+
+    operator(client, "delete_old_revision")
+    assert f'<a href="{unblock}">delete the old revision zq86d3o-predictor-00001 (1 GPU)</a>' in \
+        client.get("/admin/capacity/servedmodel/").content.decode()
 
 
 def test_deleting_an_old_revision_is_refused_once_nothing_is_blocked(world):

@@ -213,3 +213,29 @@ def test_an_re2_class_python_does_not_know_is_taken(world):
     call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-n", r"\p{Ll}+-\p{Ll}",
                  stdout=out)
     assert "team-a/web-" in out.getvalue() and "would scale to zero (idle)" in out.getvalue()
+
+
+def test_a_model_its_org_keeps_asleep_is_reported_kept_asleep_not_failed(tmp_path, prometheus_factory, admin_client):
+    from orgs.models import Org
+    from pruning_world import inference_service
+
+    with World.start(tmp_path) as world:
+        world.prometheus_factory = prometheus_factory
+        world.create(inference_service("llm", "team-c", util="0"))
+        world.record_history(minutes=40)
+        cluster = Cluster.objects.create(name="sim", kubeconfig_path=world.kubeconfig)
+        run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                                cluster=cluster, params=PruneParams(run_mode="scale-down"))
+        decision = run.decisions.get(owner_name="llm", result="succeeded")
+        Org.objects.create(slug="team-c", namespace="team-c", cluster=cluster, dormant=True, dormant_since=world.now(),
+                           last_activity_at=world.now())
+
+        page = admin_client.post("/admin/pruning/prunedecision/", {"action": "restore_selected",
+                                                                   "_selected_action": [decision.pk]}, follow=True)
+
+        said = [(m.level_tag, str(m)) for m in page.context["messages"]]
+        assert said[0][0] == "warning" and "not restored, nothing was written: org team-c is dormant" in said[0][1]
+        assert said[-1] == ("warning", "1 selected: restored 0; left alone 0 changed since the prune; 1 kept asleep "
+                                       "by their org's dormancy (restore them once the org is awake)")
+        decision.refresh_from_db()
+        assert decision.restore == "" and decision.restorable
