@@ -15,7 +15,8 @@ class BinpackRunAdmin(admin.ModelAdmin):
     # A run still writing has recorded what it announced, not what it wrote: its counts are
     # shown as not final rather than as zeros.
     list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written_shown",
-                    "unchanged", "skipped", "stale_shown", "unwritten_shown", "over_budget", "plan_seconds")
+                    "unchanged", "skipped", "stale_shown", "unwritten_shown", "unknown_shown", "over_budget",
+                    "plan_seconds")
     list_filter = ("cluster", "trigger", "dry_run", "state")
     date_hierarchy = "started_at"
     # The changes are shown as a table with each pod's reason, not as raw JSON.
@@ -43,11 +44,17 @@ class BinpackRunAdmin(admin.ModelAdmin):
     def unwritten_shown(self, run: BinpackRun):
         return self._final(run, run.unwritten)
 
+    @admin.display(description="outcome unknown", ordering="unknown")
+    def unknown_shown(self, run: BinpackRun):
+        """Writes whose answer was lost, until the next run settles them from the pods."""
+        return self._final(run, run.unknown)
+
     def get_fields(self, request, obj=None):
         fields = super().get_fields(request, obj)
         if obj is not None and obj.state == BinpackRun.State.WRITING:
             # Its counts are not kept until it finishes (or is settled): one line says so.
-            return [("written_shown" if f == "written" else f) for f in fields if f not in ("stale", "unwritten")]
+            return [("written_shown" if f == "written" else f) for f in fields
+                    if f not in ("stale", "unwritten", "unknown")]
         return fields
 
     @admin.display(description="changes and why")
@@ -120,9 +127,13 @@ class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             level = messages.WARNING if run.errors else messages.SUCCESS
             done = f"would write {run.planned}" if dry_run else f"wrote {run.written} of {run.planned}"
             untried, lost = run.results.count("untried"), run.results.count("lease-lost")
-            more = (f", {untried} not tried (the cluster had stopped answering)" if untried else "") + (
-                f", {lost} not tried (the run's lease lapsed while it wrote)" if lost else "") + (
-                f", {run.over_budget} left for the next run (budget)" if run.over_budget else "")
+            unknown = run.results.count("unknown")
+            more = "".join(said for count, said in (
+                (unknown, f", {unknown} of unknown outcome (the write's answer was lost; the next run settles it "
+                          "from the pod)"),
+                (untried, f", {untried} not tried (the cluster had stopped answering)"),
+                (lost, f", {lost} not tried (the run's lease lapsed while it wrote)"),
+                (run.over_budget, f", {run.over_budget} left for the next run (budget)")) if count)
             self.message_user(request, f"{cluster}: {done} cost(s), {run.unchanged} unchanged, {run.skipped} "
                                        f"skipped, {run.stale} stale, {run.results.count('error')} error(s){more} "
                                        f"(run {run.pk})", level)

@@ -14,13 +14,22 @@ WRITE_RESULTS = {
     "written": "written",
     "stale": "not written, the pod changed or went away since the plan",
     "error": "not written, the write failed",
+    # No answer, or a server error, after the write was sent (or after an earlier try of it
+    # went unanswered): the API server may have applied it. Kept announced on its run, which
+    # the next run on the cluster (or the beat) settles from the pod before it plans.
+    "unknown": "outcome not known: the write was sent and its answer was lost (the cluster stopped answering); "
+               "the next run on the cluster settles it from the pod",
     "untried": "not written, not tried: the cluster had stopped answering",
     "lease-lost": "not written, not tried: the run's lease lapsed while it wrote (taken to be settled as interrupted)",
     # A run's changes are recorded "announced" before its first write; a run whose process
     # died mid-write keeps them so until the next run (or the beat) settles it from the pods.
     "announced": "announced, outcome not known yet: the run is writing (or its process stopped)",
-    "settled-written": "written (its run was interrupted; found on the pod and recorded later)",
-    "settled-not-written": "not written: its run was interrupted and the pod does not carry the cost",
+    # Settled from the pod by a later run: the write's run was interrupted, or its answer was
+    # lost (the run's errors say which).
+    "settled-written": "written (not known when its run recorded it: the run was interrupted or the write's answer "
+                       "was lost; found on the pod and recorded later)",
+    "settled-not-written": "not written (not known when its run recorded it: the run was interrupted or the write's "
+                           "answer was lost; the pod did not carry the cost when settled)",
     # A write in flight when its stalled run was settled, landed after the settle read the pod.
     "written-late": "written (its run was settled as interrupted before this write answered; recorded then by "
                     "the run's process)",
@@ -47,8 +56,9 @@ class BinpackRun(models.Model):
     state = models.CharField(
         max_length=12, choices=State.choices, default=State.DONE,
         help_text="writing: announced before its first write, outcome not recorded yet; done: finished and "
-                  "audited by its own process; interrupted: its process stopped mid-write and a later run (or the "
-                  "beat) recorded what the pods carry.")
+                  "audited by its own process (while `unknown` is above 0, some writes' outcomes are not known yet "
+                  "and wait for the next run to settle them); interrupted: its process stopped mid-write and a "
+                  "later run (or the beat) recorded what the pods carry.")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="The operator who asked; empty for the schedule.")
     actor_label = models.CharField(
@@ -64,8 +74,13 @@ class BinpackRun(models.Model):
     stale = models.IntegerField(default=0,
                                 help_text="Pods changed or gone between the snapshot and the write: not written.")
     unwritten = models.IntegerField(
-        default=0, help_text="Interrupted runs only: announced changes the pods did not carry when it was settled "
-                             "(less any its own process then reported written late).")
+        default=0, help_text="Announced changes the pods did not carry when the run was settled from the cluster: "
+                             "all of an interrupted run's (less any its own process then reported written late), "
+                             "and writes whose answer was lost.")
+    unknown = models.IntegerField(
+        default=0, help_text="Writes whose outcome is not known yet: sent, and their answer lost (no answer or a "
+                             "server error), so they may have been applied. They stay announced until the next run "
+                             "on the cluster (or the beat) settles them from the pods; 0 once settled.")
     over_budget = models.IntegerField(default=0, help_text="Changes left for the next run by the write budget.")
     plan_seconds = models.FloatField(default=0, help_text="Seconds spent computing the plan.")
     formula = models.CharField(max_length=200, blank=True, help_text="The cost formula the run used.")
@@ -75,9 +90,10 @@ class BinpackRun(models.Model):
     announced = models.JSONField(
         default=list, blank=True,
         help_text="While writing: every change about to be written (pod, uid, old and new cost), saved before the "
-                  "first write so that a run whose process dies can be settled from the pods; emptied once finished. "
-                  "An interrupted run keeps it with what the settle found on each pod, until its process (if it was "
-                  "only stalled) answers: its writes that landed after the settle are then audited by it, once.")
+                  "first write so that a run whose process dies can be settled from the pods; once finished, only "
+                  "the writes whose outcome is not known (until settled). An interrupted run keeps it with what the "
+                  "settle found on each pod, until its process (if it was only stalled) answers: its writes that "
+                  "landed after the settle are then audited by it, once.")
     lease_owner = models.CharField(max_length=200, blank=True,
                                    help_text="While writing: the process writing (host:pid:token) or settling it.")
     lease_expires_at = models.DateTimeField(
@@ -101,16 +117,25 @@ def written_describe(run: "BinpackRun") -> str:
         return f"none (dry run of {run.planned})"
     if run.state == BinpackRun.State.WRITING:
         return f"writing: {run.planned} change(s) announced, counts not final"
+    pending = f", {run.unknown} outcome(s) unknown (to be settled by the next run)" if run.unknown else ""
     if run.state == BinpackRun.State.INTERRUPTED:
-        return f"{run.written} of {run.written + run.unwritten} announced (interrupted, settled from the cluster)"
-    return f"{run.written} of {run.planned}"
+        return (f"{run.written} of {run.written + run.unwritten + run.unknown} announced (interrupted, settled from "
+                f"the cluster){pending}")
+    return f"{run.written} of {run.planned}{pending}"
 
 
 def settled_describe(run: "BinpackRun") -> str:
-    """What the command and the admin say of an earlier run found interrupted and settled."""
-    return (f"run {run.pk} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z}) was interrupted mid-write and settled "
-            f"now: {run.written} of {run.written + run.unwritten} announced cost(s) found written and audited, "
-            f"{run.unwritten} not written")
+    """What the command and the admin say of an earlier run they settled: interrupted, or
+    with writes whose answer was lost (`lost_answers_settled`, set by the settle: how many
+    of them it found written, and of how many)."""
+    started = f"run {run.pk} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z})"
+    lost = getattr(run, "lost_answers_settled", None)
+    if lost is not None:
+        found, of = lost
+        return (f"{started} had {of} write(s) whose answer was lost, settled now from the pods: {found} found "
+                f"written and audited, {of - found} not written")
+    return (f"{started} was interrupted mid-write and settled now: {run.written} of {run.written + run.unwritten} "
+            f"announced cost(s) found written and audited, {run.unwritten} not written")
 
 
 class BinpackCluster(Cluster):

@@ -12,7 +12,14 @@ marks the run interrupted with true counts, keeping on each announced change whe
 found it. A writer that was only stalled past its lease stops starting writes; when its
 writes in flight answer, it records them itself: the whole run if no settler has recorded
 it yet, else (under the run's row lock) only the writes the settle did not find, in an
-entry of its own. So each cost that lands is audited once."""
+entry of its own. So each cost that lands is audited once.
+
+A write whose answer was lost (no answer or a server error after it was sent, past the
+gateway's retries) may have been applied: its outcome is "unknown", not "error". The run
+is finished `done` with those changes kept announced and counted `unknown`; the next
+settle (the same claim and row lock) reads their pods, audits those carrying the cost in
+one entry for the run, and counts the rest not written. A write cleanly refused (4xx, 429)
+was not applied: it stays "error" and is not kept."""
 from __future__ import annotations
 
 import logging
@@ -62,6 +69,8 @@ LEASE_SECONDS = 60
 LEASE_RENEW_SECONDS = 10
 INTERRUPTED_CAUSE = "recorded after an interruption: the run's process stopped mid-write"
 LATE_CAUSE = "written by its own process after the run was settled as interrupted (the writes landed after the settle)"
+LOST_ANSWER_CAUSE = ("recorded when settled: the write's answer was lost (the cluster stopped answering) and it was "
+                     "found applied")
 
 
 def binpack_options(*, override_manual: bool | None = None, opted_out_owners=frozenset()) -> planning.BinpackOptions:
@@ -121,8 +130,10 @@ class _Stop(threading.Event):
 def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
                stop: _Stop | None = None) -> str:
     """Patch one pod. Returns "written", "stale" (it changed since the snapshot in a way
-    that makes the planned cost not ours to write), "error", or, once `stop` was set, its
-    outcome ("untried": an earlier write found the cluster not answering; "lease-lost").
+    that makes the planned cost not ours to write), "error" (refused, or failed before our
+    write was sent), "unknown" (sent, its answer lost: it may have been applied), or, once
+    `stop` was set, its outcome ("untried": an earlier write found the cluster not
+    answering; "lease-lost").
 
     The write is conditioned on the version the snapshot read, so it applies only to the
     pod the plan judged (same uid, not leaving, its cost as planned from) at no extra
@@ -141,7 +152,7 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
                 return _landed_or_stale(gateway, change, errors, stop)
             # else changed since the snapshot: judge it as it is now
         except KubeError as exc:
-            return _failed(change, exc, errors, stop)
+            return _failed(change, exc, errors, stop, maybe_applied=_may_have_applied(exc))
     pod, outcome = _pod_read(gateway, change, errors, stop)
     if pod is None:
         return outcome
@@ -167,7 +178,7 @@ def _apply_one(gateway: kube.KubeGateway, change: planning.CostChange, errors: l
     except NotFound:
         return "stale"
     except KubeError as exc:
-        return _failed(change, exc, errors, stop)
+        return _failed(change, exc, errors, stop, maybe_applied=_may_have_applied(exc))
     return "written"
 
 
@@ -178,33 +189,45 @@ def _landed_or_stale(gateway: kube.KubeGateway, change: planning.CostChange, err
     write. The pod read again says which: the same pod carrying exactly this change (cost
     and marker) was written by it ("written": audited as this run's; another run writing the
     very same cost in that same moment would be audited by both, the same value twice);
-    anything else is someone else's change ("stale")."""
-    pod, outcome = _pod_read(gateway, change, errors, stop)
+    anything else is someone else's change ("stale"). A read that fails leaves it "unknown"."""
+    pod, outcome = _pod_read(gateway, change, errors, stop, landed=True)
     if pod is None:
         return outcome
     return "written" if _carries(pod, change.uid, change.new) else "stale"
 
 
 def _pod_read(gateway: kube.KubeGateway, change: planning.CostChange, errors: list[str],
-              stop: _Stop | None) -> tuple[dict | None, str]:
+              stop: _Stop | None, *, landed: bool = False) -> tuple[dict | None, str]:
     """The change's pod read again, else None and what the change's outcome is then
-    ("stale": the pod is gone; "error": the read failed, said in `errors`)."""
+    ("stale": the pod is gone; "error", or "unknown" when a write of ours may have `landed`
+    on it: the read failed, said in `errors`)."""
     try:
         return gateway.get(kube.PODS, change.name, namespace=change.namespace), ""
     except NotFound:
         return None, "stale"
     except KubeError as exc:
-        return None, _failed(change, exc, errors, stop)
+        return None, _failed(change, exc, errors, stop, maybe_applied=landed)
 
 
-def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop: _Stop | None) -> str:
+def _may_have_applied(exc: KubeError) -> bool:
+    """Whether a write that ended in `exc` may have been applied all the same: no answer
+    (a timeout, a connection cut after sending), a 5xx (a 2xx with an unreadable body
+    included), or any error after an earlier try went unanswered. A refusal (4xx, a 429
+    throttle) says it was not; nor was a write that could not be sent (a broken config)."""
+    return exc.after_unanswered_write or exc.code >= 500 or (exc.code == 0 and exc.transient)
+
+
+def _failed(change: planning.CostChange, exc: KubeError, errors: list[str], stop: _Stop | None, *,
+            maybe_applied: bool) -> str:
+    """"unknown" when a write of ours may have been applied (its pod says, when the run is
+    settled), else "error"."""
     errors.append(f"{change.namespace}/{change.name}: {exc}")
     if stop is not None and exc.transient:
         # The gateway already retried this one: the cluster is not answering (or throttles
         # every try). Each further write would wait out the same retries (up to
         # KUBE_RETRY_ATTEMPTS x KUBE_REQUEST_TIMEOUT each), so the rest wait for the next run.
         stop.stop("untried")
-    return "error"
+    return "unknown" if maybe_applied else "error"
 
 
 def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str], *,
@@ -234,7 +257,10 @@ def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str], *,
                 if not heartbeat():
                     stop.stop("lease-lost")
         results = [f.result() for f in futures]
-    untried, lost = results.count("untried"), results.count("lease-lost")
+    unknown, untried, lost = results.count("unknown"), results.count("untried"), results.count("lease-lost")
+    if unknown:
+        errors.append(f"{unknown} write(s) sent whose answer was lost (above): their outcome is not known; the next "
+                      "run on the cluster settles them from the pods before it plans")
     if untried:
         errors.append(f"{untried} write(s) not tried after the cluster failed to answer a write (above); "
                       "the next run plans them again")
@@ -294,7 +320,9 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
                              gateway: kube.KubeGateway | None = None) -> tuple[BinpackRun, planning.BinpackPlan]:
     """Plan the costs of `cluster` and write those that change (none when `dry_run`).
     The run's `results` (not stored) holds each change's outcome in the plan's order:
-    "written", "stale", "error" or "untried"; its stored `changes` carry theirs. Its
+    "written", "stale", "error", "unknown", "untried" or "lease-lost"; its stored `changes`
+    carry theirs. The "unknown" ones stay announced on the run (`unknown` counts them) for
+    the next run on the cluster to settle. Its
     `settled` (not stored) lists the earlier runs of the cluster it found interrupted and
     settled before planning.
 
@@ -336,6 +364,7 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
         run.save()
     errors: list[str] = []
     written: list[planning.CostChange] = []
+    unknown: list[planning.CostChange] = []
     # Each change's outcome, in the plan's order (none for a dry run): what the command
     # and the run page say of each pod, so that no planned cost reads as written.
     run.results = [] if dry_run else _apply_all(gateway, plan.changes, errors,
@@ -346,6 +375,8 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
             written.append(change)
         elif result == "stale":
             run.stale += 1
+        elif result == "unknown":
+            unknown.append(change)
     for recorded, result in zip(run.changes, run.results):
         recorded["result"] = result
     run.errors = errors
@@ -359,8 +390,10 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
             # Ours, or claimed by a settler that has not recorded it yet (its lease lapsed while
             # writes were in flight): every write has answered, which says more than the
             # settler's reading of the pods can, so the run is recorded here and the settler,
-            # finding it done, records nothing.
-            run.state, run.announced, run.lease_owner, run.lease_expires_at = BinpackRun.State.DONE, [], "", None
+            # finding it done, records nothing. Writes whose answer was lost stay announced,
+            # without a lease: the next settle reads their pods.
+            run.state, run.lease_owner, run.lease_expires_at = BinpackRun.State.DONE, "", None
+            run.announced, run.unknown = [_announced(c) for c in unknown], len(unknown)
             run.save()
             if written:
                 _run_audit(run, [_written(c) for c in written], at=run.finished_at, cause=_run_cause(run))
@@ -369,9 +402,9 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
         run = _late_writes_record(run.pk, changes=plan.changes, results=results, errors=errors, now=run.finished_at)
         run.results, run.settled = results, settled
     if errors:
-        logger.warning("binpack on %s: %d write(s) failed, %d not tried, first: %s", cluster,
-                       run.results.count("error"), run.results.count("untried") + run.results.count("lease-lost"),
-                       errors[0])
+        logger.warning("binpack on %s: %d write(s) failed, %d of unknown outcome, %d not tried, first: %s", cluster,
+                       run.results.count("error"), run.results.count("unknown"),
+                       run.results.count("untried") + run.results.count("lease-lost"), errors[0])
     return run, plan
 
 
@@ -386,30 +419,38 @@ def _carries(pod: dict | None, uid: str, new: int | None) -> bool:
     return meta.get("uid") == uid and notes.get(DELETION_COST) == value and notes.get(BINPACK_MARKER) == value
 
 
+def _unsettled() -> Q:
+    """Runs a settle is for: one writing (past its lease, its process died or stalled), or
+    one with writes whose answer was lost."""
+    return Q(state=BinpackRun.State.WRITING) | Q(unknown__gt=0)
+
+
 def binpack_runs_settle(*, cluster: Cluster, gateway: kube.KubeGateway | None = None,
                         now: datetime | None = None) -> list[BinpackRun]:
-    """Settle every run of `cluster` left `writing` past its lease (its process died
-    mid-write) from the pods it announced: the pods carrying the announced cost and marker
-    are audited now, in one entry under the run's actor saying it was recorded after an
-    interruption; the rest are recorded as not written. The run is marked interrupted with
-    true counts; each announced change keeps whether it was found (`found`), for its
-    process should it answer late after all (`_late_writes_record`).
+    """Settle the runs of `cluster` whose writes' outcomes are not known, from the pods they
+    announced: every run left `writing` past its lease (its process died mid-write), and
+    every run with writes whose answer was lost (`unknown`). The pods carrying the announced
+    cost and marker are audited now, in one entry per run under its actor saying why they
+    are recorded only now; the rest are recorded as not written. A run left writing is
+    marked interrupted with true counts, each announced change keeping whether it was found
+    (`found`), for its process should it answer late after all (`_late_writes_record`); a
+    run with lost answers keeps its state, its counts made final.
     Returns the runs settled. Idempotent; concurrent settlers take a run one at a time (a
     conditional UPDATE claims it, the final record is made under a row lock and only by
-    the claimant). A cluster that cannot be read raises its KubeError; the run stays
-    `writing`, for the next settler."""
+    the claimant). A cluster that cannot be read raises its KubeError; the run stays as it
+    was, for the next settler."""
     now = now or clock.now()
-    lapsed = BinpackRun.objects.filter(cluster=cluster, state=BinpackRun.State.WRITING).filter(
+    lapsed = BinpackRun.objects.filter(_unsettled(), cluster=cluster).filter(
         Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)).order_by("pk")
     settled: list[BinpackRun] = []
     for stale in lapsed:
         holder = _holder("settler")
         claimed = BinpackRun.objects.filter(
-            pk=stale.pk, state=BinpackRun.State.WRITING, lease_owner=stale.lease_owner,
+            _unsettled(), pk=stale.pk, lease_owner=stale.lease_owner,
             lease_expires_at=stale.lease_expires_at).update(
             lease_owner=holder, lease_expires_at=now + timedelta(seconds=LEASE_SECONDS))
         if not claimed:
-            continue     # another settler took it, or its writer renewed just now
+            continue     # another settler took it (or settled it), or its writer renewed or finished just now
         try:
             gateway = gateway or kube.gateway_for(cluster)
             pods = {(p["metadata"].get("namespace"), p["metadata"].get("name")): p
@@ -427,30 +468,47 @@ def binpack_runs_settle(*, cluster: Cluster, gateway: kube.KubeGateway | None = 
 def _settle_one(pk: int, *, holder: str, pods: dict, now: datetime) -> BinpackRun | None:
     with transaction.atomic():
         run = BinpackRun.objects.select_for_update(of=("self",)).select_related("cluster", "actor").get(pk=pk)
-        if run.state != BinpackRun.State.WRITING or run.lease_owner != holder:
-            return None
+        if run.lease_owner != holder or not (run.state == BinpackRun.State.WRITING or run.unknown):
+            return None     # its writer finished it meanwhile, or another settler took it over
+        interrupted = run.state == BinpackRun.State.WRITING
         for a in run.announced:
-            # Kept on the run: what its process, should it still answer, must not audit again.
+            # Kept on an interrupted run: what its process, should it still answer, must not audit again.
             a["found"] = _carries(pods.get((a["namespace"], a["pod"])), a["uid"], a["new"])
         written = [a for a in run.announced if a["found"]]
+        at = f"{now:%Y-%m-%d %H:%M:%S %Z}"
         if written:
+            why = (f"{INTERRUPTED_CAUSE}; the pods carried the announced cost when the run was settled at {at}"
+                   if interrupted else f"{LOST_ANSWER_CAUSE} when the run was settled at {at}")
             _run_audit(run, [(f"{a['namespace']}/{a['pod']}", a["old"], a["new"]) for a in written], at=now,
-                       cause=f"{_run_cause(run)}, {INTERRUPTED_CAUSE}; the pods carried the announced cost when "
-                             f"the run was settled at {now:%Y-%m-%d %H:%M:%S %Z}")
+                       cause=f"{_run_cause(run)}, {why}")
         found = {(a["namespace"], a["pod"]) for a in written}
         for recorded in run.changes:
-            hit = (recorded.get("namespace"), recorded.get("pod")) in found
-            recorded["result"] = "settled-written" if hit else "settled-not-written"
-        run.written, run.unwritten = len(written), len(run.announced) - len(written)
-        run.errors = [f"interrupted: its process stopped mid-write; settled from the cluster at "
-                      f"{now:%Y-%m-%d %H:%M:%S %Z}: {run.written} of {len(run.announced)} announced cost(s) found "
-                      f"written and audited then, {run.unwritten} not written (the next run plans them again)",
-                      *run.errors]
-        run.state, run.finished_at = BinpackRun.State.INTERRUPTED, now
+            if interrupted or recorded.get("result") == "unknown":
+                hit = (recorded.get("namespace"), recorded.get("pod")) in found
+                recorded["result"] = "settled-written" if hit else "settled-not-written"
+        announced, unwritten = len(run.announced), len(run.announced) - len(written)
+        if interrupted:
+            run.written, run.unwritten = len(written), unwritten
+            run.errors = [f"interrupted: its process stopped mid-write; settled from the cluster at {at}: "
+                          f"{run.written} of {announced} announced cost(s) found written and audited then, "
+                          f"{run.unwritten} not written (the next run plans them again)", *run.errors]
+            run.state, run.finished_at = BinpackRun.State.INTERRUPTED, now
+        else:
+            run.written, run.unwritten, run.unknown, run.announced = (
+                run.written + len(written), run.unwritten + unwritten, 0, [])
+            run.errors = [*run.errors,
+                          f"{announced} write(s) whose answer was lost settled from the cluster at {at}: "
+                          f"{len(written)} found written and audited then, {unwritten} not written (the next run "
+                          "plans them again)"]
         run.lease_owner, run.lease_expires_at = "", None
         run.save()
-    logger.warning("binpack run %s on %s settled as interrupted: %d of %d announced cost(s) written", run.pk,
-                   run.cluster, run.written, run.written + run.unwritten)
+    if interrupted:
+        logger.warning("binpack run %s on %s settled as interrupted: %d of %d announced cost(s) written", run.pk,
+                       run.cluster, run.written, run.written + run.unwritten)
+    else:
+        run.lost_answers_settled = (len(written), announced)
+        logger.warning("binpack run %s on %s: %d write(s) whose answer was lost settled, %d found written", run.pk,
+                       run.cluster, announced, len(written))
     return run
 
 
@@ -459,7 +517,9 @@ def _late_writes_record(pk: int, *, changes, results: list[str], errors: list[st
     once they all answered, the costs it wrote that the settle did not find on the pods (the
     settle read them before these writes landed): audited under the run's actor in an entry
     of their own, and counted written on the run. The settle's findings stay as it recorded
-    them (audited once, by it). Under the run's row lock, as the settle was recorded."""
+    them (audited once, by it). Its writes whose answer was lost that the settle did not find
+    may have landed after it: they stay announced, counted `unknown` again, for the next
+    settle. Under the run's row lock, as the settle was recorded."""
     with transaction.atomic():
         run = BinpackRun.objects.select_for_update(of=("self",)).select_related("cluster", "actor").get(pk=pk)
         found = {(a["namespace"], a["pod"]): a.get("found") for a in run.announced}
@@ -470,19 +530,24 @@ def _late_writes_record(pk: int, *, changes, results: list[str], errors: list[st
             return run
         late = [c for c, result in zip(changes, results)
                 if result == "written" and found.get((c.namespace, c.name)) is False]
+        unknown = [c for c, result in zip(changes, results)
+                   if result == "unknown" and found.get((c.namespace, c.name)) is False]
         if late:
             _run_audit(run, [_written(c) for c in late], at=now, cause=f"{_run_cause(run)}, {LATE_CAUSE}")
-            keys = {(c.namespace, c.name) for c in late}
-            for recorded in run.changes:
-                if (recorded.get("namespace"), recorded.get("pod")) in keys:
-                    recorded["result"] = "written-late"
-            run.written, run.unwritten = run.written + len(late), run.unwritten - len(late)
+        outcome = {**{(c.namespace, c.name): "written-late" for c in late},
+                   **{(c.namespace, c.name): "unknown" for c in unknown}}
+        for recorded in run.changes:
+            recorded["result"] = outcome.get((recorded.get("namespace"), recorded.get("pod")), recorded.get("result"))
+        run.written, run.unwritten = run.written + len(late), run.unwritten - len(late) - len(unknown)
+        pending = f", {len(unknown)} of unknown outcome (settled by the next run)" if unknown else ""
         run.errors = [*run.errors,
                       f"its process's writes all answered at {now:%Y-%m-%d %H:%M:%S %Z}, after the settle: "
-                      f"{len(late)} more cost(s) written, audited by it; {run.written} of {len(found)} written in all",
+                      f"{len(late)} more cost(s) written, audited by it; {run.written} of {len(found)} written in "
+                      f"all{pending}",
                       *errors]
-        # Its process has no write left in flight: nothing more can land for this run.
-        run.announced = []
+        # Its process has no write left in flight: nothing more can land for this run but
+        # the writes whose answer was lost, if they landed after the settle read their pods.
+        run.announced, run.unknown = [_announced(c) for c in unknown], len(unknown)
         run.save()
     logger.warning("binpack run %s on %s: settled as interrupted while it wrote; %d of its write(s) landed after "
                    "the settle and were recorded by its process", pk, run.cluster, len(late))

@@ -22,7 +22,8 @@ def binpack_cluster(cluster_id: int) -> dict | None:
     cluster = cluster_for_task(cluster_id, job="binpack")
     if cluster is None:
         return None
-    # The service first settles the cluster's runs interrupted mid-write (their process died).
+    # The service first settles the cluster's runs interrupted mid-write (their process died)
+    # and the writes of earlier runs whose answer was lost.
     run, _ = pod_deletion_costs_apply(cluster=cluster, actor=None)
     return {"run": run.pk, "settled": [r.pk for r in run.settled], "planned": run.planned, "written": run.written,
-            "stale": run.stale, "errors": len(run.errors)}
+            "stale": run.stale, "unknown": run.unknown, "errors": len(run.errors)}

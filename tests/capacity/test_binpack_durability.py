@@ -7,6 +7,10 @@ test's PostgreSQL database and simulated cluster. Its run row was announced (`wr
 with every change) before the first write; past its lease the next run on the cluster,
 or the beat's task, audits the two costs the pods carry under the run's actor, marks the
 run interrupted with true counts, then plans and writes the remainder.
+
+A write whose answer was lost (applied or not, the cluster then failing its retries) is of
+unknown outcome: its run keeps it announced, and the next run settles it from the pod the
+same way, under the same claim and row lock.
 """
 from __future__ import annotations
 
@@ -23,15 +27,18 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connections
+from django.utils.html import escape
 
 from audit.models import AuditEntry
 from capacity.binpack import services
-from capacity.binpack.models import BinpackRun
+from capacity.binpack.models import WRITE_RESULTS, BinpackRun, settled_describe
 from capacity.binpack.tasks import binpack_cluster
 from clusters import kube, labels
+from clusters.errors import Unavailable
 from config import clock
-from tests.capacity.test_binpack_services import NS, changes_table, world  # noqa: F401 (the fixture)
+from tests.capacity.test_binpack_services import NS, PatchFaults, changes_table, world  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -148,8 +155,7 @@ def test_the_next_run_settles_a_killed_run_once_then_writes_the_rest(world, ops,
     html = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
     assert "interrupted (its process stopped mid-write; settled later from the cluster)" in html
     assert sorted(row[4] for row in changes_table(html)) == sorted(
-        ["written (its run was interrupted; found on the pod and recorded later)"] * 2
-        + ["not written: its run was interrupted and the pod does not carry the cost"] * 2)
+        [escape(WRITE_RESULTS["settled-written"])] * 2 + [escape(WRITE_RESULTS["settled-not-written"])] * 2)
 
 
 def test_the_beat_task_settles_a_killed_run(world, ops, later, celery_eager):
@@ -198,15 +204,20 @@ def test_a_run_within_its_lease_is_not_settled_even_by_the_next_run(world, ops, 
     assert not AuditEntry.objects.filter(app="binpack", subject_id=run.pk).exists()
 
 
+def list_cells(client, url: str, column: str) -> list[str]:
+    """The text of one column of an admin list, row by row."""
+    html = client.get(url).content.decode()
+    return [re.sub(r"<[^>]+>", "", cell).strip()
+            for cell in re.findall(rf'<td class="field-{column}[^"]*">(.*?)</td>', html, re.S)]
+
+
 def test_while_a_run_writes_its_lists_say_so_and_once_settled_its_settled_counts(world, ops, later, client):
     handle, core = world
     run, written = killed_run(world, ops)
     client.force_login(ops)
 
     def cells(url: str, column: str) -> list[str]:
-        html = client.get(url).content.decode()
-        return [re.sub(r"<[^>]+>", "", cell).strip()
-                for cell in re.findall(rf'<td class="field-{column}[^"]*">(.*?)</td>', html, re.S)]
+        return list_cells(client, url, column)
 
     assert cells("/admin/capacity/binpackrun/", "written_shown") == [
         "writing: 4 change(s) announced, counts not final"]
@@ -418,3 +429,241 @@ def test_a_writer_finishing_before_its_settler_records_records_its_run_and_the_s
     assert run.state == BinpackRun.State.DONE and (run.written, run.stale) == (4, 0) and run.lease_owner == ""
     (entry,) = AuditEntry.objects.filter(app="binpack", subject_id=run.pk)
     assert set(entry.new) == {f"{NS}/{p}" for p in PODS} and "interruption" not in entry.cause
+
+
+# ---- writes whose answer was lost ---------------------------------------------------------------
+
+def lost_answer(handle, *, pod: str = "a-0", applied: bool, then: str = "server errors"):
+    """A fault for `PatchFaults`: `pod`'s first patch is `applied` by the API server or not
+    (it timed out before reaching it), its answer lost either way; then the cluster stops
+    answering pod patches: real 500s from the simulated cluster ("server errors"), or no
+    answer at all ("no answer"). Returns the fault and the pods of the patches tried."""
+    tried: list[str] = []
+
+    def fault(name, send):
+        if name != pod:
+            return send()
+        tried.append(name)
+        if len(tried) == 1:
+            if applied:
+                send()
+            if then == "server errors":
+                handle.control.set_faults(error_rate=1.0, match={"verbs": ["patch"], "resources": ["pods"]})
+            raise Unavailable(f"PATCH pods {name}: no answer: read timed out", code=0)
+        if then == "server errors":
+            return send()
+        raise Unavailable(f"PATCH pods {name}: no answer: connection refused", code=0)
+    return fault, tried
+
+
+def run_losing_an_answer(handle, settings, *, actor=None, **fault) -> BinpackRun:
+    """A run (an admin action) whose write of a-0 met `lost_answer(**fault)`, one write at a
+    time, so the others are not tried; the cluster answers again afterwards."""
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    gateway = PatchFaults.to(handle, settings, lost_answer(handle, **fault)[0])
+    try:
+        run, _ = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=actor, gateway=gateway,
+                                                   trigger=BinpackRun.Trigger.ADMIN)
+    finally:
+        gateway.close()
+        handle.control.clear_faults()
+    assert run.results == ["unknown", "untried", "untried", "untried"] and run.unknown == 1
+    return run
+
+
+@pytest.mark.parametrize(("settled_by", "then"), [("command", "server errors"), ("beat", "no answer")])
+def test_a_cost_applied_whose_answer_was_lost_is_settled_by_the_next_run_and_audited_once(
+        world, settings, monkeypatch, capsys, client, ops, celery_eager, settled_by, then):
+    """a-0's patch is applied but its answer lost, and the cluster then stops answering its
+    retries: the command says its outcome is not known and exits 1, nothing is audited yet.
+    The next run (the command's, or the beat's) finds the cost on the pod before it plans:
+    audited once under the first run's actor, counted written; the next plan leaves it."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    fault, tried = lost_answer(handle, applied=True, then=then)
+    gateway = PatchFaults.to(handle, settings, fault)
+    with monkeypatch.context() as patched:
+        patched.setattr(kube, "gateway_for", lambda cluster: gateway)
+        with pytest.raises(CommandError) as failed:
+            call_command("binpack", "--cluster", handle.cluster.name)
+    gateway.close()
+    handle.control.clear_faults()                                                   # it answers again
+
+    (run,) = BinpackRun.objects.all()
+    assert tried == ["a-0"] * settings.KUBE_RETRY_ATTEMPTS
+    assert str(failed.value).startswith(
+        "3 of 4 cost(s) not written and 1 of 4 cost(s) of unknown outcome (the write's answer was lost; the next "
+        f"run on the cluster settles it from the pod) on cluster {handle.cluster.name} (run {run.pk}): team/a-0: ")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{WRITE_RESULTS['unknown']}: team/a-0: ")
+    assert out[-1] == (f"written 0, stale 0, errors 0, outcome unknown 1 (settled by the next run), not tried 3 "
+                       f"(run {run.pk})")
+    planned = {c["pod"]: c["new"] for c in run.changes}
+    assert annotations(core, "a-0")[labels.DELETION_COST] == str(planned["a-0"])    # applied all the same
+    assert run.state == BinpackRun.State.DONE and (run.written, run.unknown, run.lease_owner) == (0, 1, "")
+    assert [a["pod"] for a in run.announced] == ["a-0"]                              # kept for the settle
+    assert {c["pod"]: c["result"] for c in run.changes} == {"a-0": "unknown", "a-1": "untried", "a-2": "untried",
+                                                           "b-0": "untried"}
+    assert not AuditEntry.objects.filter(app="binpack").exists()
+    client.force_login(ops)
+    assert list_cells(client, "/admin/capacity/binpackrun/", "written_shown") == [
+        "0 of 4, 1 outcome(s) unknown (to be settled by the next run)"]
+    assert list_cells(client, "/admin/capacity/binpackrun/", "unknown_shown") == ["1"]
+
+    if settled_by == "command":
+        call_command("binpack", "--cluster", handle.cluster.name)
+        assert capsys.readouterr().out.splitlines()[0] == (
+            f"run {run.pk} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z}) had 1 write(s) whose answer was lost, "
+            "settled now from the pods: 1 found written and audited, 0 not written")
+    else:
+        result = binpack_cluster.apply(args=[handle.cluster.pk])
+        assert result.successful(), result.result
+        assert result.result["settled"] == [run.pk] and result.result["unknown"] == 0
+
+    run.refresh_from_db()
+    assert run.state == BinpackRun.State.DONE
+    assert (run.written, run.unwritten, run.unknown, run.announced) == (1, 0, 0, [])
+    assert {c["pod"]: c["result"] for c in run.changes}["a-0"] == "settled-written"
+    (entry,) = AuditEntry.objects.filter(app="binpack", subject_type="binpack_run", subject_id=run.pk)
+    assert entry.new == {f"{NS}/a-0": planned["a-0"]} and entry.old == {f"{NS}/a-0": None}
+    assert entry.target == f"1 pod(s) of cluster {handle.cluster}"
+    assert services.LOST_ANSWER_CAUSE in entry.cause and f"binpack run #{run.pk}" in entry.cause
+    assert (entry.actor, entry.actor_label) == (None, run.actor_label) and run.actor_label.startswith("cli:")
+    # The next run planned from the pods as settled: a-0 unchanged, the rest written.
+    nxt = BinpackRun.objects.exclude(pk=run.pk).get()
+    assert (nxt.planned, nxt.written, nxt.unchanged, nxt.unknown) == (3, 3, 1, 0)
+    assert "a-0" not in {c["pod"] for c in nxt.changes}
+    assert set(AuditEntry.objects.get(app="binpack", subject_id=nxt.pk).new) == {f"{NS}/{p}" for p in PODS[1:]}
+    # Settled once: a further settle finds nothing, and the lists show the final counts.
+    assert services.binpack_runs_settle(cluster=handle.cluster) == []
+    assert AuditEntry.objects.filter(app="binpack", subject_id=run.pk).count() == 1
+    assert list_cells(client, "/admin/capacity/binpackrun/", "written_shown") == ["3 of 3", "1 of 4"]
+    html = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
+    assert escape(WRITE_RESULTS["settled-written"]) in {row[4] for row in changes_table(html)}
+
+
+def test_a_write_that_timed_out_unapplied_is_settled_not_written_and_written_by_the_next_run(world, settings, ops):
+    handle, core = world
+    run = run_losing_an_answer(handle, settings, actor=ops, applied=False, then="no answer")
+    assert labels.DELETION_COST not in annotations(core, "a-0")
+
+    nxt, plan = services.pod_deletion_costs_apply(cluster=handle.cluster)
+
+    assert [r.pk for r in nxt.settled] == [run.pk]
+    assert settled_describe(nxt.settled[0]) == (
+        f"run {run.pk} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z}) had 1 write(s) whose answer was lost, "
+        "settled now from the pods: 0 found written and audited, 1 not written")
+    run.refresh_from_db()
+    assert (run.written, run.unwritten, run.unknown, run.announced) == (0, 1, 0, [])
+    assert {c["pod"]: c["result"] for c in run.changes}["a-0"] == "settled-not-written"
+    assert run.errors[-1].endswith("0 found written and audited then, 1 not written (the next run plans them again)")
+    assert not AuditEntry.objects.filter(app="binpack", subject_id=run.pk).exists()
+    # The next run wrote it, audited as its own.
+    assert (nxt.planned, nxt.written) == (4, 4)
+    a0 = next(c for c in plan.changes if c.name == "a-0")
+    assert annotations(core, "a-0")[labels.DELETION_COST] == str(a0.new)
+    assert AuditEntry.objects.get(app="binpack", subject_id=nxt.pk).new[f"{NS}/a-0"] == a0.new
+
+
+@pytest.mark.parametrize("refusal", ["422 invalid", "429 throttled"])
+def test_a_write_the_cluster_refused_stays_an_error_and_is_not_kept_for_settling(world, settings, ops, client,
+                                                                                refusal):
+    """A refusal says the write was not applied: nothing is left to settle."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+
+    def invalid_cost_for_a0(pod, send):
+        return send({"metadata": {"annotations": {labels.DELETION_COST: "soon"}}}) if pod == "a-0" else send()
+
+    if refusal == "429 throttled":
+        handle.control.set_faults(throttle_rate=1.0, match={"verbs": ["patch"], "resources": ["pods"]})
+    gateway = PatchFaults.to(handle, settings, invalid_cost_for_a0 if refusal == "422 invalid" else
+                             lambda pod, send: send())
+    try:
+        run, _ = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=gateway,
+                                                   trigger=BinpackRun.Trigger.ADMIN)
+    finally:
+        gateway.close()
+        handle.control.clear_faults()
+
+    assert run.results[0] == "error" and run.errors[0].startswith(f"team/a-0: {refusal.split()[0]} ")
+    run.refresh_from_db()
+    assert run.state == BinpackRun.State.DONE and (run.unknown, run.announced) == (0, [])
+    client.force_login(ops)
+    assert list_cells(client, "/admin/capacity/binpackrun/", "unknown_shown") == ["0"]
+    assert list_cells(client, "/admin/capacity/binpackrun/", "written_shown") == [f"{run.written} of 4"]
+
+    nxt, plan = services.pod_deletion_costs_apply(cluster=handle.cluster)
+
+    assert nxt.settled == [] and "a-0" in {c.name for c in plan.changes} and nxt.written == nxt.planned
+    assert all(f"{NS}/a-0" not in e.new for e in AuditEntry.objects.filter(app="binpack", subject_id=run.pk))
+
+
+def test_two_settlers_at_once_settle_a_lost_answer_once(world, settings, ops):
+    """Settler A claims the run and reads the pods; meanwhile B finds it claimed and leaves
+    it, then (A's claim lapsed) C takes it over and records it. A, holding a claim it lost,
+    records nothing: the cost is audited once."""
+    handle, core = world
+    run = run_losing_an_answer(handle, settings, actor=ops, applied=True)
+    gateway = handle.gateway
+    by_b: list[BinpackRun] = []
+    by_c: list[BinpackRun] = []
+
+    class SlowReader:
+        def list(self, resource, **kwargs):
+            by_b.extend(services.binpack_runs_settle(cluster=handle.cluster, gateway=gateway))
+            by_c.extend(settle_now(handle))
+            return gateway.list(resource, **kwargs)
+
+    by_a = services.binpack_runs_settle(cluster=handle.cluster, gateway=SlowReader())
+
+    assert by_a == by_b == [] and [r.pk for r in by_c] == [run.pk]
+    run.refresh_from_db()
+    assert (run.written, run.unwritten, run.unknown, run.lease_owner) == (1, 0, 0, "")
+    (entry,) = AuditEntry.objects.filter(app="binpack", subject_id=run.pk)
+    assert set(entry.new) == {f"{NS}/a-0"} and entry.actor == ops
+    assert services.binpack_runs_settle(cluster=handle.cluster) == []
+
+
+def test_a_lost_answer_of_a_stalled_run_settled_meanwhile_is_settled_by_the_next_run_once(world, ops, settings,
+                                                                                          no_renewal, client):
+    """All four writes in flight; a-1's is held until the others answered and the run (its
+    lease lapsed) was settled: three costs found. a-1's write is then applied but its answer
+    lost, its retries refused: its process keeps it unknown, not written. The next run finds
+    it on the pod and audits it, once."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 4
+    settled = []
+
+    def settle_once_the_others_answered():
+        held.wait_answered(3)
+        settled.extend(settle_now(handle))
+
+    losing = PatchFaults.to(handle, settings, lost_answer(handle, pod="a-1", applied=True)[0])
+    held = HeldWrite(losing, "a-1", settle_once_the_others_answered)
+    try:
+        run, plan = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=held,
+                                                      trigger=BinpackRun.Trigger.ADMIN)
+    finally:
+        losing.close()
+        handle.control.clear_faults()
+
+    assert [r.pk for r in settled] == [run.pk] and run.results[1] == "unknown"
+    run.refresh_from_db()
+    assert run.state == BinpackRun.State.INTERRUPTED and (run.written, run.unwritten, run.unknown) == (3, 0, 1)
+    assert [a["pod"] for a in run.announced] == ["a-1"]
+    assert {c["pod"]: c["result"] for c in run.changes}["a-1"] == "unknown"
+    client.force_login(ops)
+    assert list_cells(client, "/admin/capacity/binpackrun/", "written_shown") == [
+        "3 of 4 announced (interrupted, settled from the cluster), 1 outcome(s) unknown (to be settled by the next "
+        "run)"]
+
+    nxt, _ = services.pod_deletion_costs_apply(cluster=handle.cluster)
+
+    assert [r.pk for r in nxt.settled] == [run.pk] and (nxt.planned, nxt.unchanged) == (0, 4)
+    run.refresh_from_db()
+    assert run.state == BinpackRun.State.INTERRUPTED and (run.written, run.unwritten, run.unknown) == (4, 0, 0)
+    assert {c["pod"]: c["result"] for c in run.changes} == dict.fromkeys(PODS, "settled-written")
+    by_pod = audited(run)
+    assert {p: len(entries) for p, entries in by_pod.items()} == dict.fromkeys(PODS, 1)   # each once
+    assert services.LOST_ANSWER_CAUSE in by_pod["a-1"][0].cause and by_pod["a-1"][0].actor == ops

@@ -17,7 +17,8 @@ from audit.models import AuditEntry
 from capacity.binpack import planning as bp
 from clusters import labels
 from capacity.binpack.services import pod_deletion_costs_apply
-from capacity.binpack.models import BinpackRun
+from capacity.binpack.models import WRITE_RESULTS, BinpackRun
+from clusters.kube import PODS, KubeGateway
 from simcluster.generate import namespace as namespace_doc
 from tests.settings_check import manage_check
 from simcluster.generate import node as node_doc
@@ -346,9 +347,10 @@ def test_a_write_run_says_which_costs_it_wrote_and_which_it_did_not(world, monke
 
 
 def test_failed_writes_are_said_per_pod_and_the_command_exits_1(world, settings, client, capsys):
-    """Every patch refused with a 500 (after the gateway's retries): nothing is written, the
-    command says so of each pod and exits 1, and the rest of the run is not spent retrying
-    a cluster that does not answer."""
+    """Every patch answered with a 500 (after the gateway's retries): the first write's
+    outcome is not known (a server error may come after the write was applied), the rest
+    are not tried; the command says so of each pod and exits 1, and the rest of the run is
+    not spent retrying a cluster that does not answer."""
     handle, core = world
     settings.BINPACK_WRITE_CONCURRENCY = 1
     handle.control.set_faults(error_rate=1.0, match={"verbs": ["patch"], "resources": ["pods"]})
@@ -357,16 +359,21 @@ def test_failed_writes_are_said_per_pod_and_the_command_exits_1(world, settings,
     with pytest.raises(CommandError) as failed:
         call_command("binpack", "--cluster", handle.cluster.name)
     run = BinpackRun.objects.get()
-    assert str(failed.value) == (f"4 of 4 cost(s) not written on cluster default (run {run.pk}): "
-                                 "team/a-0: 500 InternalError: simcluster injected fault: internal error")
+    assert str(failed.value) == (f"3 of 4 cost(s) not written and 1 of 4 cost(s) of unknown outcome (the write's "
+                                 "answer was lost; the next run on the cluster settles it from the pod) on cluster "
+                                 f"default (run {run.pk}): team/a-0: 500 InternalError: simcluster injected fault: "
+                                 "internal error")
     captured = capsys.readouterr()
     out = captured.out.splitlines()
     assert [line.split(": team/")[0] for line in out[:4]] == [
-        "not written, the write failed"] + ["not written, not tried: the cluster had stopped answering"] * 3
+        WRITE_RESULTS["unknown"]] + ["not written, not tried: the cluster had stopped answering"] * 3
     assert not any(line.startswith("wrote ") for line in out)
-    assert out[-1] == f"written 0, stale 0, errors 1, not tried 3 (run {run.pk})"
-    assert captured.err.splitlines()[-1] == ("3 write(s) not tried after the cluster failed to answer a write "
-                                             "(above); the next run plans them again")
+    assert out[-1] == (f"written 0, stale 0, errors 0, outcome unknown 1 (settled by the next run), not tried 3 "
+                       f"(run {run.pk})")
+    assert captured.err.splitlines()[-2:] == [
+        "1 write(s) sent whose answer was lost (above): their outcome is not known; the next run on the cluster "
+        "settles them from the pods before it plans",
+        "3 write(s) not tried after the cluster failed to answer a write (above); the next run plans them again"]
     assert patches(handle) == settings.KUBE_RETRY_ATTEMPTS            # one pod's retries, not every pod's
     assert all(cost_of(core, n) is None for n in ("a-0", "a-1", "a-2", "b-0"))
     assert not AuditEntry.objects.filter(app="binpack").exists()
@@ -374,7 +381,7 @@ def test_failed_writes_are_said_per_pod_and_the_command_exits_1(world, settings,
     client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
     html = client.get(f"/admin/capacity/binpackrun/{run.pk}/change/").content.decode()
     assert sorted(row[4] for row in changes_table(html)) == [
-        "not written, not tried: the cluster had stopped answering"] * 3 + ["not written, the write failed"]
+        "not written, not tried: the cluster had stopped answering"] * 3 + [escape(WRITE_RESULTS["unknown"])]
 
 
 @pytest.mark.parametrize("where", ["labels", "annotations"])
@@ -456,33 +463,54 @@ def test_the_beat_task_costs_every_cluster(world, celery_eager):
     assert cost_of(core, "a-2") is not None
 
 
+class PatchFaults(KubeGateway):
+    """The gateway, over HTTP to the simulated cluster, each try of a pod patch going through
+    `fault(pod, send)`: `send(body=...)` makes the request (the cluster applies it or not,
+    as it would) and returns its answer; the fault may then lose that answer (raise), or
+    raise without sending (the request never reached the API server)."""
+
+    def __init__(self, *args, fault, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fault = fault
+
+    @classmethod
+    def to(cls, handle, settings, fault) -> "PatchFaults":
+        return cls.from_kubeconfig(handle.kubeconfig_path, fault=fault, retry_attempts=settings.KUBE_RETRY_ATTEMPTS,
+                                   backoff=settings.KUBE_RETRY_BACKOFF, backoff_max=settings.KUBE_RETRY_BACKOFF_MAX)
+
+    def _send_once(self, verb, resource, method, path, query, body, *rest):
+        if verb != "patch" or resource is not PODS:
+            return super()._send_once(verb, resource, method, path, query, body, *rest)
+
+        def send(body=body):
+            return super(PatchFaults, self)._send_once(verb, resource, method, path, query, body, *rest)
+        return self.fault(path.rsplit("/", 1)[-1], send)
+
+
 def test_a_cost_whose_write_answer_was_lost_is_counted_written_and_audited(world, settings):
     """The first patch of a-0 reaches the API server but its answer is lost (the connection
     drops): the gateway tries again, the pod's version has moved under that very write, and
     the retry is refused 409. The pod carries the run's cost: it was written by this run,
     and is audited as such, not put down as someone else's change."""
     from clusters.errors import Unavailable
-    from clusters.kube import KubeGateway
 
     handle, core = world
     settings.BINPACK_WRITE_CONCURRENCY = 1
+    lost: list[str] = []
 
-    class AnswerLostOnce(KubeGateway):
-        lost: list[str] = []
+    def answer_lost_once(pod, send):
+        answer = send()
+        if not lost:
+            lost.append(pod)   # applied, then the answer never came
+            raise Unavailable("connection reset by peer", code=0)
+        return answer
 
-        def _send_once(self, verb, resource, *args):
-            answer = super()._send_once(verb, resource, *args)
-            if verb == "patch" and resource.name == "pods" and not self.lost:
-                self.lost.append(args[1])   # the path: applied, then the answer never came
-                raise Unavailable("connection reset by peer", code=0)
-            return answer
-
-    gateway = AnswerLostOnce.from_kubeconfig(handle.kubeconfig_path)
+    gateway = PatchFaults.to(handle, settings, answer_lost_once)
     try:
         run, _ = pod_deletion_costs_apply(cluster=handle.cluster, gateway=gateway)
     finally:
         gateway.close()
-    assert AnswerLostOnce.lost and AnswerLostOnce.lost[0].endswith("/pods/a-0")
+    assert lost == ["a-0"]
     assert gateway.calls[("patch", "pods")] == 5 and gateway.retries[("patch", "pods")] == 1   # a-0 twice
     assert (run.written, run.stale, run.errors) == (4, 0, [])
     assert cost_of(core, "a-0") is not None

@@ -14,7 +14,7 @@ from config.actors import CliActorMixin
 class Command(CliActorMixin, BaseCommand):
     help = ("Write controller.kubernetes.io/pod-deletion-cost on model pods of GPU nodes so that "
             "scale-down frees whole nodes (only pods whose cost changes are written; exit 1 when a write "
-            "failed or was not tried).")
+            "failed, was not tried or its outcome is not known).")
 
     def add_arguments(self, parser):
         parser.add_argument("--cluster", default=None, metavar="NAME", help="cluster name (default: the default)")
@@ -51,7 +51,8 @@ class Command(CliActorMixin, BaseCommand):
         if opts["json"]:
             out = plan.as_dict()
             out.update({"run": run.pk, "dry_run": run.dry_run, "written": run.written, "stale": run.stale,
-                        "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4), "settled": settled,
+                        "unknown": run.unknown, "errors": run.errors, "plan_seconds": round(run.plan_seconds, 4),
+                        "settled": settled,
                         "explained": {f"{ns}/{name}": plan.explain(ns, name) for ns, name in explain},
                         # Asked about, but not in the cluster's reading (their "explained" says so too).
                         "explain_not_found": [f"{ns}/{name}" for ns, name in explain
@@ -77,7 +78,9 @@ class Command(CliActorMixin, BaseCommand):
             self.stdout.write(COST_ORDER)
         if not run.dry_run:
             untried, lost = run.results.count("untried"), run.results.count("lease-lost")
+            unknown = run.results.count("unknown")
             self.stdout.write(f"written {run.written}, stale {run.stale}, errors {run.results.count('error')}"
+                              + (f", outcome unknown {unknown} (settled by the next run)" if unknown else "")
                               + (f", not tried {untried}" if untried else "")
                               + (f", not tried (lease lapsed) {lost}" if lost else "") + f" (run {run.pk})")
         for error in run.errors:
@@ -86,9 +89,14 @@ class Command(CliActorMixin, BaseCommand):
 
     @staticmethod
     def _fail_unless_written(cluster, run) -> None:
-        """Exit 1 when a planned cost was not written for a failure (a pod changed since the
-        plan is left to whoever changed it: no failure)."""
+        """Exit 1 when a planned cost was not written for a failure, or is not known to be
+        written (its write's answer was lost). A pod changed since the plan is left to whoever
+        changed it: no failure."""
         failed = sum(run.results.count(outcome) for outcome in ("error", "untried", "lease-lost"))
-        if failed:
-            raise CommandError(f"{failed} of {run.planned} cost(s) not written on cluster {cluster.name} "
-                               f"(run {run.pk}): {run.errors[0]}")
+        unknown = run.results.count("unknown")
+        if failed or unknown:
+            said = [f"{failed} of {run.planned} cost(s) not written"] if failed else []
+            if unknown:
+                said.append(f"{unknown} of {run.planned} cost(s) of unknown outcome (the write's answer was lost; "
+                            "the next run on the cluster settles it from the pod)")
+            raise CommandError(f"{' and '.join(said)} on cluster {cluster.name} (run {run.pk}): {run.errors[0]}")
