@@ -2,10 +2,11 @@ from django.contrib import admin
 
 from audit.models import AuditEntry
 from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, actor_display
+from config.admin_lookups import ListFiltersCheckedMixin
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
+class AuditEntryAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
     """The audit trail, read only: nothing here is added, changed or deleted by hand."""
 
     list_display = ("at", "app", "action", "target", "cause", "by", "cluster", "org")

@@ -2,10 +2,11 @@ from django.contrib import admin
 
 from clusters.models import Cluster
 from config.admin_display import JsonAsTablesMixin
+from config.admin_lookups import ListFiltersCheckedMixin
 
 
 @admin.register(Cluster)
-class ClusterAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class ClusterAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("name", "kubeconfig_path", "kube_context", "in_cluster", "prometheus_url",
                     "knative_version", "knative_lever", "kserve_version", "from_environment")
     readonly_fields = ("knative_version", "knative_lever", "knative_lever_reason", "kserve_version",

@@ -15,6 +15,7 @@ from django.utils.html import format_html
 
 from config import clock
 from config.admin_display import JsonAsTablesMixin, actor_display
+from config.admin_lookups import ListFiltersCheckedMixin
 from orgs import planning, services
 from orgs.models import ActivityToken, DormancySwitch, Org, WorkloadExemption
 
@@ -113,7 +114,7 @@ class WorkloadExemptionInline(admin.TabularInline):
 
 
 @admin.register(Org)
-class OrgAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "exemption_state",
                     "last_activity_at", "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
     list_filter = ("dormant", "scale_to_zero_allowed", ExemptionFilter, "applied", "cluster")
@@ -305,7 +306,7 @@ class WorkloadExemptionForm(HoldFormMixin, forms.ModelForm):
 
 
 @admin.register(WorkloadExemption)
-class WorkloadExemptionAdmin(admin.ModelAdmin):
+class WorkloadExemptionAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     """Exempt or snooze one model or pynode; removing the row ends it. Both are audited and,
     on a dormant org, applied to the cluster at once."""
 
@@ -361,7 +362,7 @@ class WorkloadExemptionAdmin(admin.ModelAdmin):
 
 
 @admin.register(ActivityToken)
-class ActivityTokenAdmin(admin.ModelAdmin):
+class ActivityTokenAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     """Tokens are issued with `manage.py issue_activity_token` (shown once); here they are revoked."""
 
     list_display = ("caller", "user", "active", "created_at")

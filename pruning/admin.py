@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from clusters.errors import KubeError, PrometheusError
-from config.admin_display import JsonAsTablesMixin
+from clusters.kube import gateway_for
+from config import clock
+from config.admin_display import JsonAsTablesMixin, json_table
+from config.admin_lookups import ListFiltersCheckedMixin
+from orgs.selectors import org_keeps_at_zero
 
-from . import selectors, services
+from . import actions, selectors, services
 from .charts import CHART_JS, sparkline
 from .models import PruneDecision, PruneRun
+from .planning import M_KNATIVE_MIN_SCALE
 
 
 class DecisionInline(JsonAsTablesMixin, admin.TabularInline):
@@ -26,7 +33,7 @@ class DecisionInline(JsonAsTablesMixin, admin.TabularInline):
 
 
 @admin.register(PruneRun)
-class PruneRunAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class PruneRunAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("id", "cluster", "mode", "status", "evaluated_at", "pods_seen", "busy_pods",
                     "idle_candidates", "planned", "acted", "failed", "kube_api_calls", "duration_seconds")
     list_filter = ("cluster", "mode", "status")
@@ -76,7 +83,7 @@ class PruneRunAdmin(JsonAsTablesMixin, admin.ModelAdmin):
 
 
 @admin.register(PruneDecision)
-class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class PruneDecisionAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("run", "namespace", "pod", "count", "owner_kind", "owner_name", "decision", "reason", "method",
                     "max_utilization", "result", "event_sent", "restore")
     list_filter = ("decision", "reason", "result", "restore", "owner_kind", "method", "run__cluster", "run__mode")
@@ -92,11 +99,10 @@ class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
     # is editable in the admin, so it grants nothing else here).
     @admin.action(description="Restore: put back what the prune took away", permissions=["change"])
     def restore_selected(self, request, queryset):
-        from clusters.kube import gateway_for
-        from config import clock
-
-        done = changed = asleep = already = not_acted = failed = 0
         selected = list(queryset.select_related("run__cluster"))
+        if request.POST.get("confirm") != "yes":
+            return self._restore_confirm(request, selected)   # starting pods again is asked first
+        done = changed = asleep = already = not_acted = failed = 0
         for decision in selected:
             if decision.restore == PruneDecision.Restore.RESTORED:
                 already += 1
@@ -142,3 +148,43 @@ class PruneDecisionAdmin(JsonAsTablesMixin, admin.ModelAdmin):
             parts.append(f"{failed} failed")
         level = messages.ERROR if failed else messages.WARNING if (changed or asleep) else messages.SUCCESS
         self.message_user(request, f"{len(selected)} selected: {'; '.join(parts)}", level)
+
+    def _restore_confirm(self, request, selected: list[PruneDecision]) -> TemplateResponse:
+        """The page before a restore: each selected decision, what confirming does to it."""
+        now = clock.now()
+        outlook: dict[str, list] = {"restore": [], "asleep": [], "left": []}
+        for decision in selected:
+            group, words = self._restore_outlook(decision, now=now)
+            outlook[group].append(words)
+        return TemplateResponse(request, "pruning/restore_confirm.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, **outlook,
+            "title": f"Restore what the pruner scaled to zero? ({len(selected)} selected)",
+            "selected": [str(d.pk) for d in selected], "action": "restore_selected",
+            "cancel_url": reverse("admin:pruning_prunedecision_changelist")})
+
+    @staticmethod
+    def _restore_outlook(decision: PruneDecision, *, now) -> tuple[str, str]:
+        """("restore" | "asleep" | "left", what confirming does to `decision`). Whether its
+        org keeps it asleep is read from the owner as it is now; the restore reads it again."""
+        workload = f"{decision.owner_kind} {decision.namespace}/{decision.owner_name}"
+        if decision.restore == PruneDecision.Restore.RESTORED:
+            return "left", f"{workload}: already restored by {decision.restored_by or 'the schedule'}"
+        if not decision.restorable:
+            return "left", f"{decision}: never scaled to zero by a prune, nothing to restore"
+        cluster = decision.run.cluster
+        if cluster is None:
+            return "left", f"{workload}: its prune run has no cluster, it cannot be restored"
+        back = format_html("{}: back to {}", workload, json_table(decision.restore_state))
+        try:
+            owner = actions.read_owner(gateway_for(cluster), decision.owner_kind, decision.namespace,
+                                       decision.owner_name)
+        except KubeError as exc:
+            return "restore", format_html("{} (it cannot be read now: {}; if its org keeps it asleep when it is "
+                                           "restored, it is left asleep)", back, exc)
+        asleep = org_keeps_at_zero(cluster=cluster, workload=owner, now=now)
+        if not asleep:
+            return "restore", back
+        if decision.method == M_KNATIVE_MIN_SCALE:
+            return "asleep", (f"{workload}: {asleep}. The pruner's min-scale 0 is withdrawn and the owner's values "
+                              "are recorded for that wake: no pod starts now")
+        return "asleep", f"{workload}: {asleep}. Left at zero: restore it once the org is awake"

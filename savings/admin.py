@@ -6,12 +6,13 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from config.admin_display import ReadOnlyAdminMixin
+from config.admin_lookups import ListFiltersCheckedMixin
 from savings.models import SavingsCluster
 from savings.views import CLUSTER_CONTENTS_PERMISSION
 
 
 @admin.register(SavingsCluster)
-class SavingsClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class SavingsClusterAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("name", "savings_page", "savings_csv")
     list_display_links = None
 

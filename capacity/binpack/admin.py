@@ -8,10 +8,11 @@ from capacity.binpack.planning import COST_ORDER, FORMULA
 from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun, settled_describe, written_describe
 from clusters.errors import KubeError
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table_display
+from config.admin_lookups import ListFiltersCheckedMixin
 
 
 @admin.register(BinpackRun)
-class BinpackRunAdmin(admin.ModelAdmin):
+class BinpackRunAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     # A run still writing has recorded what it announced, not what it wrote: its counts are
     # shown as not final rather than as zeros.
     list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written_shown",
@@ -92,7 +93,7 @@ class BinpackRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(BinpackCluster)
-class BinpackClusterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class BinpackClusterAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("name", "last_run", "last_written")
     actions = ["run_binpack", "dry_run_binpack"]
 

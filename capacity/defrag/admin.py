@@ -17,6 +17,7 @@ from clusters.errors import KubeError, NotFound
 from clusters.selectors import cluster_find, clusters_all
 from config.actors import actor_describe
 from config.admin_display import JsonAsTablesMixin, actor_display, json_table
+from config.admin_lookups import ListFiltersCheckedMixin
 
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag import services
@@ -62,7 +63,7 @@ def _asked_before(request, *, job: DefragJob, what: str, at, by) -> None:
 
 
 @admin.register(DefragJob)
-class DefragJobAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
     list_filter = ["state", "cluster"]
     search_fields = ["node_name"]

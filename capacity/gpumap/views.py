@@ -48,6 +48,10 @@ REFRESH_SECONDS = 10  # the page reloads its content on its own while it is open
 # Staff status opens the admin, not the cluster: the dashboard and the GPU map name
 # orgs, models and nodes, so they want this permission, checked before any API call.
 CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
+# What the map's buttons lead to wants its own permission (capacity/defrag/admin.py): a
+# button is shown only to who holds it, the others read what it needs.
+START_PERMISSION = "capacity.add_defragjob"
+RETURN_PERMISSION = "capacity.return_to_service_defragjob"
 
 
 def cluster_contents_required(view):
@@ -125,18 +129,17 @@ def gpu_map(request, cluster: str):
     legend = sorted({(c.org, c.model, c.colour) for r in shown for c in r.cells if c.pod})
     # Cordoned nodes, and who holds them: a defrag job that rests offers "return to service".
     newest = defrag_jobs_newest_by_node(cluster=cluster_row)
-    may_return = request.user.has_perm("capacity.return_to_service_defragjob")
     cordoned = []
     for r in view.rows:
         if not r.cordoned:
             continue
         job = newest.get(r.name)
-        cordoned.append({"row": r, "job": job,
-                         "returnable": may_return and job is not None and not defrag_job_holding_reason(job)})
+        cordoned.append({"row": r, "job": job, "returnable": job is not None and not defrag_job_holding_reason(job)})
     return render(request, "capacity/gpu_map.html", {
         "title": f"GPU map — {cluster_row.name}",
         "cluster": cluster_row, "pools": view.pools, "advice": view.advice, "rows": rows, "pool": pool,
         "legend": legend, "page": page, **_data_age(read, now),
+        "may_defrag": request.user.has_perm(START_PERMISSION), "may_return": request.user.has_perm(RETURN_PERMISSION),
         "candidates": view.candidates[:TOP_CANDIDATES], "candidates_total": len(view.candidates), "cordoned": cordoned,
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
         "text_x": LABEL_WIDTH + width * CELL + 8,

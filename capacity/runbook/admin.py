@@ -24,6 +24,7 @@ from clusters.kube import quantity_parse
 from clusters.selectors import node_allocatable_largest
 from config import clock
 from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin
+from config.admin_lookups import ListFiltersCheckedMixin
 
 NOT_GRACEFUL = ("This is NOT graceful: the old revision's pods stop at once, with the requests they are "
                 "serving, so the Pending revision can get their GPUs. It is the easiest way to update a "
@@ -86,7 +87,7 @@ def action_state(row: RunbookAction) -> str:
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(JsonAsTablesMixin, admin.ModelAdmin):
+class ServedModelAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     # Five columns that fit a 1366 px laptop beside the filters: what it is, whose, its
     # state, its revisions, and what an operator can do or has under way on it.
     list_display = ("served_model", "org_slug_column", "status", "revision_summary", "actions_column")
@@ -335,7 +336,7 @@ def _amount(value: str | None) -> str:
 
 
 @admin.register(ResourceSpec)
-class ResourceSpecAdmin(admin.ModelAdmin):
+class ResourceSpecAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     """Adding a spec redeploys every deployed version of the model with it, in whatever org
     each runs: the form first shows what would change, by org, and nothing is saved or sent
     until that page is confirmed."""
@@ -419,7 +420,7 @@ class ResourceSpecAdmin(admin.ModelAdmin):
 
 
 @admin.register(RunbookAction)
-class RunbookActionAdmin(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
+class RunbookActionAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("at", "actor", "action", "target", "cluster", "outcome")
     list_display_links = ("at",)
     list_filter = ("state", "action", "cluster")

@@ -586,16 +586,18 @@ class ChaosDriver:
         self.prometheus = server.start()
 
     def prune_restore(self, cluster) -> None:
-        """The operator selects every acted decision in the panel and presses Restore; a
-        press whose restore a fault failed is pressed again."""
+        """The operator selects every acted decision in the panel, presses Restore and confirms
+        the page that lists what it does; a press whose restore a fault failed is pressed again."""
         acted = PruneDecision.objects.filter(run__cluster=cluster, result=PruneDecision.Result.SUCCEEDED)
         self.stats.prune_acted += acted.count()
         for _ in range(PRESSES):
             todo = [d.pk for d in acted if d.restore != PruneDecision.Restore.RESTORED]
             if not todo:
                 break
-            page = self.panel.post("/admin/pruning/prunedecision/", {"action": "restore_selected",
-                                                                     "_selected_action": todo})
+            form = {"action": "restore_selected", "_selected_action": todo}
+            page = self.panel.post("/admin/pruning/prunedecision/", form)   # the confirmation page
+            if page.status_code == 200 and 'name="confirm"' in page.content.decode():
+                page = self.panel.post("/admin/pruning/prunedecision/", {**form, "confirm": "yes"})
             self.stats.panel_presses += 1
             if page.status_code not in (200, 302):
                 self.violation(f"the panel's restore answered {page.status_code}")

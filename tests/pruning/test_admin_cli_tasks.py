@@ -33,6 +33,17 @@ def replicas(world, name="web"):
     return k8s.AppsV1Api(world.api).read_namespaced_deployment_scale(name, "team-a").spec.replicas
 
 
+DECISIONS = "/admin/pruning/prunedecision/"
+
+
+def restore(client, pks, **confirm):
+    """Restore pressed on the list (the page that says what it will do), then that page's button."""
+    form = {"action": "restore_selected", "_selected_action": pks}
+    page = client.post(DECISIONS, form)
+    assert page.status_code == 200 and page.templates[0].name == "pruning/restore_confirm.html"
+    return client.post(DECISIONS, {**form, "confirm": "yes"}, follow=True)
+
+
 def test_run_page_charts_each_pod_and_restore_action_scales_back(world, admin_client):
     from clusters.kube import gateway_for
     run = prune_run_execute(kube_gateway=gateway_for(world.cluster), prometheus=world.prometheus(),
@@ -47,8 +58,7 @@ def test_run_page_charts_each_pod_and_restore_action_scales_back(world, admin_cl
     listing = admin_client.get("/admin/pruning/prunedecision/?result__exact=succeeded").content.decode()
     assert listing.count('name="_selected_action"') == 1
     acted = run.decisions.get(result="succeeded")
-    response = admin_client.post("/admin/pruning/prunedecision/",
-                                 {"action": "restore_selected", "_selected_action": [acted.pk]}, follow=True)
+    response = restore(admin_client, [acted.pk])
     assert "restored 1" in response.content.decode()
     assert replicas(world) == 2
     acted.refresh_from_db()
@@ -170,15 +180,44 @@ def test_a_view_only_user_cannot_restore_and_one_allowed_to_can(world, client, v
     client.force_login(viewer)
     listing = client.get("/admin/pruning/prunedecision/").content.decode()
     assert "restore_selected" not in listing
-    client.post("/admin/pruning/prunedecision/", {"action": "restore_selected", "_selected_action": [acted.pk]})
+    for confirm in ({}, {"confirm": "yes"}):      # neither the confirmation page nor the restore
+        page = client.post(DECISIONS, {"action": "restore_selected", "_selected_action": [acted.pk], **confirm},
+                           follow=True)
+        assert page.status_code == 200 and "pruning/restore_confirm.html" not in [t.name for t in page.templates]
     acted.refresh_from_db()
     assert acted.restore == "" and replicas(world) == 0
 
     viewer.user_permissions.add(Permission.objects.get(codename="change_prunedecision"))
     assert "restore_selected" in client.get("/admin/pruning/prunedecision/").content.decode()
-    client.post("/admin/pruning/prunedecision/", {"action": "restore_selected", "_selected_action": [acted.pk]})
+    restore(client, [acted.pk])
     acted.refresh_from_db()
     assert acted.restore == "restored" and replicas(world) == 2
+
+
+def test_the_restore_first_shows_what_it_does_and_writes_nothing_until_confirmed(world, admin_client):
+    from clusters.kube import gateway_for
+
+    run = prune_run_execute(kube_gateway=gateway_for(world.cluster), prometheus=world.prometheus(),
+                            now=world.now(), cluster=world.cluster, params=PruneParams(run_mode="scale-down"))
+    acted, skipped = run.decisions.get(result="succeeded"), run.decisions.exclude(result="succeeded").get()
+    form = {"action": "restore_selected", "_selected_action": [acted.pk, skipped.pk]}
+    page = admin_client.post(DECISIONS, form)
+    html = page.content.decode()
+    assert page.status_code == 200 and "Restore what the pruner scaled to zero? (2 selected)" in html
+    assert "restoring starts GPU pods again" in html
+    restored = html[html.index('id="restore-restored"'):html.index('id="restore-left"')]
+    assert "Deployment team-a/web: back to" in restored and "replicas" in restored
+    left = html[html.index('id="restore-left"'):]
+    assert f"{skipped}: never scaled to zero by a prune, nothing to restore" in left
+    assert f'name="_selected_action" value="{acted.pk}"' in html and 'name="confirm" value="yes"' in html
+    acted.refresh_from_db()
+    assert acted.restore == "" and replicas(world) == 0          # nothing written by the page
+
+    admin_client.post(DECISIONS, {**form, "confirm": "yes"})
+    acted.refresh_from_db()
+    assert acted.restore == "restored" and replicas(world) == 2
+    again = admin_client.post(DECISIONS, form).content.decode()     # now there is nothing to restore
+    assert "Deployment team-a/web: already restored by admin" in again and 'name="confirm"' not in again
 
 
 def test_the_restore_message_counts_every_selected_decision(world, admin_client):
@@ -188,12 +227,11 @@ def test_the_restore_message_counts_every_selected_decision(world, admin_client)
                             now=world.now(), cluster=world.cluster, params=PruneParams(run_mode="scale-down"))
     pks = list(run.decisions.values_list("pk", flat=True))
     assert len(pks) == 2   # the one acted on, and its owner's other pod (skipped)
-    post = lambda: admin_client.post("/admin/pruning/prunedecision/",  # noqa: E731
-                                     {"action": "restore_selected", "_selected_action": pks}, follow=True)
-    text = post().content.decode()
+    text = restore(admin_client, pks).content.decode()
     assert ("2 selected: restored 1; left alone 0 changed since the prune; 1 never scaled to zero by a prune "
             "(nothing to restore)") in text
-    text = post().content.decode()
+    text = admin_client.post(DECISIONS, {"action": "restore_selected", "_selected_action": pks, "confirm": "yes"},
+                             follow=True).content.decode()   # the same page confirmed twice
     assert "2 selected: restored 0; left alone 0 changed since the prune; 1 already restored; 1 never" in text
 
 
@@ -230,8 +268,13 @@ def test_a_model_its_org_keeps_asleep_is_reported_kept_asleep_not_failed(tmp_pat
         Org.objects.create(slug="team-c", namespace="team-c", cluster=cluster, dormant=True, dormant_since=world.now(),
                            last_activity_at=world.now())
 
-        page = admin_client.post("/admin/pruning/prunedecision/", {"action": "restore_selected",
-                                                                   "_selected_action": [decision.pk]}, follow=True)
+        shown = admin_client.post(DECISIONS, {"action": "restore_selected", "_selected_action": [decision.pk]})
+        asleep = shown.content.decode().split('id="restore-asleep"')[1].split("</ul>")[0]
+        assert "InferenceService team-c/llm: org team-c is dormant" in asleep
+        assert "Left at zero: restore it once the org is awake" in asleep
+        assert 'id="restore-restored"' not in shown.content.decode()
+
+        page = restore(admin_client, [decision.pk])
 
         said = [(m.level_tag, str(m)) for m in page.context["messages"]]
         assert said[0][0] == "warning" and "not restored, nothing was written: org team-c is dormant" in said[0][1]
