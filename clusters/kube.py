@@ -10,6 +10,7 @@ errors from `clusters.errors`.
 """
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 import kubernetes.client
 import kubernetes.config
@@ -50,6 +52,29 @@ API_ERRORS = prometheus_client.Counter("gpu_capacity_kube_api_errors", "Kubernet
                                        ["cluster", "verb", "resource", "code"])
 
 
+# What kube-apiserver accepts as an object's name (k8s.io/apimachinery/pkg/util/validation:
+# IsDNS1123Label, IsDNS1123Subdomain; namespaces are labels, as pkg/api/validation's
+# ValidateNamespaceName says). A name goes into the request path, where "?", "#", "/" or
+# ".." would address another object, subresource or query: one the server could never hold
+# is refused before any request (IsValidPathSegmentName guards the same path on the server).
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1123_LABEL_RULE = ("a DNS-1123 label: at most 63 characters, lowercase letters, digits and '-', "
+                      "starting and ending with a letter or digit")
+DNS1123_SUBDOMAIN_RULE = ("a DNS-1123 subdomain: at most 253 characters, lowercase letters, digits, '-' and '.', "
+                          "each dot-separated part starting and ending with a letter or digit")
+
+
+def name_check(value: Any, *, what: str, label: bool = False) -> str:
+    """`value` when it is a valid object name (`label`: a DNS-1123 label, else a subdomain),
+    else `Invalid` (400) naming `what`, the value and the rule."""
+    pattern, limit, rule = ((_DNS1123_LABEL, 63, DNS1123_LABEL_RULE) if label
+                            else (_DNS1123_SUBDOMAIN, 253, DNS1123_SUBDOMAIN_RULE))
+    if not isinstance(value, str) or len(value) > limit or not pattern.fullmatch(value):
+        raise Invalid(f"{what} {value!r} is not a valid Kubernetes name: it must be {rule}", code=400)
+    return value
+
+
 @dataclass(frozen=True)
 class Resource:
     """A resource type as the API serves it: where it lives and what it is called."""
@@ -59,6 +84,7 @@ class Resource:
     kind: str
     plural: str
     namespaced: bool = True
+    label_named: bool = False  # its names are DNS-1123 labels (Namespaces, Services), not subdomains
 
     @property
     def api_version(self) -> str:
@@ -71,9 +97,17 @@ class Resource:
 
     def path(self, namespace: str | None = None, name: str | None = None,
              subresource: str | None = None) -> str:
+        """The request path. Every part given is checked (`name_check`) before it is put in,
+        and percent-encoded all the same, so no value can reach past its own segment."""
+        if namespace:
+            name_check(namespace, what="namespace", label=True)
+        if name is not None:
+            name_check(name, what=f"{self.kind} name", label=self.label_named)
+        if subresource is not None:
+            name_check(subresource, what=f"{self.kind} subresource", label=True)
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
+            base += f"/namespaces/{quote(namespace, safe='')}"
         elif self.namespaced and name:
             raise Invalid(f"{self.name} {name!r} is namespaced: a namespace is required", code=400)
         elif not self.namespaced and namespace:
@@ -81,18 +115,18 @@ class Resource:
                           code=400)
         base += f"/{self.plural}"
         if name:
-            base += f"/{name}"
+            base += f"/{quote(name, safe='')}"
         if subresource:
             if not name:
                 raise Invalid(f"subresource {subresource!r} of {self.name} needs an object name", code=400)
-            base += f"/{subresource}"
+            base += f"/{quote(subresource, safe='')}"
         return base
 
 
-NAMESPACES = Resource("", "v1", "Namespace", "namespaces", namespaced=False)
+NAMESPACES = Resource("", "v1", "Namespace", "namespaces", namespaced=False, label_named=True)
 NODES = Resource("", "v1", "Node", "nodes", namespaced=False)
 PODS = Resource("", "v1", "Pod", "pods")
-SERVICES = Resource("", "v1", "Service", "services")
+SERVICES = Resource("", "v1", "Service", "services", label_named=True)
 EVENTS = Resource("", "v1", "Event", "events")
 CONFIGMAPS = Resource("", "v1", "ConfigMap", "configmaps")
 DEPLOYMENTS = Resource("apps", "v1", "Deployment", "deployments")
@@ -100,7 +134,7 @@ REPLICASETS = Resource("apps", "v1", "ReplicaSet", "replicasets")
 STATEFULSETS = Resource("apps", "v1", "StatefulSet", "statefulsets")
 DAEMONSETS = Resource("apps", "v1", "DaemonSet", "daemonsets")
 PDBS = Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
-KNATIVE_SERVICES = Resource("serving.knative.dev", "v1", "Service", "services")
+KNATIVE_SERVICES = Resource("serving.knative.dev", "v1", "Service", "services", label_named=True)
 CONFIGURATIONS = Resource("serving.knative.dev", "v1", "Configuration", "configurations")
 REVISIONS = Resource("serving.knative.dev", "v1", "Revision", "revisions")
 PODAUTOSCALERS = Resource("autoscaling.internal.knative.dev", "v1alpha1", "PodAutoscaler", "podautoscalers")
@@ -490,6 +524,8 @@ class KubeGateway:
         meta = involved.get("metadata") or {}
         if not involved.get("apiVersion") or not involved.get("kind") or not meta.get("name"):
             raise Invalid("the involved object needs apiVersion, kind and metadata.name", code=400)
+        # The Event's own name is made from it (`event_name`): a name no object can have is refused here.
+        name_check(meta["name"], what=f"involved {involved['kind']} name")
         namespace = meta.get("namespace") or "default"
         moment = (now or datetime.now(UTC)).astimezone(UTC)
         stamp = moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from clusters import kube
-from clusters.errors import NotFound
+from clusters.errors import Invalid, NotFound
 from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
 from clusters.snapshot import POD_LIST, PodView, asks_nvidia_device, gc_paused
 from config.threads import SharedThreads
@@ -159,11 +159,14 @@ def pass_read(prometheus, gateway: kube.KubeGateway, query: IdleQuery, settings:
         return PassReads(answer, list(first.sent), frozenset(), None, ClusterView(pods={}, objects={}))
     second = query.followup_promql(sorted(first.pods))
     pending = prometheus.query_started(second, at=at)
-    plan = reads_choose(pods=first.pods, pods_per_namespace=first.pods_per_namespace, pods_seen=first.pods_seen)
+    # A series labelled with what no pod or namespace can be called names nothing in the
+    # cluster: never read (the gateway refuses such a name), planned as a pod not found.
+    readable = frozenset(key for key in first.pods if _nameable(key))
+    plan = reads_choose(pods=readable, pods_per_namespace=first.pods_per_namespace, pods_seen=first.pods_seen)
     others: dict = {}
     try:
         with gc_paused():   # as in cluster_view_read
-            pods = _pods_read(gateway, first.pods, plan, others=others)
+            pods = _pods_read(gateway, readable, plan, others=others)
     except BaseException:
         wait([pending])   # the follow-up has ended too when the caller hears of the failure
         raise
@@ -173,7 +176,7 @@ def pass_read(prometheus, gateway: kube.KubeGateway, query: IdleQuery, settings:
         # 20 of 10,000 pods idle the walk then costs no time of its own); the few it later
         # shows busy were walked for nothing, never acted on.
         try:
-            walked = cluster_view_read(gateway, pods=first.pods, plan=plan, pods_read=pods, others=others)
+            walked = cluster_view_read(gateway, pods=readable, plan=plan, pods_read=pods, others=others)
         except BaseException:
             wait([pending])
             raise
@@ -181,11 +184,21 @@ def pass_read(prometheus, gateway: kube.KubeGateway, query: IdleQuery, settings:
     answer = IdleAnswer(series=series, pods_seen=first.pods_seen, pods_per_namespace=first.pods_per_namespace)
     look_up = frozenset(pods_to_look_up(list(series), settings))
     if walked is None:
-        view = cluster_view_read(gateway, pods=look_up, plan=plan, pods_read=pods, others=others)
+        view = cluster_view_read(gateway, pods=look_up & readable, plan=plan, pods_read=pods, others=others)
     else:
         view = ClusterView(pods={k: v for k, v in walked.pods.items() if k in look_up}, objects=walked.objects,
                            kserve_stop_supported=walked.kserve_stop_supported, owner_pods=walked.owner_pods)
     return PassReads(answer, [*first.sent, second], look_up, plan, view)
+
+
+def _nameable(key: tuple[str, str]) -> bool:
+    namespace, pod = key
+    try:
+        kube.name_check(namespace, what="namespace", label=True)
+        kube.name_check(pod, what="pod name")
+    except Invalid:
+        return False
+    return True
 
 
 # The reading threads, shared by the passes of the process (a pass at 20 idle pods spent a

@@ -127,6 +127,29 @@ def test_no_idle_pod_reads_nothing_from_the_cluster(make_world):
     assert run.pods_seen == 0 and run.kube_api_calls == 0 and world.gateway.reads == []
 
 
+def test_a_series_named_as_no_pod_can_be_is_planned_not_found_and_never_read(make_world):
+    """An exporter's label the cluster could never hold as a pod's or namespace's name (a
+    relabelling gone wrong, a hostile exporter) is not sent to the API, where "?" or "/" would
+    address another object, and does not fail the pass: the pod is not in the cluster."""
+    from prometheus_fixtures import Series
+
+    world = make_world(team_a_busy=True)
+    solo = [s for s in world.history.values() if s.samples and s.labels.get("pod", "").startswith("solo-1")]
+    hostile = [("team-a", "solo-1?x=1"), ("team-a", "solo-1/status"), ("Team-A", "solo-9"), ("team-a", "..")]
+
+    def with_hostile(series):
+        return series + [Series(s.metric, {**s.labels, "namespace": ns, "pod": pod}, list(s.samples))
+                         for ns, pod in hostile for s in solo]
+
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(transform=with_hostile),
+                            now=world.now(), params=PruneParams(max_scale_downs=50))
+    assert run.status == "succeeded", run.errors
+    assert run.skip_counts.get("pod-not-found") == len(hostile), run.skip_counts
+    # As without them: solo-1, solo-2 and team-c's batch planned, with the same 11 reads.
+    assert run.planned == 3
+    assert "Team-A" not in {ns for _, _, ns in world.gateway.reads} and run.kube_api_calls == 11, world.gateway.reads
+
+
 def test_cluster_wide_lists_are_read_page_by_page_with_the_same_decisions(make_world, monkeypatch):
     world = make_world(team_a_busy=False)
     whole = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
