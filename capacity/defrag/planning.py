@@ -259,6 +259,23 @@ def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial
             or current_kpa_scale >= current_replicas + overprovision)
 
 
+def revision_asleep(*, desired_scale: int | None, current_replicas: int) -> bool:
+    """The revision wants no pod at all: its autoscaler's desired scale is 0 and its ReplicaSet
+    keeps none (scaled to zero by its owner, an org's dormancy or the idle-GPU pruner). It
+    needs no replacement, so the orphans serve nothing the job must wait for, and nothing
+    the job does may bring a pod back for it. An absent desired scale (not reported yet) is
+    not 0: the autoscaler has said nothing."""
+    return desired_scale == 0 and current_replicas == 0
+
+
+def asleep_line(*, revision: str, orphans: Sequence[str], during_wait: bool) -> str:
+    """The log line of a revision that went to zero: why it needs no replacement, and what
+    becomes of its orphans."""
+    when = "was scaled to zero during the wait" if during_wait else "is scaled to zero"
+    return (f"Revision {revision} {when} (desired scale 0, replicas 0): no replacement needed; its orphan(s) "
+            f"{', '.join(orphans) or 'none'} go with the drain or the abort")
+
+
 def progress_line(*, revision: str, overprovision: int, current_kpa_scale: int, current_replicas: int,
                   initial_kpa_scale: int) -> str:
     """The defrag procedure's progress line, word for word."""

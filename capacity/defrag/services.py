@@ -59,6 +59,7 @@ from capacity.defrag.planning import (
     DefragPlan,
     Step,
     abort_stuck_message,
+    asleep_line,
     defrag_step_decide,
     interval_validate,
     log_lines_to_drop,
@@ -70,6 +71,7 @@ from capacity.defrag.planning import (
     pod_classify,
     progress_line,
     replicaset_ready_pods,
+    revision_asleep,
     revision_satisfied,
 )
 
@@ -128,6 +130,30 @@ def _scale(value) -> int:
         return int(value or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _desired_scale(pa: dict) -> int | None:
+    """The PodAutoscaler's `status.desiredScale`, None while it reports none."""
+    value = (pa.get("status") or {}).get("desiredScale")
+    return None if value is None else _scale(value)
+
+
+def _revision_asleep(gateway: kube.KubeGateway, revision: DefragRevision, *, replicas: int) -> bool:
+    """Whether the revision, its ReplicaSet at `replicas`, is scaled to zero now (read from its
+    PodAutoscaler; a gone one says nothing)."""
+    if replicas:
+        return False
+    try:
+        pa = gateway.get(kube.PODAUTOSCALERS, revision.revision, namespace=revision.namespace)
+    except NotFound:
+        return False
+    return revision_asleep(desired_scale=_desired_scale(pa), current_replicas=replicas)
+
+
+def _orphan_names(revision: DefragRevision) -> list[str]:
+    """ns/name of the revision's orphans the job still tracks."""
+    return [f"{o.namespace}/{o.pod_name}" for o in revision.orphans.filter(
+        state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).order_by("pod_name")]
 
 
 def _append_log(job: DefragJob, *lines: str) -> None:
@@ -596,14 +622,22 @@ def _step_wait(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None
             continue
         revision.current_kpa_scale = _scale((pa.get("status") or {}).get("actualScale"))
         revision.current_replicas = _scale((rs.get("spec") or {}).get("replicas"))
-        revision.satisfied = revision_satisfied(current_kpa_scale=revision.current_kpa_scale,
-                                                current_replicas=revision.current_replicas,
-                                                initial_replicas=revision.initial_replicas, overprovision=m)
+        if revision_asleep(desired_scale=_desired_scale(pa), current_replicas=revision.current_replicas):
+            # Scaled to zero by whoever may (its owner, an org's dormancy, the pruner): its orphans
+            # are capacity it no longer needs, whether they count in actualScale or not (one
+            # still loading does not), so there is nothing to wait for.
+            revision.satisfied = True
+            lines.append(asleep_line(revision=revision.revision, during_wait=revision.initial_replicas > 0,
+                                     orphans=_orphan_names(revision)))
+        else:
+            revision.satisfied = revision_satisfied(current_kpa_scale=revision.current_kpa_scale,
+                                                    current_replicas=revision.current_replicas,
+                                                    initial_replicas=revision.initial_replicas, overprovision=m)
+            lines.append(progress_line(revision=revision.revision, overprovision=m,
+                                       current_kpa_scale=revision.current_kpa_scale,
+                                       current_replicas=revision.current_replicas,
+                                       initial_kpa_scale=revision.initial_kpa_scale))
         all_ok &= revision.satisfied
-        lines.append(progress_line(revision=revision.revision, overprovision=m,
-                                   current_kpa_scale=revision.current_kpa_scale,
-                                   current_replicas=revision.current_replicas,
-                                   initial_kpa_scale=revision.initial_kpa_scale))
         revision.save(update_fields=["current_kpa_scale", "current_replicas", "satisfied"])
     _append_log(job, *lines)
     job.error = ""
@@ -1012,6 +1046,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
     kept: list = []
     back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
     deleted_models: set[int] = set()        # revision ids whose ReplicaSet is gone
+    asleep_models: set[int] = set()         # revision ids scaled to zero (`revision_asleep`)
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
             "revision"):
         target = f"Pod/{orphan.namespace}/{orphan.pod_name}"
@@ -1060,9 +1095,18 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                                     label_selector=f"{REVISION_LABEL}={orphan.revision.revision}")
                 back[orphan.revision_id] = (replicaset_ready_pods(pods, replicaset=orphan.revision.replicaset),
                                             _scale((rs.get("spec") or {}).get("replicas")))
+                if orphan.revision_id not in deleted_models \
+                        and _revision_asleep(gateway, orphan.revision, replicas=back[orphan.revision_id][1]):
+                    asleep_models.add(orphan.revision_id)
+                    _append_log(job, asleep_line(revision=orphan.revision.revision, during_wait=False,
+                                                 orphans=_orphan_names(orphan.revision)))
             ready, wanted = back[orphan.revision_id]
             if orphan.revision_id in deleted_models:
                 message = f"Deleted by defrag job #{job.pk} (abort): its model was deleted"
+            elif orphan.revision_id in asleep_models:
+                # Nothing is kept or brought back for it: it sleeps as whoever scaled it chose.
+                message = (f"Deleted by defrag job #{job.pk} (abort): revision {orphan.revision.revision} is "
+                           f"scaled to zero, no replacement needed")
             if ready < wanted and not force:
                 _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} kept: revision "
                                  f"{orphan.revision.revision} has {ready}/{wanted} ready without it")

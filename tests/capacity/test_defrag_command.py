@@ -87,3 +87,20 @@ def test_the_celery_task_carries_a_confirmed_job_to_safe(running, celery_eager):
     job = defrag_job_start(cluster=handle.cluster, node_name=node, plan=plan, poll_interval_seconds=0.5)
     job.refresh_from_db()
     assert job.state == JobState.SAFE and job.log[-1] == "Safe to defrag/remove node"
+
+
+def test_a_node_name_no_node_can_have_is_refused_in_one_plain_line_before_any_request(
+        sim_cluster_factory, capsys, caplog):
+    from capacity.management.commands.defrag import Command
+
+    handle = sim_cluster_factory(scenario(nodes=1), name="sim")
+    caplog.set_level("DEBUG", logger="simcluster.http")   # the simulated cluster's access log
+    with pytest.raises(SystemExit) as exited:
+        Command().run_from_argv(["manage.py", "defrag", "n1?x=1", "--cluster", "sim", "--return-to-service", "--yes"])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        "CommandError: nothing changed: 400 Invalid: Node name 'n1?x=1' is not a valid Kubernetes name: it must be "
+        "a DNS-1123 subdomain: at most 253 characters, lowercase letters, digits, '-' and '.', each dot-separated "
+        "part starting and ending with a letter or digit\n")
+    assert [r for r in caplog.records if r.name == "simcluster.http"] == []   # node n1 was never read
+    assert not Kube(handle.kubeconfig_path).node_cordoned("n1")

@@ -491,3 +491,17 @@ def test_the_advice_puts_a_replacement_where_the_clusters_scheduler_does(scoring
         assert a.why.startswith("its pod would go to empty node y (1 GPU) under the scheduler's LeastAllocated scoring")
     else:
         assert (a.outcome, [m.to for m in a.moves], landed) == (T, ["b"], "b")
+
+
+@pytest.mark.parametrize(("desired_scale", "current_replicas", "asleep"), [
+    (0, 0, True),        # scaled to zero: nothing to replace
+    (None, 0, False),    # the autoscaler has not said: the ReplicaSet alone may be a rollout's old one
+    (0, 1, False),       # deciding zero, not there yet: its pods still serve
+    (2, 0, False),
+    (1, 1, False),
+])
+def test_a_revision_is_asleep_only_when_its_autoscaler_and_replicaset_both_want_no_pod(
+        desired_scale, current_replicas, asleep):
+    from capacity.defrag.planning import revision_asleep
+
+    assert revision_asleep(desired_scale=desired_scale, current_replicas=current_replicas) is asleep
