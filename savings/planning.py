@@ -22,7 +22,8 @@ MECHANISM_BASIS = {
     DORMANCY: "each workload's min-scale floor the scale-to-zero switch lowered to 0 (the audit's old value) "
               "× GPUs per replica its spec asks for now × hours until the product raised it again (or now)",
     PRUNING: "each pod of an owner the pruner scaled to zero: GPUs seen in its utilization data × hours from "
-             "the action until its restore (or now)",
+             "the action until its restore (or now), less the hours its org's dormancy already holds the same "
+             "workload at zero (those are counted once, under dormancy)",
     DRAIN: "each drained node: its allocatable GPUs × hours from the drain until it was returned to service "
            "(or now)",
     BINPACK: "not measured: binpack only writes pod-deletion costs; which scale-down then freed a node is the "
@@ -57,6 +58,10 @@ class PruneAction:
     gpus: int             # GPU UUIDs seen in the pod's utilization data
     acted_at: datetime
     restored_at: datetime | None
+    namespace: str = ""
+    pod: str = ""
+    owner_kind: str = ""
+    owner_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,9 +221,52 @@ def dormancy_intervals(changes: tuple[FloorChange, ...], gpus_per_replica: dict[
     return intervals, notes
 
 
-def prune_intervals(actions: tuple[PruneAction, ...], *, now: datetime) -> list[Interval]:
-    return [Interval(PRUNING, a.org, a.subject, a.gpus, a.acted_at, a.restored_at or now, a.restored_at is None)
-            for a in actions if a.gpus > 0]
+# A Knative pod is named "<revision>-deployment-<hash>-<suffix>", and a Service's revisions
+# "<service>-<5 digits>" unless their template names them (knative/serving's naming).
+_KNATIVE_POD = re.compile(r"(?P<revision>.+)-deployment-[a-z0-9]+-[a-z0-9]+")
+
+
+def _holds_pod(workload: str, action: PruneAction) -> bool:
+    """Whether the dormancy `workload` ("ksvc ns/name", "revision ns/name", "podautoscaler
+    ns/name") is the one whose pod the pruner's `action` scaled down."""
+    kind, _, where = workload.partition(" ")
+    namespace, _, name = where.partition("/")
+    if not action.namespace or namespace != action.namespace:
+        return False
+    pod = _KNATIVE_POD.fullmatch(action.pod)
+    revision = pod.group("revision") if pod else None
+    if kind == "ksvc":
+        return (action.owner_kind == "Service" and action.owner_name == name) \
+            or bool(revision and re.fullmatch(rf"{re.escape(name)}-[0-9]{{5}}", revision))
+    return kind in ("revision", "podautoscaler") and revision == name
+
+
+def prune_intervals(actions: tuple[PruneAction, ...], *, now: datetime,
+                    dormancy: list[Interval] | tuple[Interval, ...] = ()) -> tuple[list[Interval], list[str]]:
+    """Each pruned pod's GPUs from the action until its restore (or now). Hours when its
+    org's dormancy already held the same workload at zero are left out: one GPU freed by
+    both at once is counted once, under dormancy, which counts the workload's whole floor."""
+    intervals, overlapped = [], 0.0
+    for a in actions:
+        if a.gpus <= 0:
+            continue
+        end, ongoing = a.restored_at or now, a.restored_at is None
+        held = sorted((d.start, d.end) for d in dormancy if _holds_pod(d.subject, a) and d.end > a.acted_at
+                      and d.start < end)
+        lo = a.acted_at
+        for start, stop in held + [(end, end)]:
+            if start > lo:
+                piece_end = min(start, end)
+                intervals.append(Interval(PRUNING, a.org, a.subject, a.gpus, lo, piece_end,
+                                          ongoing and piece_end == end))
+            if stop > lo:
+                overlapped += a.gpus * (min(stop, end) - max(start, lo)).total_seconds() / 3600.0
+            lo = max(lo, stop)
+            if lo >= end:
+                break
+    notes = [f"pruning: {overlapped:.1f} GPU-hour(s) of pods the pruner scaled down while their org's dormancy "
+             f"held the same workload at zero are counted once, under dormancy"] if overlapped > 0 else []
+    return intervals, notes
 
 
 def drain_intervals(drains: tuple[NodeDrain, ...], node_gpus: dict[str, int] | None, *,
@@ -262,9 +310,10 @@ def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsRe
     dormancy, notes = dormancy_intervals(facts.floor_changes, facts.gpus_per_replica, now=now)
     drains, drain_notes = drain_intervals(facts.drains, facts.node_gpus, now=now,
                                           schedulable=facts.nodes_schedulable)
-    intervals = dormancy + prune_intervals(facts.prune_actions, now=now) + drains
+    prunes, prune_notes = prune_intervals(facts.prune_actions, now=now, dormancy=dormancy)
+    intervals = dormancy + prunes + drains
     notes = ([f"the cluster could not be read: {facts.cluster_error}"] if facts.cluster_error else []) \
-        + notes + drain_notes + [f"binpack: {MECHANISM_BASIS[BINPACK]}"]
+        + notes + prune_notes + drain_notes + [f"binpack: {MECHANISM_BASIS[BINPACK]}"]
 
     cells: dict[tuple[date, str, str], float] = defaultdict(float)
     for interval in intervals:

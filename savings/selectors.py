@@ -29,7 +29,8 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
     prunes = tuple(
         PruneAction(org=slugs.get(a["namespace"], f"namespace {a['namespace']}"),
                     subject=f"{a['owner_kind']} {a['namespace']}/{a['owner_name']} (pod {a['pod']})",
-                    gpus=len(a["gpus"] or ()), acted_at=a["acted_at"], restored_at=a["restored_at"])
+                    gpus=len(a["gpus"] or ()), acted_at=a["acted_at"], restored_at=a["restored_at"],
+                    namespace=a["namespace"], pod=a["pod"], owner_kind=a["owner_kind"], owner_name=a["owner_name"])
         for a in prune_actions_freeing(cluster=cluster, since=since))
     drains = tuple(NodeDrain(**d) for d in defrag_drains(cluster=cluster, until=now))
     exempt_rows = org_selectors.orgs_exempt_from_scale_to_zero(cluster=cluster, now=now)

@@ -88,6 +88,40 @@ def test_pruning_gpu_hours_per_day(name, actions, expected):
     assert {d: v[PRUNING] for d, v in report.by_day.items() if v[PRUNING]} == pytest.approx(expected)
 
 
+
+def pruned(pod: str, *, owner=("Service", "llama"), namespace="acme", gpus=2, start, end):
+    return PruneAction("acme", f"{owner[0]} {namespace}/{owner[1]} (pod {pod})", gpus, start, end,
+                       namespace=namespace, pod=pod, owner_kind=owner[0], owner_name=owner[1])
+
+
+OVERLAP_CASES = [
+    # (name, the pruner's action, expected pruning GPU-hours) — acme's pynode ksvc acme/llama
+    # (1 replica × 2 GPUs) is dormant from 9 March 02:00 to 08:00, 12 GPU-hours under dormancy.
+    ("the pynode pruned inside its org's sleep: nothing more",
+     pruned("llama-00002-deployment-5d9c7b-x2kqp", start=at(9, 3), end=at(9, 6)), 0.0),
+    ("pruned during the sleep, restored 2 h after the wake: those 2 h only",
+     pruned("llama-00002-deployment-5d9c7b-x2kqp", start=at(9, 4), end=at(9, 10)), 4.0),
+    ("pruned 1 h before the sleep, never restored: the hour before and the hours after the wake",
+     pruned("llama-00001-deployment-5d9c7b-x2kqp", start=at(9, 1), end=None), 2.0 + 2 * 28.0),
+    ("a model's pod of the same org is another workload: all of it",
+     pruned("mistral-predictor-00001-deployment-6f8d-q7rcl", owner=("InferenceService", "mistral"),
+            start=at(9, 3), end=at(9, 6)), 6.0),
+    ("the same names in another namespace: all of it",
+     pruned("llama-00002-deployment-5d9c7b-x2kqp", namespace="other", start=at(9, 3), end=at(9, 6)), 6.0),
+]
+
+
+@pytest.mark.parametrize("name,action,expected", OVERLAP_CASES, ids=[c[0] for c in OVERLAP_CASES])
+def test_a_gpu_freed_by_dormancy_and_the_pruner_at_once_is_counted_once(name, action, expected):
+    facts = Facts(floor_changes=(lowered(when=at(9, 2)), raised(when=at(9, 8))), gpus_per_replica={KSVC: 2},
+                  prune_actions=(action,))
+    report = savings_plan(facts, now=NOW, days=7)
+    assert report.totals[DORMANCY] == pytest.approx(12.0)
+    assert report.totals[PRUNING] == pytest.approx(expected)
+    overlapping = action.namespace == "acme" and action.owner_name == "llama"
+    assert any("counted once, under dormancy" in n for n in report.notes) == overlapping
+
+
 DRAIN_CASES = [
     # (name, drain, node GPUs now, schedulable now, expected hours, nodes out of service now, note fragment)
     ("drained and still out: node GPUs until now", NodeDrain("h100-3", 7, at(10, 0), None, 3),

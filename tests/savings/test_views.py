@@ -179,3 +179,44 @@ def test_the_admin_menu_links_the_savings_page_for_those_allowed(world, client, 
     other = django_user_model.objects.create_user("plain", "p@example.com", "pw", is_staff=True)
     client.force_login(other)
     assert client.get("/admin/savings/savingscluster/").status_code == 403
+
+
+def model_scenario() -> list[dict]:
+    """One model of org-a (an InferenceService asking 2 GPUs a replica) on a GPU node."""
+    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": "llama", "namespace": "org-a"},
+            "spec": {"predictor": {"minReplicas": 1, "containers": [gpu_container(2)]}}}
+    return [node("h100-1"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}}, isvc]
+
+
+def test_a_model_pruned_while_its_org_sleeps_is_counted_once(sim_cluster_factory, client, django_user_model):
+    """Its org went dormant 5 h ago (the model's floor 1 → 0) and woke 1 h ago; the pruner
+    scaled the same model down 4 h ago and it was restored 30 min ago. Its 2 GPUs were
+    freed from 5 h ago until 30 min ago: 9 GPU-hours, not the 15 the two records add up to.
+    Dormancy held it first (8 GPU-hours); the pruner freed it alone for the last 30 min."""
+    handle = sim_cluster_factory(model_scenario(), name="sim")
+    handle.advance(60)
+    now = clock.now()
+    acme = Org.objects.create(slug="acme", cluster=handle.cluster, namespace="org-a", last_activity_at=now)
+    workload = "podautoscaler org-a/llama-predictor-00001"
+    AuditEntry.objects.create(app="orgs", at=now - timedelta(hours=5), action="scale_to_zero_applied", org=acme,
+                               cause="switch #1: became dormant (dormancy sweep)",
+                               old={workload: "1", "setting": "disabled"}, new={workload: "0", "setting": "enabled"})
+    AuditEntry.objects.create(app="orgs", at=now - timedelta(hours=1), action="scale_to_zero_applied", org=acme,
+                               cause="switch #2: became active (activity)",
+                               old={workload: "0", "setting": "enabled"}, new={workload: "1", "setting": "disabled"})
+    run = PruneRun.objects.create(cluster=handle.cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
+                                  evaluated_at=now - timedelta(hours=4))
+    PruneDecision.objects.create(run=run, namespace="org-a", pod="llama-predictor-00001-deployment-5d9c7b-x2kqp",
+                                 owner_kind="InferenceService", owner_name="llama", gpus=["GPU-1", "GPU-2"],
+                                 decision="prune", reason="idle", method="kserve-min-replicas", result="succeeded",
+                                 acted_at=now - timedelta(hours=4), restore="restored",
+                                 restored_at=now - timedelta(minutes=30))
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+
+    rows = _rows(client.get(CSV, {"days": "7"}))
+    assert _hours(rows, "acme", "dormancy") == pytest.approx(8.0, abs=0.01)   # 1 × 2 GPUs × 4 h
+    assert _hours(rows, "acme", "pruning") == pytest.approx(1.0, abs=0.01)    # 2 GPUs × the last 30 min
+    html = client.get(PAGE).content.decode()
+    assert re.search(r'id="savings-total">9\.0<', html)
+    assert "counted once, under dormancy" in html
