@@ -472,9 +472,12 @@ def _workload(d: PruneDecision) -> str:
 def _scale_down_audit(d: PruneDecision, run: PruneRun) -> None:
     # max_utilization is a fraction (0–1); shown as a percentage.
     util = "" if d.max_utilization is None else f", at most {d.max_utilization * 100:.3g}% used"
-    audit(app="pruning", action="workload_scale_to_zero", at=d.acted_at or clock.now(),
-          actor_label=actor_label_current() or run.actor,
-          cause=f"idle GPUs ({d.reason or 'idle'}{util}); prune run #{run.pk}", target=_workload(d),
+    by = actor_label_current() or run.actor
+    # A run no one started is the beat's (`PruneRun.actor` empty): with no actor to name,
+    # the cause says so.
+    audit(app="pruning", action="workload_scale_to_zero", at=d.acted_at or clock.now(), actor_label=by,
+          cause=f"idle GPUs ({d.reason or 'idle'}{util}); prune run #{run.pk}{'' if by else ' of the beat schedule'}",
+          target=_workload(d),
           cluster_id=run.cluster_id, subject=("prune_decision", d.pk), old=d.restore_state or {},
           new=d.applied_state or {})
 
