@@ -11,9 +11,8 @@ from clusters.kube import gateway_for
 from config import clock
 from config.admin_display import JsonAsTablesMixin, json_table
 from config.admin_lookups import ListFiltersCheckedMixin
-from orgs.selectors import org_keeps_at_zero
 
-from . import actions, selectors, services
+from . import selectors, services
 from .charts import CHART_JS, sparkline
 from .models import PruneDecision, PruneRun
 from .planning import M_KNATIVE_MIN_SCALE
@@ -176,12 +175,10 @@ class PruneDecisionAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.Model
             return "left", f"{workload}: its prune run has no cluster, it cannot be restored"
         back = format_html("{}: back to {}", workload, json_table(decision.restore_state))
         try:
-            owner = actions.read_owner(gateway_for(cluster), decision.owner_kind, decision.namespace,
-                                       decision.owner_name)
+            asleep = selectors.restore_kept_asleep(decision, now=now)
         except KubeError as exc:
             return "restore", format_html("{} (it cannot be read now: {}; if its org keeps it asleep when it is "
                                            "restored, it is left asleep)", back, exc)
-        asleep = org_keeps_at_zero(cluster=cluster, workload=owner, now=now)
         if not asleep:
             return "restore", back
         if decision.method == M_KNATIVE_MIN_SCALE:

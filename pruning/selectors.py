@@ -6,7 +6,9 @@ from datetime import datetime
 
 from clusters import kube
 from clusters.selectors import namespace_version
+from orgs.selectors import org_keeps_at_zero
 
+from .actions import read_owner
 from .planning import ObjectView, selector_requirements
 
 KSERVE_NAMESPACE = "kserve"
@@ -96,3 +98,12 @@ def prune_actions_freeing(*, cluster, since: datetime) -> list[dict]:
             .values("namespace", "pod", "owner_kind", "owner_name", "gpus", "acted_at", "restore", "restored_at"))
     ended = (PruneDecision.Restore.RESTORED, PruneDecision.Restore.CHANGED)
     return [{**row, "restored_at": row["restored_at"] if row["restore"] in ended else None} for row in rows]
+
+
+def restore_kept_asleep(decision, *, now: datetime) -> str:
+    """Why the org of `decision`'s owner, as the cluster shows it now, keeps it at zero
+    ("" when nothing does): what a restore then leaves asleep. Raises the gateway's KubeError
+    when the owner cannot be read; the restore itself reads it again."""
+    cluster = decision.run.cluster
+    owner = read_owner(kube.gateway_for(cluster), decision.owner_kind, decision.namespace, decision.owner_name)
+    return org_keeps_at_zero(cluster=cluster, workload=owner, now=now)
