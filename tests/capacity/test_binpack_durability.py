@@ -274,6 +274,19 @@ def settle_now(handle) -> list[BinpackRun]:
                                         now=clock.now() + timedelta(seconds=services.LEASE_SECONDS + 1))
 
 
+def held_until_settled(gateway, handle, pod: str = "a-1") -> tuple[HeldWrite, list[BinpackRun]]:
+    """`gateway` with `pod`'s write held until the other three writes answered and the run
+    (its lease lapsed) was settled by another process; returns it and the runs settled."""
+    settled: list[BinpackRun] = []
+
+    def settle_once_the_others_answered():
+        held.wait_answered(3)
+        settled.extend(settle_now(handle))
+
+    held = HeldWrite(gateway, pod, settle_once_the_others_answered)
+    return held, settled
+
+
 def audited(run) -> dict[str, list[AuditEntry]]:
     """Each pod of the run's audit entries, with the entries that name it."""
     by_pod: dict[str, list[AuditEntry]] = {}
@@ -298,13 +311,7 @@ def test_a_write_that_lands_after_its_stalled_run_was_settled_is_audited_once_by
     audits them. a-1's cost then lands: its writer audits it, alone, and the run counts it."""
     handle, core = world
     settings.BINPACK_WRITE_CONCURRENCY = 4
-    settled = []
-
-    def settle_once_the_others_answered():
-        gateway.wait_answered(3)
-        settled.extend(settle_now(handle))
-
-    gateway = HeldWrite(handle.gateway, "a-1", settle_once_the_others_answered)
+    gateway, settled = held_until_settled(handle.gateway, handle)
     run, plan = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=gateway,
                                                   trigger=BinpackRun.Trigger.ADMIN)
 
@@ -633,14 +640,8 @@ def test_a_lost_answer_of_a_stalled_run_settled_meanwhile_is_settled_by_the_next
     it on the pod and audits it, once."""
     handle, core = world
     settings.BINPACK_WRITE_CONCURRENCY = 4
-    settled = []
-
-    def settle_once_the_others_answered():
-        held.wait_answered(3)
-        settled.extend(settle_now(handle))
-
     losing = PatchFaults.to(handle, settings, lost_answer(handle, pod="a-1", applied=True)[0])
-    held = HeldWrite(losing, "a-1", settle_once_the_others_answered)
+    held, settled = held_until_settled(losing, handle)
     try:
         run, plan = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=held,
                                                       trigger=BinpackRun.Trigger.ADMIN)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -16,6 +15,7 @@ from orgs.activity import CACHE_PREFIX, org_activity_record, throttle_reset
 from orgs.models import DormancySwitch, Org
 from orgs.services import dormancy_sweep, org_mark_active
 from orgs.signals import warmup
+from tests.orgs.locks import backends_waiting_for_a_lock
 
 pytestmark = pytest.mark.django_db
 
@@ -165,21 +165,6 @@ def test_warmup_answers_like_djangos_dispatch_and_reaches_every_receiver(make_or
     assert warmup.send(sender=None, org_slug="acme") == [(_record_warmup, None)]
 
 
-def _backends_waiting_for_a_lock(count: int, limit_s: float = 20.0) -> bool:
-    """PostgreSQL's own view: `count` backends blocked on a lock (polled, no fixed sleep)."""
-    deadline = time.monotonic() + limit_s
-    probe = connections.create_connection("default")
-    try:
-        while time.monotonic() < deadline:
-            with probe.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                               "AND datname = current_database()")
-                if cursor.fetchone()[0] >= count:
-                    return True
-        return False
-    finally:
-        probe.close()
-
 
 @pytest.mark.django_db(transaction=True)
 def test_two_wakes_at_once_wake_the_org_once(make_org):
@@ -202,7 +187,7 @@ def test_two_wakes_at_once_wake_the_org_once(make_org):
     for waker in wakers:
         waker.start()
     try:
-        assert _backends_waiting_for_a_lock(2), "both wakes must be in flight together"
+        assert backends_waiting_for_a_lock(2), "both wakes must be in flight together"
     finally:
         holder.rollback()
         holder.close()

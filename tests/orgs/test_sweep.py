@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -15,6 +14,7 @@ from config import clock
 from orgs.models import DormancySwitch, Org
 from orgs.services import dormancy_sweep, org_mark_active
 from tests.orgs.test_safety import broker_down  # noqa: F401 - the fixture
+from tests.orgs.locks import backends_waiting_for_a_lock
 
 
 def test_runs_on_postgresql():
@@ -127,21 +127,6 @@ def test_exactly_the_dormancy_period_idle_is_not_yet_dormant(make_org, settings)
     assert dormancy_sweep(now=later, dry_run=True).switched == dormancy_sweep(now=later).switched == ("edge",)
 
 
-def _a_backend_waits_for_a_row_lock(limit_s: float = 20.0) -> bool:
-    """PostgreSQL's own view of the sweep blocked on the activity's lock (polled, no fixed sleep)."""
-    deadline = time.monotonic() + limit_s
-    probe = connections.create_connection("default")
-    try:
-        while time.monotonic() < deadline:
-            with probe.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                               "AND query LIKE %s", ["%UPDATE orgs_org o SET dormant%"])
-                if cursor.fetchone()[0]:
-                    return True
-        return False
-    finally:
-        probe.close()
-
 
 @pytest.mark.django_db(transaction=True)
 def test_activity_racing_the_sweep_is_never_lost(make_org, settings):
@@ -162,7 +147,8 @@ def test_activity_racing_the_sweep_is_never_lost(make_org, settings):
 
     sweeper = threading.Thread(target=sweep)
     sweeper.start()
-    assert _a_backend_waits_for_a_row_lock(), "the sweep must wait for the activity's row lock"
+    assert backends_waiting_for_a_lock(query_like="%UPDATE orgs_org o SET dormant%"), \
+        "the sweep must wait for the activity's row lock"
     assert sweeper.is_alive()
     activity_conn.commit()
     activity_conn.close()
