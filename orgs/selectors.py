@@ -59,6 +59,20 @@ def scale_to_zero_floor_changes(*, cluster, until: datetime) -> Iterator[tuple[s
             yield (record.org.slug, workload, record.at, before if isinstance(before, str) else "unset", value)
 
 
+def scale_to_zero_offs(*, cluster, since: datetime) -> dict[str, tuple[datetime, ...]]:
+    """Per org (slug) of the cluster, oldest first, the times since `since` its scale to zero
+    was switched off: each wake (a switch to active) and each operator's disallow. From then
+    the org no longer holds its workloads at zero, whether or not that patched them."""
+    wakes = DormancySwitch.objects.filter(org__cluster=cluster, direction=DormancySwitch.Direction.TO_ACTIVE,
+                                          at__gte=since).values_list("org__slug", "at")
+    disallows = entries_filter(app="orgs", org__cluster=cluster, action="org_disallow_scale_to_zero",
+                               at__gte=since).values_list("org__slug", "at")
+    offs: dict[str, list[datetime]] = {}
+    for slug, at in (*wakes, *disallows):
+        offs.setdefault(slug, []).append(at)
+    return {slug: tuple(sorted(times)) for slug, times in offs.items()}
+
+
 @dataclass(frozen=True)
 class ExemptOrgRow:
     org: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
@@ -20,7 +21,8 @@ DAYS_MAX = 366             # the longest window a page or an export may ask for
 
 MECHANISM_BASIS = {
     DORMANCY: "each workload's min-scale floor the scale-to-zero switch lowered to 0 (the audit's old value) "
-              "× GPUs per replica its spec asks for now × hours until the product raised it again (or now)",
+              "× GPUs per replica its spec asks for now × hours until the product raised it again, or its org "
+              "woke or had scale to zero turned off, whichever came first (or now)",
     PRUNING: "each pod of an owner the pruner scaled to zero: GPUs seen in its utilization data × hours from "
              "the action until its restore (or now), less the hours its org's dormancy already holds the same "
              "workload at zero (those are counted once, under dormancy)",
@@ -104,6 +106,7 @@ class Interval:
 @dataclass(frozen=True)
 class Facts:
     floor_changes: tuple[FloorChange, ...] = ()
+    scale_to_zero_offs: dict[str, tuple[datetime, ...]] = field(default_factory=dict)   # org -> wakes, disallows
     gpus_per_replica: dict[str, int] | None = None    # workload -> GPUs; None: the cluster was not read
     prune_actions: tuple[PruneAction, ...] = ()
     drains: tuple[NodeDrain, ...] = ()
@@ -184,15 +187,24 @@ def _replicas(text: str) -> int:
 
 
 def dormancy_intervals(changes: tuple[FloorChange, ...], gpus_per_replica: dict[str, int] | None, *,
-                       now: datetime) -> tuple[list[Interval], list[str]]:
+                       now: datetime, scale_to_zero_offs: dict[str, tuple[datetime, ...]] | None = None
+                       ) -> tuple[list[Interval], list[str]]:
     """Per workload: from the audited change that lowered its floor to 0 until the one that
-    raised it again. A second lowering while one is open (a drift repair) closes the first
-    there: the workload had been raised in between, at a time not recorded."""
+    raised it again, or until its org's scale to zero was next switched off (a wake, or an
+    operator's disallow), whichever comes first. A wake need not patch the workload (its
+    floor may still be the pruner's 0, or its revision was replaced), yet from then on the
+    org no longer holds it at zero. A second lowering while one is open (a drift repair)
+    closes the first there: the workload had been raised in between, at a time not recorded."""
     intervals, notes = [], []
     open_: dict[str, FloorChange] = {}
     unknown: set[str] = set()
+    offs = {org: sorted(times) for org, times in (scale_to_zero_offs or {}).items()}
 
     def close(start: FloorChange, end: datetime, ongoing: bool) -> None:
+        times = offs.get(start.org, ())
+        later = bisect_right(times, start.at)
+        if later < len(times) and times[later] < end:
+            end, ongoing = times[later], False
         floor = _replicas(start.old)
         if floor == 0:
             return   # the owner let it sleep anyway: nothing saved by the switch
@@ -307,7 +319,8 @@ def _split_by_day(interval: Interval, start: datetime, end: datetime):
 def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsReport:
     """The savings of the last `days` UTC days (today included, up to `now`)."""
     start, day_list = window(now=now, days=days)
-    dormancy, notes = dormancy_intervals(facts.floor_changes, facts.gpus_per_replica, now=now)
+    dormancy, notes = dormancy_intervals(facts.floor_changes, facts.gpus_per_replica, now=now,
+                                         scale_to_zero_offs=facts.scale_to_zero_offs)
     drains, drain_notes = drain_intervals(facts.drains, facts.node_gpus, now=now,
                                           schedulable=facts.nodes_schedulable)
     prunes, prune_notes = prune_intervals(facts.prune_actions, now=now, dormancy=dormancy)

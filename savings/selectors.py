@@ -26,6 +26,8 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
                   gateway: kube.KubeGateway | None = None) -> Facts:
     slugs = org_selectors.org_slugs_by_namespace(cluster=cluster)
     changes = tuple(FloorChange(*c) for c in org_selectors.scale_to_zero_floor_changes(cluster=cluster, until=now))
+    # No dormancy interval starts before the oldest change: no switch-off before it matters.
+    offs = org_selectors.scale_to_zero_offs(cluster=cluster, since=min(c.at for c in changes)) if changes else {}
     prunes = tuple(
         PruneAction(org=slugs.get(a["namespace"], f"namespace {a['namespace']}"),
                     subject=f"{a['owner_kind']} {a['namespace']}/{a['owner_name']} (pod {a['pod']})",
@@ -57,5 +59,6 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
     exempt = tuple(ExemptOrg(org=r.org, dormant=r.dormant,
                              gpus_held=None if held is None else held.get(r.namespace, 0), why=r.why)
                    for r in exempt_rows)
-    return Facts(floor_changes=changes, gpus_per_replica=gpus_per_replica, prune_actions=prunes, drains=drains,
-                 node_gpus=node_gpus, nodes_schedulable=schedulable, exempt=exempt, cluster_error=error)
+    return Facts(floor_changes=changes, scale_to_zero_offs=offs, gpus_per_replica=gpus_per_replica,
+                 prune_actions=prunes, drains=drains, node_gpus=node_gpus, nodes_schedulable=schedulable,
+                 exempt=exempt, cluster_error=error)

@@ -122,6 +122,39 @@ def test_a_gpu_freed_by_dormancy_and_the_pruner_at_once_is_counted_once(name, ac
     assert any("counted once, under dormancy" in n for n in report.notes) == overlapping
 
 
+WAKE_CASES = [
+    # (name, floor changes, scale-to-zero switch-offs per org, prune action or None,
+    #  expected dormancy GPU-hours, expected pruning GPU-hours) — ksvc acme/llama, 1 replica × 2 GPUs
+    ("asleep 5 h, woke without raising the workload: the 5 h only",
+     [lowered(when=at(9, 2))], {"acme": (at(9, 7),)}, None, 10.0, 0.0),
+    ("raised 1 min after its wake: the wake ends it",
+     [lowered(when=at(9, 2)), raised(when=at(9, 7) + timedelta(minutes=1))], {"acme": (at(9, 7),)}, None,
+     10.0, 0.0),
+    ("a wake before the sleep ends nothing, the next one does",
+     [lowered(when=at(9, 2))], {"acme": (at(9, 1), at(9, 7))}, None, 10.0, 0.0),
+    ("another org's earlier wake ends nothing, its own does",
+     [lowered(when=at(9, 2))], {"beta": (at(9, 4),), "acme": (at(9, 7),)}, None, 10.0, 0.0),
+    ("slept again after the wake, still asleep: both stretches",
+     [lowered(when=at(9, 2)), lowered(when=at(10, 6))], {"acme": (at(9, 7),)}, None, 10.0 + 12.0, 0.0),
+    ("pruned 1 h before the sleep, the wake 2 h later patched nothing, restored 1 h after it: "
+     "dormancy the sleep, pruning the hour before and the hour after",
+     [lowered(when=at(9, 2))], {"acme": (at(9, 4),)},
+     pruned("llama-00001-deployment-5d9c7b-x2kqp", start=at(9, 1), end=at(9, 5)), 4.0, 2.0 + 2.0),
+]
+
+
+@pytest.mark.parametrize("name,changes,offs,action,dormancy,pruning", WAKE_CASES, ids=[c[0] for c in WAKE_CASES])
+def test_dormancy_ends_when_the_org_wakes_and_the_pruner_counts_what_it_still_holds(name, changes, offs, action,
+                                                                                     dormancy, pruning):
+    facts = Facts(floor_changes=tuple(changes), scale_to_zero_offs=offs, gpus_per_replica={KSVC: 2},
+                  prune_actions=(action,) if action else ())
+    report = savings_plan(facts, now=NOW, days=7)
+    assert report.totals[DORMANCY] == pytest.approx(dormancy)
+    assert report.totals[PRUNING] == pytest.approx(pruning)
+    if action:   # each of the pod's 4 hours counted once, under the mechanism holding it then
+        assert report.totals[DORMANCY] + report.totals[PRUNING] == pytest.approx(2 * 4.0)
+
+
 DRAIN_CASES = [
     # (name, drain, node GPUs now, schedulable now, expected hours, nodes out of service now, note fragment)
     ("drained and still out: node GPUs until now", NodeDrain("h100-3", 7, at(10, 0), None, 3),

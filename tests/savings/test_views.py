@@ -14,7 +14,7 @@ from django.contrib.auth.models import Permission
 from capacity.defrag.models import DefragJob, JobState
 from config import clock
 from audit.models import AuditEntry
-from orgs.models import Org
+from orgs.models import DormancySwitch, Org
 from pruning.models import PruneDecision, PruneRun
 
 pytestmark = pytest.mark.django_db
@@ -220,3 +220,73 @@ def test_a_model_pruned_while_its_org_sleeps_is_counted_once(sim_cluster_factory
     html = client.get(PAGE).content.decode()
     assert re.search(r'id="savings-total">9\.0<', html)
     assert "counted once, under dormancy" in html
+
+
+def _asleep_acme(handle, *, slept_at, lowered_at=None):
+    """acme (org-a) marked dormant at `slept_at`, its pynode's floor lowered 1 → 0 then (1 × 2 GPUs)."""
+    acme = Org.objects.create(slug="acme", cluster=handle.cluster, namespace="org-a", last_activity_at=slept_at)
+    DormancySwitch.objects.create(org=acme, at=slept_at, direction=DormancySwitch.Direction.TO_DORMANT,
+                                  cause=DormancySwitch.Cause.SWEEP, applied_at=slept_at)
+    AuditEntry.objects.create(app="orgs", at=lowered_at or slept_at, action="scale_to_zero_applied", org=acme,
+                              cause="switch #1: became dormant (dormancy sweep)",
+                              old={"ksvc org-a/llama": "1", "setting": "disabled"},
+                              new={"ksvc org-a/llama": "0", "setting": "enabled"})
+    return acme
+
+
+def _woke(org, at):
+    """The org woke at `at`; its apply patched nothing (the pruner's 0 stayed, or the revision was replaced)."""
+    DormancySwitch.objects.create(org=org, at=at, direction=DormancySwitch.Direction.TO_ACTIVE,
+                                  cause=DormancySwitch.Cause.ACTIVITY, applied_at=at)
+
+
+def _disallowed(org, at):
+    """An operator turned the org's scale to zero off at `at`; the apply patched nothing either."""
+    AuditEntry.objects.create(app="orgs", at=at, action="org_disallow_scale_to_zero", org=org,
+                              target=f"Org/{org.slug}", cause="operator",
+                              old={"scale_to_zero_allowed": True}, new={"scale_to_zero_allowed": False})
+
+
+@pytest.mark.parametrize("switched_off", (_woke, _disallowed), ids=("woke", "scale to zero disallowed"))
+def test_dormancy_stops_counting_when_the_org_wakes_without_a_raise(sim_cluster_factory, client, django_user_model,
+                                                                    switched_off):
+    """acme slept 5 h and woke 1 h ago, but no raise of its pynode was recorded: the page
+    counts the 5 h it slept (1 × 2 GPUs × 5 h), not the 6 h until now."""
+    handle = sim_cluster_factory(scenario(), name="sim")
+    handle.advance(60)
+    now = clock.now()
+    acme = _asleep_acme(handle, slept_at=now - timedelta(hours=6))
+    switched_off(acme, now - timedelta(hours=1))
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+
+    rows = _rows(client.get(CSV, {"days": "7"}))
+    assert _hours(rows, "acme", "dormancy") == pytest.approx(10.0, abs=0.01)
+    html = client.get(PAGE).content.decode()
+    assert re.search(r'id="savings-total">10\.0<', html)
+    assert "or its org woke or had scale to zero turned off" in html
+
+
+def test_a_pynode_the_pruner_still_holds_after_its_org_woke_counts_under_pruning_once(
+        sim_cluster_factory, client, django_user_model):
+    """The pruner scaled acme's pynode down 6 h ago; acme slept 5 h ago (floor 1 → 0) and woke
+    3 h ago without patching it (the pruner's 0 stayed); the pruner restored it 2 h ago. Its
+    2 GPUs were freed for 4 h, 8 GPU-hours: dormancy the 2 h asleep, pruning the hour before
+    the sleep and the hour after the wake."""
+    handle = sim_cluster_factory(scenario(), name="sim")
+    handle.advance(60)
+    now = clock.now()
+    acme = _asleep_acme(handle, slept_at=now - timedelta(hours=5))
+    _woke(acme, now - timedelta(hours=3))
+    run = PruneRun.objects.create(cluster=handle.cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
+                                  evaluated_at=now - timedelta(hours=6))
+    PruneDecision.objects.create(run=run, namespace="org-a", pod="llama-00001-deployment-5d9c7b-x2kqp",
+                                 owner_kind="Service", owner_name="llama", gpus=["GPU-1", "GPU-2"],
+                                 decision="prune", reason="idle", method="knative-min-scale", result="succeeded",
+                                 acted_at=now - timedelta(hours=6), restore="restored",
+                                 restored_at=now - timedelta(hours=2))
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+
+    rows = _rows(client.get(CSV, {"days": "7"}))
+    assert _hours(rows, "acme", "dormancy") == pytest.approx(4.0, abs=0.01)   # 2 GPUs × 2 h asleep
+    assert _hours(rows, "acme", "pruning") == pytest.approx(4.0, abs=0.01)    # 2 GPUs × (1 h before + 1 h after)
+    assert re.search(r'id="savings-total">8\.0<', client.get(PAGE).content.decode())
