@@ -259,12 +259,17 @@ def prune_intervals(actions: tuple[PruneAction, ...], *, now: datetime,
     org's dormancy already held the same workload at zero are left out: one GPU freed by
     both at once is counted once, under dormancy, which counts the workload's whole floor."""
     intervals, overlapped = [], 0.0
+    # Each pruned pod is compared with its own namespace's dormancy only: the page reads weeks
+    # of records, thousands on each side.
+    by_namespace: dict[str, list[Interval]] = defaultdict(list)
+    for d in dormancy:
+        by_namespace[d.subject.partition(" ")[2].partition("/")[0]].append(d)
     for a in actions:
         if a.gpus <= 0:
             continue
         end, ongoing = a.restored_at or now, a.restored_at is None
-        held = sorted((d.start, d.end) for d in dormancy if _holds_pod(d.subject, a) and d.end > a.acted_at
-                      and d.start < end)
+        held = sorted((d.start, d.end) for d in by_namespace.get(a.namespace, ())
+                      if d.end > a.acted_at and d.start < end and _holds_pod(d.subject, a))
         lo = a.acted_at
         for start, stop in held + [(end, end)]:
             if start > lo:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import secrets
 import socket
 from collections.abc import Iterable
@@ -280,12 +279,6 @@ def _is_orphaned(pod: dict) -> bool:
 
 # ---- step 1: discovery ---------------------------------------------------------------------
 
-# A Node's name is a DNS-1123 subdomain (k8s.io/apimachinery/pkg/util/validation): anything
-# else names no node, and in a URL path it could name another one ("n1?x=1", "n1/status").
-NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-NODE_NAME_MAX = 253
-
-
 def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGateway | None = None) -> DefragPlan:
     """Read the node, its pods, and for every model revision its PodAutoscaler and ReplicaSet.
 
@@ -293,9 +286,12 @@ def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGatew
     """
     if not node_name or not isinstance(node_name, str):
         raise DefragError(f"a node name is required, got {node_name!r}")
-    if len(node_name) > NODE_NAME_MAX or not NODE_NAME.fullmatch(node_name):
-        raise DefragError(f"{node_name!r} is not a Kubernetes node name (lowercase letters, digits, '-' and '.', "
-                          f"at most {NODE_NAME_MAX} characters)")
+    try:
+        # Checked before any call: the pods are listed by a field selector on this name, where
+        # the gateway's own check of names in paths does not reach ("n1,x" would select others).
+        kube.name_check(node_name, what="node name")
+    except Invalid as exc:
+        raise DefragError(exc.message) from None
     gateway = _gateway(cluster, gateway)
     try:
         node = gateway.get(kube.NODES, node_name)
@@ -321,7 +317,7 @@ def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGatew
     try:
         return defrag_plan(node=NodeView.from_object(node), pods=pods, scales=scales)
     except ValueError as exc:
-        raise DefragError(str(exc)) from None
+        raise DefragError(exc.message) from None
 
 
 # ---- start ----------------------------------------------------------------------------------

@@ -463,17 +463,23 @@ def lost_answer(handle, *, pod: str = "a-0", applied: bool, then: str = "server 
     return fault, tried
 
 
-def run_losing_an_answer(handle, settings, *, actor=None, **fault) -> BinpackRun:
-    """A run (an admin action) whose write of a-0 met `lost_answer(**fault)`, one write at a
-    time, so the others are not tried; the cluster answers again afterwards."""
-    settings.BINPACK_WRITE_CONCURRENCY = 1
-    gateway = PatchFaults.to(handle, settings, lost_answer(handle, **fault)[0])
+def apply_through(handle, gateway, *, actor) -> BinpackRun:
+    """A run (an admin action) writing through `gateway` (its faults); the gateway is closed
+    and the cluster answers plainly again afterwards."""
     try:
         run, _ = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=actor, gateway=gateway,
                                                    trigger=BinpackRun.Trigger.ADMIN)
     finally:
         gateway.close()
         handle.control.clear_faults()
+    return run
+
+
+def run_losing_an_answer(handle, settings, *, actor=None, **fault) -> BinpackRun:
+    """A run (an admin action) whose write of a-0 met `lost_answer(**fault)`, one write at a
+    time, so the others are not tried; the cluster answers again afterwards."""
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    run = apply_through(handle, PatchFaults.to(handle, settings, lost_answer(handle, **fault)[0]), actor=actor)
     assert run.results == ["unknown", "untried", "untried", "untried"] and run.unknown == 1
     return run
 
@@ -584,14 +590,8 @@ def test_a_write_the_cluster_refused_stays_an_error_and_is_not_kept_for_settling
 
     if refusal == "429 throttled":
         handle.control.set_faults(throttle_rate=1.0, match={"verbs": ["patch"], "resources": ["pods"]})
-    gateway = PatchFaults.to(handle, settings, invalid_cost_for_a0 if refusal == "422 invalid" else
-                             lambda pod, send: send())
-    try:
-        run, _ = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=gateway,
-                                                   trigger=BinpackRun.Trigger.ADMIN)
-    finally:
-        gateway.close()
-        handle.control.clear_faults()
+    run = apply_through(handle, PatchFaults.to(handle, settings, invalid_cost_for_a0 if refusal == "422 invalid"
+                                               else lambda pod, send: send()), actor=ops)
 
     assert run.results[0] == "error" and run.errors[0].startswith(f"team/a-0: {refusal.split()[0]} ")
     run.refresh_from_db()

@@ -238,8 +238,8 @@ def test_a_start_page_for_what_cannot_be_a_node_name_says_so_and_reads_nothing(s
     handle = sim_cluster_factory(objects(), name="sim")
     response = client.get("/admin/capacity/defragjob/start/", {"cluster": "sim", "node": node}, follow=True)
     (said,) = [str(m) for m in response.context["messages"]]
-    assert said == f"Cannot defrag {node!r}: {node!r} is not a Kubernetes node name (lowercase letters, digits, " \
-                   f"'-' and '.', at most 253 characters)"
+    assert said == f"Cannot defrag {node!r}: node name {node!r} is not a valid Kubernetes name: it must be " \
+                   f"{kube.DNS1123_SUBDOMAIN_RULE}"
     assert not handle.gateway.calls and not DefragJob.objects.exists()
 
 

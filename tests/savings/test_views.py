@@ -189,6 +189,15 @@ def model_scenario() -> list[dict]:
     return [node("h100-1"), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}}, isvc]
 
 
+def _pruned_llama(handle, *, pod, owner_kind, method, acted_at, restored_at):
+    """The pruner scaled org-a's llama (2 GPUs) down at `acted_at`, restored at `restored_at`."""
+    run = PruneRun.objects.create(cluster=handle.cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
+                                  evaluated_at=acted_at)
+    PruneDecision.objects.create(run=run, namespace="org-a", pod=pod, owner_kind=owner_kind, owner_name="llama",
+                                 gpus=["GPU-1", "GPU-2"], decision="prune", reason="idle", method=method,
+                                 result="succeeded", acted_at=acted_at, restore="restored", restored_at=restored_at)
+
+
 def test_a_model_pruned_while_its_org_sleeps_is_counted_once(sim_cluster_factory, client, django_user_model):
     """Its org went dormant 5 h ago (the model's floor 1 → 0) and woke 1 h ago; the pruner
     scaled the same model down 4 h ago and it was restored 30 min ago. Its 2 GPUs were
@@ -205,13 +214,9 @@ def test_a_model_pruned_while_its_org_sleeps_is_counted_once(sim_cluster_factory
     AuditEntry.objects.create(app="orgs", at=now - timedelta(hours=1), action="scale_to_zero_applied", org=acme,
                                cause="switch #2: became active (activity)",
                                old={workload: "0", "setting": "enabled"}, new={workload: "1", "setting": "disabled"})
-    run = PruneRun.objects.create(cluster=handle.cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
-                                  evaluated_at=now - timedelta(hours=4))
-    PruneDecision.objects.create(run=run, namespace="org-a", pod="llama-predictor-00001-deployment-5d9c7b-x2kqp",
-                                 owner_kind="InferenceService", owner_name="llama", gpus=["GPU-1", "GPU-2"],
-                                 decision="prune", reason="idle", method="kserve-min-replicas", result="succeeded",
-                                 acted_at=now - timedelta(hours=4), restore="restored",
-                                 restored_at=now - timedelta(minutes=30))
+    _pruned_llama(handle, pod="llama-predictor-00001-deployment-5d9c7b-x2kqp", owner_kind="InferenceService",
+                  method="kserve-min-replicas", acted_at=now - timedelta(hours=4),
+                  restored_at=now - timedelta(minutes=30))
     client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
 
     rows = _rows(client.get(CSV, {"days": "7"}))
@@ -277,13 +282,8 @@ def test_a_pynode_the_pruner_still_holds_after_its_org_woke_counts_under_pruning
     now = clock.now()
     acme = _asleep_acme(handle, slept_at=now - timedelta(hours=5))
     _woke(acme, now - timedelta(hours=3))
-    run = PruneRun.objects.create(cluster=handle.cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
-                                  evaluated_at=now - timedelta(hours=6))
-    PruneDecision.objects.create(run=run, namespace="org-a", pod="llama-00001-deployment-5d9c7b-x2kqp",
-                                 owner_kind="Service", owner_name="llama", gpus=["GPU-1", "GPU-2"],
-                                 decision="prune", reason="idle", method="knative-min-scale", result="succeeded",
-                                 acted_at=now - timedelta(hours=6), restore="restored",
-                                 restored_at=now - timedelta(hours=2))
+    _pruned_llama(handle, pod="llama-00001-deployment-5d9c7b-x2kqp", owner_kind="Service", method="knative-min-scale",
+                  acted_at=now - timedelta(hours=6), restored_at=now - timedelta(hours=2))
     client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
 
     rows = _rows(client.get(CSV, {"days": "7"}))
