@@ -72,8 +72,8 @@ def test_window_and_gap_resolution_appear_in_the_query():
 def test_power_is_asked_only_with_a_threshold_and_in_both_schemes():
     assert "DCGM_FI_DEV_POWER_USAGE" not in IdleQuery().followup_promql([("a", "p")])
     q = IdleQuery(power_threshold_watts=75.5).followup_promql([("a", "p")])
-    assert 'DCGM_FI_DEV_POWER_USAGE{pod!="",exported_pod=""' in q
-    assert 'DCGM_FI_DEV_POWER_USAGE{exported_pod!=""' in q
+    assert 'DCGM_FI_DEV_POWER_USAGE{pod=~"p",namespace=~"a",exported_pod=""}' in q
+    assert 'DCGM_FI_DEV_POWER_USAGE{exported_pod=~"p",exported_namespace=~"a"}' in q
     with pytest.raises(ValueError, match="finite"):
         IdleQuery(power_threshold_watts=float("nan"))
     assert IdleQuery(window_seconds=600).expected_steps == 10
