@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
+from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -668,3 +669,38 @@ def test_a_lost_answer_of_a_stalled_run_settled_meanwhile_is_settled_by_the_next
     by_pod = audited(run)
     assert {p: len(entries) for p, entries in by_pod.items()} == dict.fromkeys(PODS, 1)   # each once
     assert services.LOST_ANSWER_CAUSE in by_pod["a-1"][0].cause and by_pod["a-1"][0].actor == ops
+
+
+def test_the_admin_action_says_a_write_of_unknown_outcome_and_the_next_run_says_how_it_was_settled(
+        world, settings, monkeypatch, ops, client):
+    """An operator's "Run binpack now" whose write of a-0 was applied but its answer lost is
+    told so, as a warning, not a success; the next run from the panel first says what it
+    settled from the pods."""
+    handle, core = world
+    settings.BINPACK_WRITE_CONCURRENCY = 1
+    fault, _ = lost_answer(handle, applied=True)
+    gateway = PatchFaults.to(handle, settings, fault)
+    client.force_login(ops)
+    form = {"action": "run_binpack", "_selected_action": [handle.cluster.pk]}
+    with monkeypatch.context() as patched:
+        patched.setattr(kube, "gateway_for", lambda cluster: gateway)
+        response = client.post("/admin/capacity/binpackcluster/", form, follow=True)
+    gateway.close()
+    handle.control.clear_faults()
+
+    (run,) = BinpackRun.objects.all()
+    (message,) = response.context["messages"]
+    assert message.level == messages.WARNING
+    assert str(message) == (f"{handle.cluster.name}: wrote 0 of 4 cost(s), 0 unchanged, 2 skipped, 0 stale, "
+                            f"0 error(s), 1 of unknown outcome (the write's answer was lost; the next run settles it "
+                            f"from the pod), 3 not tried (the cluster had stopped answering) (run {run.pk})")
+
+    response = client.post("/admin/capacity/binpackcluster/", form, follow=True)
+
+    nxt = BinpackRun.objects.exclude(pk=run.pk).get()
+    settled, done = response.context["messages"]
+    assert settled.level == messages.WARNING and str(settled) == (
+        f"{handle.cluster.name}: run {run.pk} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z}) had 1 write(s) whose "
+        "answer was lost, settled now from the pods: 1 found written and audited, 0 not written")
+    assert done.level == messages.SUCCESS and str(done) == (     # a-0's cost, settled, is left as it is
+        f"{handle.cluster.name}: wrote 3 of 3 cost(s), 1 unchanged, 2 skipped, 0 stale, 0 error(s) (run {nxt.pk})")
