@@ -368,6 +368,13 @@ CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER = _env_number("CAPACITY_DEFRAG_MAX_RUNNI
 CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = _env_number("CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS", default=300, kind=int,
                                                      low=1, high=86_400,
                                                      what="the seconds an abort waits for replacements")
+# How often an abort-stuck job is checked again on its own: its orphans end once they can
+# (their revision scaled to zero, or their replacements ready), so none holds its GPUs until
+# someone happens to look. 10 s is the resume beat that queues it; a day is the longest
+# an orphan that could end may go on holding its GPUs.
+CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS = _env_number("CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS", default=300, kind=int,
+                                                    low=10, high=86_400,
+                                                    what="the seconds between two checks of an abort-stuck job")
 # Seconds one reading of a cluster serves its dashboard and GPU map (the pages say how old
 # it is); 0 reads the cluster for every page. At 5,000 nodes a reading takes about two
 # seconds; longer than the dashboard's own 10 s reload, so an open page reads at most every

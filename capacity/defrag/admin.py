@@ -21,6 +21,7 @@ from config.admin_lookups import ListFiltersCheckedMixin
 
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag import services
+from capacity.defrag.planning import seconds_text
 
 
 class DefragStartForm(forms.Form):
@@ -105,7 +106,9 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
                  "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
                  "returnable_states": services.RETURNABLE_STATES, "show_save": False,
                  "show_save_and_continue": False, "show_save_and_add_another": False,
-                 "audit_entries": self._audit_rows(object_id), **(extra_context or {})}
+                 "audit_entries": self._audit_rows(object_id),
+                 "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
+                 **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
     @staticmethod
@@ -209,6 +212,7 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job,
             "stuck": job.state == JobState.ABORT_STUCK,
             "deadline": f"{settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS}s",
+            "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
             "kept": job.orphans.filter(state="orphaned"),
             "title": f"Abort defrag of {job.node_name}?"})
 
@@ -257,5 +261,6 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
         return TemplateResponse(request, "capacity/defrag_return_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job, "node_state": node_state,
             "orphans": job.orphans.filter(state__in=["planned", "orphaned", "deleting"]).count(),
+            "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
             "title": f"Return node {job.node_name} to service?"})
 

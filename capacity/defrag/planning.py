@@ -366,9 +366,23 @@ class LogFolder:
         return self._close()
 
 
+def seconds_text(seconds: float) -> str:
+    """A cadence as an operator reads it: whole minutes as minutes, the rest in seconds."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g}s"
+
+
+def recheck_sentence(*, every_seconds: float) -> str:
+    """What an abort-stuck job does on its own: said wherever the job is shown stuck."""
+    return (f"Checked again every {seconds_text(every_seconds)}: an orphan that can end by then (its revision scaled "
+            f"to zero, or its replacements ready) is deleted; the abort ends when none is left.")
+
+
 def abort_stuck_message(*, node: str, waited_seconds: float, kept: Sequence[Mapping], cordoned: Sequence[Mapping],
-                        chosen_keep: bool) -> str:
-    """Why an abort cannot end its orphans, what holds the room, and the operator's choice.
+                        chosen_keep: bool, recheck_seconds: float) -> str:
+    """Why an abort cannot end its orphans, what holds the room, the operator's choice, and
+    when the job looks again (it does on its own, every `recheck_seconds`).
 
     `kept`: per revision {"revision", "ready", "wanted", "orphans": [ns/name], "gpus", "pending": [(pod, why)]};
     `cordoned`: other cordoned nodes with free GPUs {"node", "free", "holder"} (holder: "defrag job #7 (safe)"
@@ -386,15 +400,37 @@ def abort_stuck_message(*, node: str, waited_seconds: float, kept: Sequence[Mapp
             else f"Abort stuck after {waited_seconds:.0f}s: the replacements cannot become ready")
     lines = [f"{head}. " + ". ".join(parts) + ".",
              "The room they need: " + ", ".join(room) + "."]
+    recheck = recheck_sentence(every_seconds=recheck_seconds)
     if chosen_keep:
-        lines.append("The orphans keep serving and this job keeps tracking them (state abort-stuck). Abort again "
-                     "once room appears, or delete them anyway.")
+        lines.append(f"The orphans keep serving and this job keeps tracking them (state abort-stuck). {recheck} "
+                     f"Abort again to wait for room now, or delete them anyway.")
     else:
-        lines.append("Nothing more is done until the operator chooses: keep the orphans (they keep serving; the "
-                     "job stays abort-stuck and tracks them) or delete them anyway (capacity drops to the ready "
-                     f"counts above). CLI: `manage.py defrag {node} --abort --keep-orphans` or "
+        # An Event's message is cut at 1,000 characters (services._abort_stuck): this stays short.
+        lines.append(f"The orphans keep serving. {recheck} Or keep the orphans, or delete them anyway (capacity "
+                     f"drops to the ready counts above): `manage.py defrag {node} --abort --keep-orphans` or "
                      f"`manage.py defrag {node} --abort --delete-orphans`.")
     return " ".join(lines)
+
+
+def abort_terminating_message(*, waited_seconds: float, terminating: Sequence[str], recheck_seconds: float) -> str:
+    """An abort whose orphans were deleted but have not gone yet (their grace period)."""
+    return (f"Abort stuck after {waited_seconds:.0f}s: orphan(s) {', '.join(terminating) or '?'} were deleted but "
+            f"are still terminating. The job keeps tracking them (state abort-stuck) and checks again every "
+            f"{seconds_text(recheck_seconds)} until they are gone.")
+
+
+def abort_recheck_line(*, ended: Sequence[tuple[str, str]], left: int, chosen_keep: bool) -> str:
+    """What one check of an abort-stuck job found that changed: each orphan it ended or saw
+    gone, and why; whether the abort can end now. `ended`: (ns/name, what became of it)."""
+    line = "Checked again (abort-stuck): " + "; ".join(f"{pod} {what}" for pod, what in ended) + "."
+    if chosen_keep and any(what.startswith("deleted") for _, what in ended):
+        line += (" The operator chose to keep the orphans that cannot end; these could end (no replacement is "
+                 "needed for them now), so they were deleted.")
+    if left:
+        line += f" {left} orphan(s) still tracked."
+    else:
+        line += " No orphan is left: the abort ends now."
+    return line
 
 
 def interval_validate(value, *, field: str, minimum: float, maximum: float, whole: bool = False) -> str | None:
@@ -426,6 +462,7 @@ class Step:
     CHECK = "check"                  # step 5: one check of every revision
     DRAIN = "drain"                  # evict the orphans, then delete the Node if asked
     ABORT = "abort"                  # undo the cordon, end the orphans, or stop as abort-stuck
+    RECHECK = "recheck"              # an abort-stuck job, looked at again: end the orphans that can end now
 
 
 _STATE_STEPS = {"confirmed": Step.RECORD, "recorded": Step.CORDON, "cordoned": Step.ORPHAN, "waiting": Step.CHECK,
@@ -444,6 +481,11 @@ def defrag_step_decide(*, state: str, now: datetime, next_check_at: datetime | N
         return Step.TAKE_UP_ABORT
     if drain_requested and state == "safe":
         return Step.TAKE_UP_DRAIN
+    if state == "abort-stuck":
+        # Its orphans may end on their own terms later (revision scaled to zero, room freed):
+        # it is looked at again when due, and rests in between. A job stuck before it had a
+        # next check (None) is due now.
+        return Step.RECHECK if next_check_at is None or now >= next_check_at else Step.REST
     step = _STATE_STEPS.get(state, Step.REST)
     if step != Step.REST and next_check_at is not None and now < next_check_at:
         return Step.NOT_DUE

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -57,7 +57,9 @@ from capacity.defrag.models import (
 from capacity.defrag.planning import (
     DefragPlan,
     Step,
+    abort_recheck_line,
     abort_stuck_message,
+    abort_terminating_message,
     asleep_line,
     defrag_step_decide,
     interval_validate,
@@ -72,6 +74,7 @@ from capacity.defrag.planning import (
     replicaset_ready_pods,
     revision_asleep,
     revision_satisfied,
+    seconds_text,
 )
 
 if TYPE_CHECKING:
@@ -94,7 +97,8 @@ ERROR_RETRY_SECONDS = 5.0
 # (config/schedule.py) it is stepped again within 40 s, well inside a minute.
 LEASE_SECONDS = 30.0
 # How soon the resume beat hands a due job no worker holds to a worker (config/schedule.py).
-RESUME_PROMISE = "{} s".format(next(p.every_seconds for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume"))
+RESUME_SECONDS = next(p.every_seconds for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume")
+RESUME_PROMISE = f"{RESUME_SECONDS} s"
 # Bounds of what an operator may ask for (seconds): a poll below 0.1 s only loads the API
 # server; a day is longer than any defrag is worth waiting for.
 POLL_RANGE = (0.1, 3600.0)
@@ -158,6 +162,11 @@ def _orphan_names(revision: DefragRevision) -> list[str]:
 def _append_log(job: DefragJob, *lines: str) -> None:
     """Queue progress lines; `_commit` writes them with the step's record."""
     job.__dict__.setdefault("_pending_log", []).extend(lines)
+
+
+def _log_drop(job: DefragJob) -> None:
+    """Forget the progress lines queued since the step began (they say nothing new)."""
+    job.__dict__["_pending_log"] = []
 
 
 def _log_write(job_id: int, lines: list[str]) -> None:
@@ -882,7 +891,7 @@ def _step_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
     if job.abort_node_outcome in ("", NODE_UNCORDONING):
         _abort_node(job, gateway, now)
     _settle_planned(job, gateway, now)
-    waiting, kept = _end_orphans(job, gateway, now, evict=False, force=job.abort_choice == AbortChoice.DELETE)
+    waiting, kept, _ = _end_orphans(job, gateway, now, evict=False, force=job.abort_choice == AbortChoice.DELETE)
     if waiting:
         past_deadline = job.abort_deadline_at is not None and now >= job.abort_deadline_at
         if kept and (job.abort_choice == AbortChoice.KEEP or past_deadline):
@@ -892,12 +901,53 @@ def _step_abort(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> Non
         job.next_check_at = now + timedelta(seconds=job.poll_interval_seconds)
         _commit(job, now=now)
         return
+    _aborted(job, now)
+
+
+def _aborted(job: DefragJob, now: datetime) -> None:
+    """Every orphan is gone (or none was made): the abort is done."""
     job.state, job.finished_at, job.next_check_at, job.error = JobState.ABORTED, now, None, ""
     orphaned = job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING, OrphanState.GONE]).exists()
     _append_log(job, f"Aborted: node {job.node_name} {NODE_OUTCOMES.get(job.abort_node_outcome, 'untouched')}; "
                      + ("every orphan gone" if orphaned else "no pod was orphaned"))
     _commit(job, fields=["state", "finished_at"], now=now,
             audits=[dict(action="job_abort", target=f"Node/{job.node_name}")])
+
+
+def abort_recheck_seconds(job: DefragJob) -> float:
+    """Seconds until an abort-stuck job is checked again: CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS,
+    or, while an orphan it deleted is still terminating, its poll interval (no sooner than
+    the resume beat that hands it to a worker): such a pod goes within its grace period."""
+    if job.orphans.filter(state=OrphanState.DELETING).exists():
+        return float(max(job.poll_interval_seconds, RESUME_SECONDS))
+    return float(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS)
+
+
+_TRACKED = (OrphanState.ORPHANED, OrphanState.DELETING)
+
+
+def _step_recheck(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
+    """An abort-stuck job looked at again, on its own: its orphans may end now (their revision
+    was scaled to zero since, or room freed and their replacements are ready; one deleted has
+    finished terminating). Each is ended as the abort ends it, each deletion audited; the job
+    ends `aborted` once none is left. An operator's "keep" keeps only orphans that cannot end.
+
+    Nothing changed: only the next check is recorded (no log line, Event or audit entry per
+    check). A worker killed between a deletion and its record leaves the pod terminating: the
+    next check records that deletion then, once, as the abort's own step does (a pod already
+    gone by then is recorded gone, without its deletion entry: the abort's gap too)."""
+    before = dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state"))
+    ending = _end_orphans(job, gateway, now, evict=False, checked_again=True)
+    if dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state")) == before:
+        _log_drop(job)   # this pass's "kept" lines: the stuck message says it already
+        job.next_check_at = now + timedelta(seconds=abort_recheck_seconds(job))
+        _commit(job, now=now)
+        return
+    _append_log(job, abort_recheck_line(ended=ending.ended, left=ending.waiting,
+                                        chosen_keep=job.abort_choice == AbortChoice.KEEP))
+    if not ending.waiting:
+        return _aborted(job, now)
+    _abort_stuck(job, gateway, now, ending.kept)
 
 
 def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept: list) -> None:
@@ -940,17 +990,18 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
         holder = (f"defrag job #{holders[node.name]} ({states[holders[node.name]]})" if node.name in holders
                   else "an operator (no defrag job holds it)")
         cordoned.append({"node": node.name, "free": free, "holder": holder})
+    waited = (now - job.abort_started_at).total_seconds()
+    recheck = abort_recheck_seconds(job)
     if kept:
-        message = abort_stuck_message(node=job.node_name, waited_seconds=(now - job.abort_started_at).total_seconds(),
-                                      kept=list(by_revision.values()), cordoned=cordoned,
-                                      chosen_keep=job.abort_choice == AbortChoice.KEEP)
+        message = abort_stuck_message(node=job.node_name, waited_seconds=waited, kept=list(by_revision.values()),
+                                      cordoned=cordoned, chosen_keep=job.abort_choice == AbortChoice.KEEP,
+                                      recheck_seconds=float(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS))
     else:
-        terminating = ", ".join(f"{o.namespace}/{o.pod_name}" for o in job.orphans.filter(
-            state=OrphanState.DELETING))
-        message = (f"Abort stuck after {(now - job.abort_started_at).total_seconds():.0f}s: orphan(s) "
-                   f"{terminating or '?'} were deleted but are still terminating. The job keeps tracking them "
-                   f"(state abort-stuck); abort again to wait more.")
-    job.state, job.error, job.next_check_at = JobState.ABORT_STUCK, message, None
+        message = abort_terminating_message(
+            waited_seconds=waited, recheck_seconds=recheck,
+            terminating=[f"{o.namespace}/{o.pod_name}" for o in job.orphans.filter(state=OrphanState.DELETING)])
+    # It rests, and is looked at again when due (`_step_recheck`): its orphans may end later.
+    job.state, job.error, job.next_check_at = JobState.ABORT_STUCK, message, now + timedelta(seconds=recheck)
     _append_log(job, message)
     _event(gateway, job, _node_ref(job), reason="DefragAbortStuck", message=message[:1000], now=now,
            event_type="Warning")
@@ -961,7 +1012,7 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
 
 def _step_drain(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None:
     _settle_planned(job, gateway, now)
-    waiting, _ = _end_orphans(job, gateway, now, evict=True)
+    waiting, _, _ = _end_orphans(job, gateway, now, evict=True)
     if waiting:
         job.next_check_at = now + timedelta(seconds=eviction_retry_seconds(job))
         _commit(job, now=now)
@@ -1033,13 +1084,23 @@ def eviction_retry_seconds(job: DefragJob) -> float:
     return min(job.poll_interval_seconds, EVICTION_RETRY_SECONDS)
 
 
+class _Ending(NamedTuple):
+    """What one pass over the orphans left: how many are not gone yet, the (orphan, ready,
+    wanted) an abort keeps because its revision needs it still, and (ns/name, what became
+    of it) for each orphan this pass deleted, evicted or saw gone."""
+    waiting: int
+    kept: list
+    ended: list
+
+
 def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, evict: bool,
-                 force: bool = False) -> tuple[int, list]:
-    """Evict (drain) or delete (abort) the orphans. Returns how many are not gone yet, and
-    the (orphan, ready, wanted) an abort keeps because its revision needs it still."""
+                 force: bool = False, checked_again: bool = False) -> _Ending:
+    """Evict (drain) or delete (abort) the orphans. `checked_again`: a check of an abort-stuck
+    job (`_step_recheck`), said in each deletion's audit cause."""
     waiting = 0
     refused = False
     kept: list = []
+    ended: list[tuple[str, str]] = []
     back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
     deleted_models: set[int] = set()        # revision ids whose ReplicaSet is gone
     asleep_models: set[int] = set()         # revision ids scaled to zero (`revision_asleep`)
@@ -1048,6 +1109,8 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         target = f"Pod/{orphan.namespace}/{orphan.pod_name}"
         pod = _get_pod(gateway, orphan)
         if pod is None:
+            ended.append((f"{orphan.namespace}/{orphan.pod_name}",
+                          "gone (its deletion finished)" if orphan.state == OrphanState.DELETING else "gone"))
             orphan.state, orphan.gone_at = OrphanState.GONE, now
             _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} gone")
             _commit(job, orphans=[orphan], now=now, audits=[dict(action="pod_gone", target=target)])
@@ -1055,27 +1118,27 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         waiting += 1
         if orphan.state == OrphanState.DELETING:
             continue  # terminating: wait for its grace period
+        pod_key = f"{orphan.namespace}/{orphan.pod_name}"
+        terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
         new: dict = {}
-        if evict:
-            message = f"Evicted by defrag job #{job.pk} (drain of {job.node_name})"
-        else:
-            message = f"Deleted by defrag job #{job.pk} (abort): its revision is back to scale"
         action = "pod_evict" if evict else "pod_delete"
-        line = f"Pod {orphan.namespace}/{orphan.pod_name} {'evicted' if evict else 'deleted'}"
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        line = f"Pod {pod_key} {'evicted' if evict else 'deleted'}"
+        if terminating:
             # Already terminating: our request went out before a worker died (or someone else
             # deleted it). Record it now; asking again would repeat the side effect.
-            line = f"Pod {orphan.namespace}/{orphan.pod_name} is terminating"
-        elif evict:
-            try:
-                gateway.evict(orphan.pod_name, namespace=orphan.namespace)
-            except TooManyRequests as exc:
-                _append_log(job, f"Eviction of {orphan.namespace}/{orphan.pod_name} refused "
-                                 f"(PodDisruptionBudget): retrying in {eviction_retry_seconds(job):g}s")
-                job.error, refused = f"{EVICTION_REFUSED}{exc}", True
-                continue
-            except NotFound:
-                continue  # gone meanwhile: seen as gone on the next pass
+            line = f"Pod {pod_key} is terminating"
+        if evict:
+            message, cause = f"Evicted by defrag job #{job.pk} (drain of {job.node_name})", ""
+            if not terminating:
+                try:
+                    gateway.evict(orphan.pod_name, namespace=orphan.namespace)
+                except TooManyRequests as exc:
+                    _append_log(job, f"Eviction of {pod_key} refused (PodDisruptionBudget): retrying in "
+                                     f"{eviction_retry_seconds(job):g}s")
+                    job.error, refused = f"{EVICTION_REFUSED}{exc}", True
+                    continue
+                except NotFound:
+                    continue  # gone meanwhile: seen as gone on the next pass
         else:
             if orphan.revision_id not in back:
                 try:
@@ -1097,35 +1160,42 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                     _append_log(job, asleep_line(revision=orphan.revision.revision, during_wait=False,
                                                  orphans=_orphan_names(orphan.revision)))
             ready, wanted = back[orphan.revision_id]
+            # Why the abort may end it: the Event's message and the audit entry's cause say it.
             if orphan.revision_id in deleted_models:
-                message = f"Deleted by defrag job #{job.pk} (abort): its model was deleted"
+                why = "its model was deleted"
             elif orphan.revision_id in asleep_models:
                 # Nothing is kept or brought back for it: it sleeps as whoever scaled it chose.
-                message = (f"Deleted by defrag job #{job.pk} (abort): revision {orphan.revision.revision} is "
-                           f"scaled to zero, no replacement needed")
-            if ready < wanted and not force:
-                _append_log(job, f"Pod {orphan.namespace}/{orphan.pod_name} kept: revision "
-                                 f"{orphan.revision.revision} has {ready}/{wanted} ready without it")
-                kept.append((orphan, ready, wanted))
-                continue
-            if ready < wanted:
-                message = (f"Deleted by defrag job #{job.pk} (abort, operator chose to delete anyway): its "
-                           f"revision has {ready}/{wanted} ready without it")
-                line = (f"Pod {orphan.namespace}/{orphan.pod_name} deleted as the operator chose: revision "
-                        f"{orphan.revision.revision} has {ready}/{wanted} ready without it (capacity drops)")
+                why = f"revision {orphan.revision.revision} is scaled to zero, no replacement needed"
+            else:
+                why = "its revision is back to scale"
+            context = "abort-stuck, checked again" if checked_again else "abort"
+            if ready < wanted and not terminating:
+                if not force:
+                    _append_log(job, f"Pod {pod_key} kept: revision {orphan.revision.revision} has "
+                                     f"{ready}/{wanted} ready without it")
+                    kept.append((orphan, ready, wanted))
+                    continue
+                context, why = "abort, operator chose to delete anyway", \
+                    f"its revision has {ready}/{wanted} ready without it"
+                line = (f"Pod {pod_key} deleted as the operator chose: revision {orphan.revision.revision} has "
+                        f"{ready}/{wanted} ready without it (capacity drops)")
                 new = {"forced": True, "ready": ready, "wanted": wanted}
-            try:
-                gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
-            except (NotFound, Conflict):
-                continue  # gone (or replaced under the same name) meanwhile
+            message = cause = f"Deleted by defrag job #{job.pk} ({context}): {why}"
+            if not terminating:
+                try:
+                    gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
+                except (NotFound, Conflict):
+                    continue  # gone (or replaced under the same name) meanwhile
+            ended.append((pod_key, f"is terminating ({why})" if terminating else f"deleted: {why}"))
         orphan.state = OrphanState.DELETING
         _event(gateway, job, _pod_ref(orphan), reason="DefragEvict" if evict else "DefragDelete",
                message=message, now=now)
         _append_log(job, line)
-        _commit(job, orphans=[orphan], now=now, audits=[dict(action=action, target=target, new=new)])
+        _commit(job, orphans=[orphan], now=now, audits=[dict(action=action, target=f"Pod/{pod_key}", new=new,
+                                                             cause=cause)])
     if not refused and job.error.startswith(EVICTION_REFUSED):
         job.error = ""  # no budget refused this pass: the job must not go on showing an old 429
-    return waiting, kept
+    return _Ending(waiting=waiting, kept=kept, ended=ended)
 
 
 # ---- leases: which worker steps a job -------------------------------------------------------
@@ -1150,11 +1220,13 @@ def defrag_job_lease_release(*, job_id: int, owner: str) -> None:
 
 def defrag_jobs_due(*, now: datetime) -> list[int]:
     """Jobs a worker should step and none does: running (or with an operator's request not
-    taken up), no live lease, and their next check due."""
+    taken up), or abort-stuck (its orphans may end now: `_step_recheck`), no live lease, and
+    their next check due."""
     pending_abort = Q(abort_requested_at__isnull=False) & (
         Q(abort_started_at__isnull=True) | Q(abort_requested_at__gt=F("abort_started_at")))
     pending_drain = Q(state=JobState.SAFE, drain_requested_at__isnull=False)
-    wanted = (Q(state__in=RUNNING_STATES) | (Q(state__in=LIVE_STATES) & (pending_abort | pending_drain)))
+    wanted = (Q(state__in=RUNNING_STATES) | Q(state=JobState.ABORT_STUCK)
+              | (Q(state__in=LIVE_STATES) & (pending_abort | pending_drain)))
     unleased = Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
     due = Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
     return list(DefragJob.objects.filter(wanted & unleased & due).order_by("pk").values_list("pk", flat=True))
@@ -1169,6 +1241,7 @@ _ACTIONS = {
     Step.CHECK: _step_wait,
     Step.DRAIN: _step_drain,
     Step.ABORT: _step_abort,
+    Step.RECHECK: _step_recheck,
 }
 
 
@@ -1476,8 +1549,9 @@ def _uncordon_record(row: DefragJob, *, node: str, current: dict, actor, who: st
            cause=row.return_intent_cause, old={"unschedulable": True}, new={"unschedulable": False})
     message = f"Node {node} uncordoned: it takes new pods again."
     if row.state == JobState.ABORT_STUCK and orphans:
-        message += (f" Defrag job #{row.pk} still keeps {orphans} orphan(s) serving on it; abort it again to "
-                    f"end them once their replacements are ready.")
+        message += (f" Defrag job #{row.pk} still keeps {orphans} orphan(s) serving on it and checks them again "
+                    f"every {seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS)}: each ends once its "
+                    f"revision is scaled to zero or its replacements are ready.")
     elif asks_abort:
         message += _abort_asked_text(row, orphans)
     if lapsed is not None:

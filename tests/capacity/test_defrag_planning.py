@@ -216,7 +216,7 @@ def test_a_whole_number_of_seconds_is_asked_for_where_it_must_be():
 
 def test_the_stuck_abort_names_the_orphans_the_pending_replacement_and_who_holds_the_room():
     message = abort_stuck_message(
-        node="n1", waited_seconds=300.4, chosen_keep=False,
+        node="n1", waited_seconds=300.4, chosen_keep=False, recheck_seconds=300,
         kept=[{"revision": "org-a/m-00001", "ready": 2, "wanted": 3, "orphans": ["org-a/m-1"], "gpus": 8,
                "pending": [("org-a/m-9", "0/3 nodes are available: 1 node(s) were unschedulable")]}],
         cordoned=[{"node": "n2", "free": 8, "holder": "defrag job #7 (safe)"}])
@@ -225,6 +225,8 @@ def test_the_stuck_abort_names_the_orphans_the_pending_replacement_and_who_holds
                               "(0/3 nodes are available: 1 node(s) were unschedulable).")
     assert "node n2 (8 free GPU(s), cordoned by defrag job #7 (safe))" in message
     assert "`manage.py defrag n1 --abort --keep-orphans`" in message
+    assert ("Checked again every 5 min: an orphan that can end by then (its revision scaled to zero, or its "
+            "replacements ready) is deleted; the abort ends when none is left.") in message
 
 
 # ---- the next step, decided from the job's record ------------------------------------------
@@ -245,7 +247,9 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
     ("safe", None, False, True, Step.TAKE_UP_DRAIN),
     ("safe", None, True, True, Step.TAKE_UP_ABORT),                             # abort wins over drain
     ("failed", None, False, True, Step.REST),                                   # drain only from safe
-    ("abort-stuck", None, False, False, Step.REST),
+    ("abort-stuck", NOW + timedelta(seconds=5), False, False, Step.REST),       # rests until its next check
+    ("abort-stuck", NOW, False, False, Step.RECHECK),                           # …then is looked at again
+    ("abort-stuck", None, False, False, Step.RECHECK),                          # stuck before it had a next check
     ("abort-stuck", None, True, False, Step.TAKE_UP_ABORT),                     # the operator's choice
     ("aborted", None, True, False, Step.REST),
     ("drained", None, True, False, Step.REST),
