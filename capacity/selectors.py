@@ -48,6 +48,8 @@ def defrag_job_progress(*, job: DefragJob) -> dict:
         "drain_pending": bool(job.drain_requested_at) and job.state == "safe",
         "abort_choice": job.abort_choice or "wait",
         "abort_deadline_at": job.abort_deadline_at.isoformat() if job.abort_deadline_at else None,
+        # When a worker looks at the job next (an abort-stuck job's next check of its orphans).
+        "next_check_at": job.next_check_at.isoformat() if job.next_check_at else None,
         "lease_owner": job.lease_owner,
         "heartbeat_at": job.heartbeat_at.isoformat() if job.heartbeat_at else None,
         "started_at": job.started_at.isoformat() if job.started_at else None,

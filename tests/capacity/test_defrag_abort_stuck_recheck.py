@@ -12,6 +12,7 @@ import pytest
 from capacity.defrag import tasks
 from capacity.defrag.models import DefragJob, JobState, OrphanState
 from capacity.defrag.services import defrag_job_abort
+from capacity.selectors import defrag_job_progress
 from config import clock
 from defrag_cluster import NS, REVISION, run_until
 from test_defrag_scale_to_zero import asleep, scale_to_zero
@@ -32,6 +33,8 @@ def stuck(defrag_world, settings, *, orphans: str = ""):
     job = run_until(world, job, {JobState.ABORT_STUCK}, dt=10, max_steps=20)
     assert RECHECK in job.error and job.orphans.get().state == OrphanState.ORPHANED
     assert (job.next_check_at - world.now()).total_seconds() == 300
+    # What the job page polls (and `defrag --json` prints) says when the next check is.
+    assert defrag_job_progress(job=job)["next_check_at"] == job.next_check_at.isoformat()
     return world, job
 
 
