@@ -92,3 +92,26 @@ def min_scale_current(annotations: Mapping) -> str | None:
     as Knative reads them); None when it sets none."""
     value = annotations.get(MIN_SCALE)
     return annotations.get(MIN_SCALE_LEGACY) if value is None else value
+
+
+def scale_count(value) -> int | None:
+    """A scale annotation's value as a count of pods; None when it is not a whole number."""
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def revision_initial_pods(initial: InitialScale, template: Mapping) -> tuple[int | None, str]:
+    """What a new Revision of a template with these annotations starts before its
+    autoscaler may act, and from where (Knative's GetInitialScale: the template's own
+    initial-scale, a "0" only where the cluster allows it, else the cluster's
+    `initial-scale`). (None, …) when config-autoscaler was not read and the template says
+    nothing of its own."""
+    own = scale_count(template.get(initial_scale_key(template)))
+    if own is not None and (own >= 1 or (own == 0 and initial.zero_allowed)):
+        return own, "its template's initial-scale"
+    cluster = scale_count(initial.pods)
+    if cluster is not None:
+        return cluster, "the cluster's initial-scale"
+    return None, "the cluster's initial-scale, 1 by default, as config-autoscaler could not be read"

@@ -168,10 +168,12 @@ class Patch:
         if self.record is not None or self.clear_record:
             notes = body.setdefault("metadata", {}).setdefault("annotations", {})
             notes[OWNER_MIN_SCALE] = None if self.clear_record else self.record
-            if self.record_initial is not None:
-                notes[OWNER_INITIAL_SCALE] = self.record_initial
-            elif self.clear_record and self.initial is not None:
+            if self.clear_record and self.initial is not None and self.record_initial is None:
                 notes[OWNER_INITIAL_SCALE] = None
+        if self.record_initial is not None:
+            # Also without a min-scale record: an initial-scale "0" whose owner's value is not
+            # written down would never be given back by the wake.
+            body.setdefault("metadata", {}).setdefault("annotations", {})[OWNER_INITIAL_SCALE] = self.record_initial
         return body
 
     def describe(self) -> str:
@@ -401,6 +403,32 @@ def plan_scale_to_zero(*, namespace: str, setting: str, pynodes: list[dict], inf
                            incomplete=tuple(incomplete), exempt=tuple(exempt))
 
 
+def pynode_initial_zero(ksvc: dict) -> tuple[tuple[str, str], str | None]:
+    """The initial-scale "0" the switch puts on a pynode's template beside its min-scale "0"
+    (key, "0"), so that the new Revision starts no pod, and the owner's initial scale to
+    write down for the wake to give back ("" = none; None = written down already). Only
+    where config-autoscaler allows a zero initial scale: Knative refuses the "0" otherwise."""
+    template, notes = _annotations(ksvc, template=True), _annotations(ksvc)
+    key = initial_scale_key(template)
+    return (key, "0"), (None if OWNER_INITIAL_SCALE in notes else template.get(key) or "")
+
+
+def pynode_initial_zero_patch(ksvc: dict, *, reason: str) -> Patch | None:
+    """The switch's initial-scale "0" alone, for a pynode the org holds at min-scale "0"
+    whose template lacks it (the switch ran while the cluster did not allow a zero initial
+    scale): another writer that makes the pynode a new Revision (the runbook's redeploy)
+    adds it so that Revision starts no pod, and the wake gives the owner's value back as
+    for the switch's own. None when the template already has it."""
+    meta = ksvc.get("metadata") or {}
+    template = _annotations(ksvc, template=True)
+    (key, zero), record_initial = pynode_initial_zero(ksvc)
+    if template.get(key) == zero:
+        return None
+    current = min_scale_current(template)
+    return Patch("ksvc", meta.get("namespace", ""), _name(ksvc), current, current, reason,
+                 key=min_scale_key(template), initial=(key, zero), record_initial=record_initial)
+
+
 def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
                   zero_initial: bool = False, enabled_since: datetime | None = None) -> Patch | None:
     template = _annotations(ksvc, template=True)
@@ -421,10 +449,7 @@ def _pynode_patch(ksvc: dict, *, namespace: str, setting: str, applied: str,
             record = None   # written down already
         initial = record_initial = None
         if zero_initial:
-            # The switch's new Revision starts no pod; the owner's initial scale is kept to give back.
-            initial = (initial_key, "0")
-            if OWNER_INITIAL_SCALE not in notes:
-                record_initial = template.get(initial_key) or ""
+            initial, record_initial = pynode_initial_zero(ksvc)
         return Patch("ksvc", namespace, name, current, "0", reason, key=key,
                      record=record, initial=initial, record_initial=record_initial)
     floor = pynode_floor(ksvc, applied=applied, enabled_since=enabled_since)

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 # What config-autoscaler says of a zero initial scale, read as the orgs' switch reads it.
 from clusters.knative import (
-    ALLOW_ZERO_INITIAL_SCALE, AUTOSCALER_CONFIG, InitialScale, initial_scale_key, min_scale_current,
+    ALLOW_ZERO_INITIAL_SCALE, AUTOSCALER_CONFIG, InitialScale, min_scale_current, revision_initial_pods,
 )
 from clusters.labels import (
     ISVC_LABEL, KNATIVE_SERVICE_LABEL, KSERVE_STOP_ANNOTATION, NOTEBOOK_STOP_ANNOTATION, PRUNE_OPT_OUT,
@@ -239,13 +239,6 @@ def resolve_owner(pod: PodView, view: ClusterView) -> tuple[Owner | None, str]:
     return Owner("Deployment", ns, dep.name, dep.uid), ""
 
 
-def _pods(value) -> int | None:
-    try:
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        return None
-
-
 def knative_min_scale_effect(initial: InitialScale, *, zero_initial: bool, template: Mapping | None = None) -> str:
     """What the M_KNATIVE_MIN_SCALE write does to a Knative Service, said as it is:
     `zero_initial`, whether initial-scale "0" goes with min-scale "0" (only where
@@ -256,15 +249,8 @@ def knative_min_scale_effect(initial: InitialScale, *, zero_initial: bool, templ
         return EFFECT[M_KNATIVE_MIN_SCALE]
     if zero_initial:
         return f"set to min-scale 0 and initial-scale 0 (its new revision starts no pod: {initial.cause})"
-    template = template or {}
-    own = _pods(template.get(initial_scale_key(template)))
-    # A template's "0" counts only where the flag allows it (Knative's GetInitialScale).
-    if own is not None and own >= 1:
-        starts = f"{own} pod(s) (its template's initial-scale)"
-    elif initial.pods:
-        starts = f"{initial.pods} pod(s) (the cluster's initial-scale)"
-    else:
-        starts = "the cluster's initial scale of pods (1 by default)"
+    pods, source = revision_initial_pods(initial, template or {})
+    starts = f"{pods} pod(s) ({source})" if pods is not None else "the cluster's initial scale of pods (1 by default)"
     return (f"set to min-scale 0 (its new revision starts {starts} and goes to zero once it has no traffic; "
             f"initial-scale \"0\" is not set, as Knative refuses it without {ALLOW_ZERO_INITIAL_SCALE}: \"true\": "
             f"{initial.cause})")

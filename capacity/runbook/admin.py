@@ -65,6 +65,37 @@ ASLEEP_WAKES = (". It holds no GPU now (scaled to zero at the last registry sync
                 "initial scale (1 pod unless its owner set it) and holds GPUs until the autoscaler scales it back "
                 "to zero")
 ASLEEP_WARNING = "Some of these models are scaled to zero: redeploying starts pods for them for a while."
+# A model its dormant org keeps at zero: what its new revision does is said model by model.
+DORMANT_WAKES = ("Some of these models are kept at zero by their dormant org and redeploying starts pods for them "
+                 "until they are back at zero: see each.")
+
+
+def scaled_to_zero(model: ServedModel) -> bool:
+    """At the last registry sync no revision of it had a pod, running or pending (a CPU-only
+    pynode holds no GPU while it runs: GPUs held do not tell)."""
+    return bool(model.revisions) and not any(r.get("pods_running") or r.get("pods_pending") for r in model.revisions)
+
+
+def redeploy_item(model: ServedModel, plan, error: str) -> str:
+    """One model on the redeploy's confirmation, as read from the cluster just now."""
+    head = f"{model} on {model.cluster} ({model.kind}): "
+    if error:
+        return head + (f"it could not be read now ({error}); the redeploy reads it again before its write and "
+                       "says then what its new revision does")
+    if plan.asleep:
+        return head + f"{plan.asleep}. Redeployed, {plan.effect}"
+    return head + "a new revision rolls out, then the old one is retired" + (ASLEEP_WAKES if scaled_to_zero(model)
+                                                                             else "")
+
+
+def redeploy_done(model: ServedModel, plan) -> tuple[str, int]:
+    """What the redeploy did, and the message level: a model its org keeps at zero says
+    whether it stayed asleep or what woke it."""
+    if not plan.asleep:
+        return f"{model}: redeploy started (a new revision rolls out)", messages.SUCCESS
+    if plan.wakes:
+        return f"{model}: redeploy started, and it wakes for a while: {plan.asleep}; {plan.effect}", messages.WARNING
+    return f"{model}: redeployed asleep: {plan.asleep}; {plan.effect}", messages.SUCCESS
 
 ACTION_NAMES = {"model_redeploy": "redeploy", "revision_delete_old": "delete the old revision",
                 "model_delete_stuck": "delete stuck model", "resource_spec_apply": "resource spec"}
@@ -190,12 +221,16 @@ class ServedModelAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAd
     @admin.action(description="Redeploy (new revision, no other change)", permissions=["redeploy_servedmodel"])
     def redeploy(self, request, queryset):
         models = [m for m in queryset if not m.gone]
+        reads = services.RedeployReads()     # each cluster's config-autoscaler once, not once per model
         if request.POST.get("confirm") != "yes":
+            previews = services.redeploy_preview(models=models, reads=reads)
+            warnings = [ASLEEP_WARNING if any(scaled_to_zero(m) and not (plan and plan.asleep)
+                                              for m, plan, _ in previews) else "",
+                        DORMANT_WAKES if any(plan and plan.wakes for _, plan, _ in previews) else ""]
             return _confirm(self, request, title="Redeploy these models?", button="Redeploy",
-                            items=[f"{m} on {m.cluster} ({m.kind}): a new revision rolls out, then the old one is "
-                                   f"retired" + (ASLEEP_WAKES if m.gpus_held == 0 else "") for m in models],
+                            items=[redeploy_item(m, plan, error) for m, plan, error in previews],
                             action="redeploy", selected=[m.pk for m in models], hidden={SHOWN_AFTER: _actions_up_to()},
-                            warning=ASLEEP_WARNING if any(m.gpus_held == 0 for m in models) else None)
+                            warning=" ".join(w for w in warnings if w) or None)
         for model in models:
             earlier = _done_since(request, model, action="model_redeploy")
             if earlier is not None:
@@ -205,14 +240,14 @@ class ServedModelAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAd
                                            f"again to redeploy once more", messages.WARNING)
                 continue
             try:
-                services.model_redeploy(model=model, actor=request.user)
+                plan = services.model_redeploy(model=model, actor=request.user, reads=reads)
             except services.RunbookUnsettled as exc:
                 self.message_user(request, str(exc), messages.WARNING)
                 continue
             except KubeError as exc:
                 self.message_user(request, f"{model}: redeploy not done: {exc}", messages.ERROR)
                 continue
-            self.message_user(request, f"{model}: redeploy started (a new revision rolls out)")
+            self.message_user(request, *redeploy_done(model, plan))
 
     @admin.action(description="Delete a model stuck deploying (and what it left behind)",
                   permissions=["delete_stuck_model"])

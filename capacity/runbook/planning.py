@@ -7,6 +7,8 @@
   delete the older revision (not graceful: its pods stop at once, traffic included).
 - `resources_patch`: the merge patch that puts a resource spec on an InferenceService;
   `resources_change`: what it would change (each request and limit, old → new), for a preview.
+- `redeploy_plan`: the redeploy's merge patch and, for a model its dormant org keeps at
+  zero, what its new revision starts and what returns it to zero.
 - `merge_patch_holds`, `redeploy_landed`, `deleted`: whether an action announced before
   its write shows on the cluster (how an action left `acting` by a dead worker is settled).
 
@@ -26,11 +28,22 @@ from clusters.labels import (
     KNATIVE_SERVICE_LABEL,
     MODEL_LABEL,
     ORG_LABEL,
+    OWNER_INITIAL_SCALE,
+    OWNER_MIN_SCALE,
     PYNODE_COMPONENT,
     REDEPLOY_ANNOTATION,
     REVISION_LABEL,
 )
+from clusters.knative import (
+    ALLOW_ZERO_INITIAL_SCALE,
+    INITIAL_SCALE_UNKNOWN,
+    InitialScale,
+    min_scale_current,
+    revision_initial_pods,
+    scale_count,
+)
 from clusters.snapshot import PodView
+from orgs.planning import model_floor, pynode_initial_zero_patch
 
 
 @dataclass(frozen=True)
@@ -292,6 +305,128 @@ def redeploy_patch(kind: str, stamp: str) -> dict:
     if kind == "InferenceService":
         return {"metadata": annotations}
     return {"spec": {"template": {"metadata": annotations}}}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A periodic task as installed: its name and interval (None: disabled, or not an interval)."""
+    name: str
+    every_seconds: int | None
+
+    def describe(self) -> str:
+        if self.every_seconds is None:
+            return f"the schedule \"{self.name}\" is disabled or not an interval"
+        return f"the schedule \"{self.name}\" runs every {self.every_seconds} s"
+
+
+# What returns a model its org keeps at zero to zero after a redeploy's new revision.
+STAYS_ASLEEP = "stays asleep"        # its new revision starts no pod
+AUTOSCALER = "autoscaler"            # its new revision has min-scale 0: Knative ends the pod once idle
+RECONCILE = "reconcile"              # its new revision has a min-scale above 0 until the org's reconcile
+
+
+@dataclass(frozen=True)
+class RedeployPlan:
+    """A redeploy of one model: its merge patch and, when its dormant org keeps it at zero
+    (`asleep`, the org's words), what its new revision does (`outcome`, `effect`).
+    `old`/`new`: the annotations the patch sets besides the stamp, before and after (audited)."""
+    kind: str
+    stamp: str
+    patch: dict
+    asleep: str = ""
+    outcome: str = ""
+    effect: str = ""
+    old: dict = field(default_factory=dict)
+    new: dict = field(default_factory=dict)
+
+    @property
+    def wakes(self) -> bool:
+        """Whether a model its org keeps at zero gets a pod from this redeploy."""
+        return bool(self.asleep) and self.outcome != STAYS_ASLEEP
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    """Two merge patches as one (RFC 7386): one write, so one new revision."""
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def redeploy_plan(*, kind: str, obj: dict, stamp: str, asleep: str = "",
+                  initial: InitialScale | None = None, reconcile: Schedule | None = None) -> RedeployPlan:
+    """The redeploy of `obj` (as just read) stamped `stamp`.
+
+    `asleep`: why its dormant org keeps it at zero ("" = it does not); then `initial` (what
+    config-autoscaler says of a zero initial scale) and `reconcile` (the org's scale-to-zero
+    reconcile as installed) say what the new revision does:
+    - a pynode the org holds at min-scale "0": the new revision inherits that "0". Where a
+      zero initial scale is allowed it also carries initial-scale "0" (the switch's own, or
+      set here in the same patch, with the owner's value written down for the wake to give
+      back): it starts no pod and the model stays asleep. Otherwise it starts its initial
+      scale, which Knative's autoscaler ends once idle.
+    - a model (InferenceService): KServe puts the owner's minReplicas on every new revision
+      as its min-scale; the org's "0" is on the old revision (or its PodAutoscaler). Above
+      0 the new revision runs that many pods, whatever its initial scale, until the org's
+      reconcile sets it to "0"; an initial-scale "0" would not keep it asleep, and the
+      switch never writes one on a model (nor the wake takes it away), so none is written.
+    """
+    patch = redeploy_patch(kind, stamp)
+    if not asleep:
+        return RedeployPlan(kind=kind, stamp=stamp, patch=patch)
+    initial = initial or INITIAL_SCALE_UNKNOWN
+    if kind == "InferenceService":
+        annotations = _meta(obj).get("annotations") or {}
+        floor = scale_count(model_floor(obj)) or 0
+        where = "the owner's minReplicas, which KServe gives every new revision; the org's 0 is on the old one"
+    else:
+        annotations = (((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        floor = scale_count(min_scale_current(annotations)) or 0
+        where = "its template's, as the org's switch is not on it yet"
+    pods, source = revision_initial_pods(initial, annotations)
+    pods = 1 if pods is None else pods   # Knative's default
+    if floor > 0:
+        return RedeployPlan(kind=kind, stamp=stamp, patch=patch, asleep=asleep, outcome=RECONCILE, effect=(
+            f"its new revision starts {max(pods, floor)} pod(s) (min-scale {floor}: {where}) and keeps them until "
+            f"the org's scale-to-zero reconcile sets it to min-scale 0 ({_reconcile_words(reconcile)}); "
+            f"Knative's autoscaler then ends them once they get no requests"))
+    stays = "it stays asleep and runs the new revision when its org wakes"
+    if pods == 0:
+        return RedeployPlan(kind=kind, stamp=stamp, patch=patch, asleep=asleep, outcome=STAYS_ASLEEP,
+                            effect=f"its new revision starts no pod ({source} is 0: {initial.cause}): {stays}")
+    notes = _meta(obj).get("annotations") or {}
+    # The wake gives an initial scale back only beside the owner's min-scale the switch wrote
+    # down: on a "0" the switch did not write (its owner's), an initial-scale "0" would stay.
+    zero = pynode_initial_zero_patch(obj, reason="redeploy of a pynode its org keeps at zero") \
+        if kind != "InferenceService" and initial.zero_allowed and OWNER_MIN_SCALE in notes else None
+    if zero is not None:
+        new = {zero.initial[0]: zero.initial[1],
+               **({OWNER_INITIAL_SCALE: zero.record_initial} if zero.record_initial is not None else {})}
+        return RedeployPlan(
+            kind=kind, stamp=stamp, patch=_merge(patch, zero.merge_patch()), asleep=asleep, outcome=STAYS_ASLEEP,
+            old={key: (annotations if key == zero.initial[0] else notes).get(key) for key in new}, new=new,
+            effect=(f"its new revision starts no pod ({initial.cause}; initial-scale 0 set with the stamp, as the "
+                    f"org's switch sets it): {stays}, which gives back its owner's initial scale"))
+    if not initial.readable:
+        why = f"initial-scale 0 is not set, as whether Knative allows it could not be read: {initial.cause}"
+    elif not initial.zero_allowed:
+        why = (f"initial-scale 0 is not set, as Knative refuses it without {ALLOW_ZERO_INITIAL_SCALE}: \"true\": "
+               f"{initial.cause or 'config-autoscaler not read'}")
+    else:
+        why = ("initial-scale 0 is not set, as the org's wake would not take it away: its switch sets one only on a "
+               "pynode whose owner's min-scale it wrote down")
+    return RedeployPlan(kind=kind, stamp=stamp, patch=patch, asleep=asleep, outcome=AUTOSCALER, effect=(
+        f"its new revision starts {pods} pod(s) ({source}; {why}); its min-scale stays 0, so Knative's "
+        f"autoscaler ends it once it gets no requests"))
+
+
+def _reconcile_words(reconcile: Schedule | None) -> str:
+    if reconcile is None:
+        return "its schedule was not read"
+    if reconcile.every_seconds is None:
+        return f"{reconcile.describe()}: until it runs again, or the org wakes"
+    return f"within {reconcile.every_seconds} s: {reconcile.describe()}"
 
 
 def redeploy_landed(*, obj: dict | None, kind: str, revisions: Iterable[dict], stamp: str) -> bool:

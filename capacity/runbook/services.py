@@ -25,13 +25,15 @@ from django.db import transaction
 
 from capacity.runbook import planning
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
+from capacity.runbook.selectors import scale_to_zero_reconcile_schedule
 from audit.services import audit
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, describe_failure
 from clusters.labels import KNATIVE_SERVICE_LABEL, REDEPLOY_ANNOTATION, REVISION_UID_LABEL
-from clusters.selectors import snapshot_take
+from clusters.knative import InitialScale
+from clusters.selectors import knative_initial_scale_read, snapshot_take
 from config import clock
-from orgs.selectors import orgs_of_cluster
+from orgs.selectors import org_keeps_at_zero, orgs_of_cluster
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
@@ -311,28 +313,79 @@ def _list_in(gateway: kube.KubeGateway, resource: kube.Resource, namespace: str)
         return []
 
 
-def model_redeploy(*, model: ServedModel, actor) -> str:
+class RedeployReads:
+    """What redeploying a set of models reads once, not once per model: each cluster's
+    config-autoscaler word on a zero initial scale, and the org reconcile's schedule (both
+    only when some model is kept at zero by its org)."""
+
+    def __init__(self) -> None:
+        self._initial: dict[int, InitialScale] = {}
+        self._reconcile: planning.Schedule | None = None
+
+    def initial_scale(self, cluster: Cluster, gateway: kube.KubeGateway) -> InitialScale:
+        # Unreadable reads as "not allowed": a redeploy without initial-scale "0" is one Knative accepts.
+        if cluster.pk not in self._initial:
+            self._initial[cluster.pk] = knative_initial_scale_read(gateway)
+        return self._initial[cluster.pk]
+
+    def reconcile(self) -> planning.Schedule:
+        if self._reconcile is None:
+            self._reconcile = scale_to_zero_reconcile_schedule()
+        return self._reconcile
+
+
+def _redeploy_plan(model: ServedModel, gateway: kube.KubeGateway, current: dict, *, stamp: str,
+                   reads: RedeployReads) -> planning.RedeployPlan:
+    asleep = org_keeps_at_zero(cluster=model.cluster, workload=current, now=clock.now())
+    if not asleep:
+        return planning.redeploy_plan(kind=model.kind, obj=current, stamp=stamp)
+    return planning.redeploy_plan(kind=model.kind, obj=current, stamp=stamp, asleep=asleep,
+                                  initial=reads.initial_scale(model.cluster, gateway), reconcile=reads.reconcile())
+
+
+def redeploy_preview(*, models: list[ServedModel],
+                     reads: RedeployReads | None = None) -> list[tuple[ServedModel, planning.RedeployPlan | None, str]]:
+    """What redeploying each model would do, read from the cluster now (for the
+    confirmation): (model, plan, "") or (model, None, why it could not be read). Writes
+    nothing; the redeploy reads each model again right before its write."""
+    reads = reads or RedeployReads()
+    stamp = clock.now().isoformat()
+    previews = []
+    for model in models:
+        gateway = kube.gateway_for(model.cluster)
+        try:
+            current = gateway.get(_redeploy_resource(model.kind), model.name, namespace=model.namespace)
+        except KubeError as exc:
+            previews.append((model, None, describe_failure(exc)))
+            continue
+        previews.append((model, _redeploy_plan(model, gateway, current, stamp=stamp, reads=reads), ""))
+    return previews
+
+
+def model_redeploy(*, model: ServedModel, actor, reads: RedeployReads | None = None) -> planning.RedeployPlan:
     """A new revision with no other change: stamp the pod template with the time. The
-    stamp is announced first; the merge patch sets that one value, so the same patch sent
-    twice makes one revision."""
+    stamp is announced first; the merge patch sets that one value (and, for a pynode its
+    dormant org keeps at zero where the cluster allows it, the switch's initial-scale "0",
+    so the new revision starts no pod), so the same patch sent twice makes one revision.
+    Returns the plan carried out: what the new revision does to a model kept asleep."""
     gateway = kube.gateway_for(model.cluster)
     resource = _redeploy_resource(model.kind)
     current = gateway.get(resource, model.name, namespace=model.namespace)
-    stamp = clock.now().isoformat()
-    patch = planning.redeploy_patch(model.kind, stamp)
+    plan = _redeploy_plan(model, gateway, current, stamp=clock.now().isoformat(), reads=reads or RedeployReads())
     before = (current["metadata"].get("annotations") or {}) if model.kind == ServedModel.Kind.INFERENCE_SERVICE \
         else ((((current.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {})
     row = _intent_announce(action="model_redeploy", actor=actor, cluster=model.cluster, target=str(model), model=model,
-                           old={REDEPLOY_ANNOTATION: before.get(REDEPLOY_ANNOTATION)},
-                           new={REDEPLOY_ANNOTATION: stamp, "kind": model.kind})
+                           old={REDEPLOY_ANNOTATION: before.get(REDEPLOY_ANNOTATION), **plan.old},
+                           new={REDEPLOY_ANNOTATION: plan.stamp, "kind": model.kind, **plan.new,
+                                **({"org_keeps_at_zero": plan.asleep, "effect": plan.effect} if plan.asleep else {})})
 
     def write() -> dict:
-        gateway.patch(resource, model.name, patch, namespace=model.namespace)
+        gateway.patch(resource, model.name, plan.patch, namespace=model.namespace)
         return row.new
 
     _intent_carry_out(row, write=write, landed=lambda: _redeploy_landed(
-        gateway, kind=model.kind, namespace=model.namespace, name=model.name, stamp=stamp))
-    return stamp
+        gateway, kind=model.kind, namespace=model.namespace, name=model.name, stamp=plan.stamp))
+    return plan
 
 
 # --- unblock a Pending deployment ----------------------------------------------------------------

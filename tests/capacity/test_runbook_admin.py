@@ -141,7 +141,8 @@ def test_redeploying_a_model_scaled_to_zero_says_first_that_it_will_start_pods(w
     operator(client, "redeploy_servedmodel")
     form = {"action": "redeploy", "_selected_action": [model.pk]}
     assert b"holds no GPU now" not in client.post("/admin/capacity/servedmodel/", form).content
-    ServedModel.objects.filter(pk=model.pk).update(gpus_held=0)      # as a sync sees a model at zero
+    ServedModel.objects.filter(pk=model.pk).update(                  # as a sync sees a model at zero
+        gpus_held=0, revisions=[{**r, "pods_running": 0, "pods_pending": 0, "gpus_held": 0} for r in model.revisions])
 
     page = client.post("/admin/capacity/servedmodel/", form).content.decode()
 

@@ -155,3 +155,95 @@ def test_a_redeploy_landed_when_its_stamp_is_on_the_model_or_a_revision(kind, ob
 ])
 def test_a_uid_guarded_delete_took_effect(obj, gone):
     assert rp.deleted(obj, "u1") is gone
+
+
+# --- a redeploy of a model its dormant org keeps at zero ------------------------------------------
+from clusters.knative import initial_scale_from_config  # noqa: E402
+from tests.orgs.builders import make_isvc, make_ksvc  # noqa: E402
+
+ALLOWED = initial_scale_from_config(config={"allow-zero-initial-scale": "true"})
+NOT_ALLOWED = initial_scale_from_config(config={})
+UNREADABLE = initial_scale_from_config(config=None, error="403 Forbidden: configmaps")
+RECONCILE = rp.Schedule(name="orgs: scale-to-zero reconcile", every_seconds=600)
+ASLEEP = "org acme is dormant: it keeps it at zero until it wakes"
+
+
+def switched_pynode(*, owner_initial: str | None = None, initial: str | None = None, owner: str | None = "1",
+                    min_scale: str = "0") -> dict:
+    """A pynode as the org's switch leaves it: min-scale "0" with its owner's recorded (`owner`)."""
+    ksvc = make_ksvc("pynode", ns="org-acme", min_scale=min_scale, owner=owner)
+    template = ksvc["spec"]["template"]["metadata"]["annotations"]
+    if initial is not None:
+        template[labels.INITIAL_SCALE] = initial
+    if owner_initial is not None:
+        template[labels.INITIAL_SCALE] = owner_initial
+    return ksvc
+
+
+def plan(obj, kind="pynode", *, initial=ALLOWED, asleep=ASLEEP, reconcile=RECONCILE):
+    return rp.redeploy_plan(kind=kind, obj=obj, stamp=STAMP, asleep=asleep, initial=initial, reconcile=reconcile)
+
+
+def test_an_awake_models_redeploy_is_the_stamp_alone():
+    found = plan(switched_pynode(), asleep="")
+    assert found.patch == rp.redeploy_patch("pynode", STAMP) and not found.wakes and found.effect == ""
+
+
+def test_where_allowed_a_sleeping_pynode_gets_the_switchs_initial_scale_zero_with_its_owners_recorded():
+    found = plan(switched_pynode(owner_initial="2"))
+    assert found.outcome == rp.STAYS_ASLEEP and not found.wakes
+    assert found.patch == {
+        "spec": {"template": {"metadata": {"annotations": {labels.REDEPLOY_ANNOTATION: STAMP,
+                                                           labels.INITIAL_SCALE: "0"}}}},
+        "metadata": {"annotations": {labels.OWNER_INITIAL_SCALE: "2"}}}
+    assert found.old == {labels.INITIAL_SCALE: "2", labels.OWNER_INITIAL_SCALE: None}
+    assert found.new == {labels.INITIAL_SCALE: "0", labels.OWNER_INITIAL_SCALE: "2"}
+    assert "set with the stamp, as the org's switch sets it" in found.effect
+
+
+def test_a_pynode_the_switch_already_set_to_initial_scale_zero_gets_the_stamp_alone():
+    ksvc = switched_pynode(initial="0")
+    ksvc["metadata"]["annotations"][labels.OWNER_INITIAL_SCALE] = ""
+    found = plan(ksvc)
+    assert (found.outcome, found.patch, found.new) == (rp.STAYS_ASLEEP, rp.redeploy_patch("pynode", STAMP), {})
+    assert found.effect.startswith("its new revision starts no pod (its template's initial-scale is 0: ")
+
+
+@pytest.mark.parametrize(("ksvc", "initial", "words"), [
+    # Its owner's own "0" (no record): the wake would not take an initial-scale "0" away, so none is set.
+    (switched_pynode(owner=None), ALLOWED, "starts 1 pod(s) (the cluster's initial-scale; initial-scale 0 is not "
+                                           "set, as the org's wake would not take it away"),
+    (switched_pynode(owner_initial="3"), NOT_ALLOWED, "starts 3 pod(s) (its template's initial-scale; initial-scale "
+                                                      "0 is not set, as Knative refuses it without"),
+    (switched_pynode(), UNREADABLE, "starts 1 pod(s) (the cluster's initial-scale, 1 by default, as config-autoscaler "
+                                    "could not be read; initial-scale 0 is not set, as whether Knative allows it could "
+                                    "not be read: knative-serving/config-autoscaler could not be read (403"),
+])
+def test_otherwise_a_sleeping_pynode_starts_its_initial_scale_which_the_autoscaler_ends(ksvc, initial, words):
+    found = plan(ksvc, initial=initial)
+    assert found.outcome == rp.AUTOSCALER and found.wakes and found.patch == rp.redeploy_patch("pynode", STAMP)
+    assert words in found.effect and found.effect.endswith("its min-scale stays 0, so Knative's autoscaler ends it "
+                                                           "once it gets no requests")
+
+
+@pytest.mark.parametrize(("obj", "kind", "reconcile", "words"), [
+    (make_isvc("llm", min_replicas=2), "InferenceService", RECONCILE,
+     "starts 2 pod(s) (min-scale 2: the owner's minReplicas, which KServe gives every new revision; the org's 0 is "
+     "on the old one) and keeps them until the org's scale-to-zero reconcile sets it to min-scale 0 (within 600 s: "
+     "the schedule \"orgs: scale-to-zero reconcile\" runs every 600 s)"),
+    (make_isvc("llm"), "InferenceService", rp.Schedule(name="orgs: scale-to-zero reconcile", every_seconds=None),
+     "starts 1 pod(s) (min-scale 1: the owner's minReplicas, which KServe gives every new revision; the org's 0 is "
+     "on the old one) and keeps them until the org's scale-to-zero reconcile sets it to min-scale 0 (the schedule "
+     "\"orgs: scale-to-zero reconcile\" is disabled or not an interval: until it runs again, or the org wakes)"),
+    (switched_pynode(min_scale="1"), "pynode", RECONCILE,
+     "starts 1 pod(s) (min-scale 1: its template's, as the org's switch is not on it yet)"),
+])
+def test_a_sleeping_model_with_a_min_scale_above_zero_runs_until_the_orgs_reconcile(obj, kind, reconcile, words):
+    found = plan(obj, kind, reconcile=reconcile)
+    assert found.outcome == rp.RECONCILE and found.wakes and words in found.effect
+    assert found.patch == rp.redeploy_patch(kind, STAMP), "an initial-scale 0 would not keep it asleep"
+
+
+def test_a_sleeping_model_its_owner_lets_scale_to_zero_starts_its_initial_scale_and_no_initial_scale_is_written():
+    found = plan(make_isvc("llm", min_replicas=0), "InferenceService")
+    assert found.outcome == rp.AUTOSCALER and found.patch == rp.redeploy_patch("InferenceService", STAMP)
