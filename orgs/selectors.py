@@ -186,6 +186,11 @@ def namespaces_not_scaling_to_zero(*, cluster, namespaces: set[str]) -> frozense
     return frozenset(rows.values_list("namespace", flat=True))
 
 
+def org_of_namespace(*, cluster, namespace: str) -> Org | None:
+    """The org whose workloads live in `namespace` of `cluster` (None: no org there)."""
+    return Org.objects.filter(cluster=cluster, namespace=namespace).first()
+
+
 def org_keeps_at_zero(*, cluster, workload: dict, now: datetime) -> str:
     """Why its org's scale to zero keeps `workload` (a Knative Service or InferenceService as
     read from the cluster) at zero now, in words; "" when it does not: not a pynode or a

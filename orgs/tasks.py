@@ -24,8 +24,9 @@ class ApplyIncomplete(Exception):
 
 
 @shared_task(base=RetryTransient, retry_backoff=5, retry_backoff_max=300, max_retries=6, acks_late=True)
-def org_scale_to_zero_apply(org_id: int, switch_id: int | None = None) -> dict:
-    outcome = services.org_scale_to_zero_apply(org_id=org_id, now=clock.now(), switch_id=switch_id)
+def org_scale_to_zero_apply(org_id: int, switch_id: int | None = None, cause: str = "") -> dict:
+    """`cause`: why it is applied now, when no switch says it (a redeploy that woke a model)."""
+    outcome = services.org_scale_to_zero_apply(org_id=org_id, now=clock.now(), switch_id=switch_id, cause=cause)
     if not outcome.complete:
         raise ApplyIncomplete(outcome.summary(), transient=outcome.transient)
     return {"org": outcome.org, "setting": outcome.setting, "patched": outcome.patched}

@@ -355,12 +355,14 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def redeploy_plan(*, kind: str, obj: dict, stamp: str, asleep: str = "",
-                  initial: InitialScale | None = None, reconcile: Schedule | None = None) -> RedeployPlan:
+                  initial: InitialScale | None = None, reconcile: Schedule | None = None,
+                  reapply_seconds: int | None = None) -> RedeployPlan:
     """The redeploy of `obj` (as just read) stamped `stamp`.
 
     `asleep`: why its dormant org keeps it at zero ("" = it does not); then `initial` (what
-    config-autoscaler says of a zero initial scale) and `reconcile` (the org's scale-to-zero
-    reconcile as installed) say what the new revision does:
+    config-autoscaler says of a zero initial scale), `reconcile` (the org's scale-to-zero
+    reconcile as installed) and `reapply_seconds` (when the org's scale to zero is applied
+    again after a redeploy that wakes a model, None: not asked) say what the new revision does:
     - a pynode the org holds at min-scale "0": the new revision inherits that "0". Where a
       zero initial scale is allowed it also carries initial-scale "0" (the switch's own, or
       set here in the same patch, with the owner's value written down for the wake to give
@@ -389,8 +391,8 @@ def redeploy_plan(*, kind: str, obj: dict, stamp: str, asleep: str = "",
     if floor > 0:
         return RedeployPlan(kind=kind, stamp=stamp, patch=patch, asleep=asleep, outcome=RECONCILE, effect=(
             f"its new revision starts {max(pods, floor)} pod(s) (min-scale {floor}: {where}) and keeps them until "
-            f"the org's scale-to-zero reconcile sets it to min-scale 0 ({_reconcile_words(reconcile)}); "
-            f"Knative's autoscaler then ends them once they get no requests"))
+            f"{_back_to_zero_words(reconcile, reapply_seconds)}; Knative's autoscaler then ends them once they get "
+            f"no requests"))
     stays = "it stays asleep and runs the new revision when its org wakes"
     if pods == 0:
         return RedeployPlan(kind=kind, stamp=stamp, patch=patch, asleep=asleep, outcome=STAYS_ASLEEP,
@@ -419,6 +421,14 @@ def redeploy_plan(*, kind: str, obj: dict, stamp: str, asleep: str = "",
     return RedeployPlan(kind=kind, stamp=stamp, patch=patch, asleep=asleep, outcome=AUTOSCALER, effect=(
         f"its new revision starts {pods} pod(s) ({source}; {why}); its min-scale stays 0, so Knative's "
         f"autoscaler ends it once it gets no requests"))
+
+
+def _back_to_zero_words(reconcile: Schedule | None, reapply_seconds: int | None) -> str:
+    said = f"the org's scale-to-zero reconcile sets it to min-scale 0 ({_reconcile_words(reconcile)})"
+    if reapply_seconds is None:
+        return said
+    return (f"the org's scale to zero, applied again {reapply_seconds} s after this redeploy, sets it to min-scale 0 "
+            f"(or else {said})")
 
 
 def _reconcile_words(reconcile: Schedule | None) -> str:

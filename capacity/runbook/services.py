@@ -33,7 +33,8 @@ from clusters.labels import KNATIVE_SERVICE_LABEL, REDEPLOY_ANNOTATION, REVISION
 from clusters.knative import InitialScale
 from clusters.selectors import knative_initial_scale_read, snapshot_take
 from config import clock
-from orgs.selectors import org_keeps_at_zero, orgs_of_cluster
+from config.celery import task_send
+from orgs.selectors import org_keeps_at_zero, org_of_namespace, orgs_of_cluster
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
@@ -334,13 +335,38 @@ class RedeployReads:
         return self._reconcile
 
 
+# A redeploy that wakes a model its dormant org keeps at zero (a KServe model: its new
+# revision runs at its owner's minReplicas) queues the org's scale to zero again this long
+# after it, so that the new revision is back at zero well before the 10-minute reconcile.
+# Long enough for KServe to have made the new revision and its PodAutoscaler (seconds);
+# an apply that comes earlier changes nothing and the reconcile still repairs it.
+REAPPLY_AFTER_REDEPLOY_SECONDS = 60
+ORG_APPLY_TASK = "orgs.tasks.org_scale_to_zero_apply"
+
+
 def _redeploy_plan(model: ServedModel, gateway: kube.KubeGateway, current: dict, *, stamp: str,
-                   reads: RedeployReads) -> planning.RedeployPlan:
+                   reads: RedeployReads, reapply: bool = True) -> planning.RedeployPlan:
     asleep = org_keeps_at_zero(cluster=model.cluster, workload=current, now=clock.now())
     if not asleep:
         return planning.redeploy_plan(kind=model.kind, obj=current, stamp=stamp)
     return planning.redeploy_plan(kind=model.kind, obj=current, stamp=stamp, asleep=asleep,
-                                  initial=reads.initial_scale(model.cluster, gateway), reconcile=reads.reconcile())
+                                  initial=reads.initial_scale(model.cluster, gateway), reconcile=reads.reconcile(),
+                                  reapply_seconds=REAPPLY_AFTER_REDEPLOY_SECONDS if reapply else None)
+
+
+def _org_reapply_queue(model: ServedModel, *, actor) -> str:
+    """Queue the org's scale to zero after a redeploy that woke its model: "" once queued,
+    else why it could not be (the reconcile then brings it back to zero)."""
+    org = org_of_namespace(cluster=model.cluster, namespace=model.namespace)
+    if org is None:
+        return "its org is gone"
+    cause = f"after the runbook's redeploy of {model} by {actor or 'system'}, which woke it"
+    try:
+        task_send(ORG_APPLY_TASK, args=(org.pk,), kwargs={"cause": cause}, countdown=REAPPLY_AFTER_REDEPLOY_SECONDS)
+    except Exception as exc:   # the broker: the redeploy is done, its model goes back to zero by the reconcile
+        logger.warning("redeploy of %s: the org's scale to zero could not be queued: %s", model, exc)
+        return f"the org's scale to zero could not be queued ({type(exc).__name__}: {exc})"
+    return ""
 
 
 def redeploy_preview(*, models: list[ServedModel],
@@ -385,6 +411,11 @@ def model_redeploy(*, model: ServedModel, actor, reads: RedeployReads | None = N
 
     _intent_carry_out(row, write=write, landed=lambda: _redeploy_landed(
         gateway, kind=model.kind, namespace=model.namespace, name=model.name, stamp=plan.stamp))
+    if plan.outcome == planning.RECONCILE:
+        missed = _org_reapply_queue(model, actor=actor)
+        if missed:   # say what will bring it back to zero instead
+            plan = _redeploy_plan(model, gateway, current, stamp=plan.stamp, reads=reads or RedeployReads(),
+                                  reapply=False)
     return plan
 
 

@@ -26,6 +26,7 @@ from capacity.runbook import services
 from clusters import kube
 from clusters.labels import INITIAL_SCALE, MIN_SCALE, OWNER_INITIAL_SCALE, OWNER_MIN_SCALE, REDEPLOY_ANNOTATION
 from orgs import services as orgs_services
+from orgs import tasks as orgs_tasks
 from orgs.models import DormancySwitch, Org
 
 from test_runbook_admin import NS, confirmation, operator, scenario
@@ -204,8 +205,18 @@ def test_without_zero_initial_scale_the_confirmation_names_the_org_and_the_pod_t
     assert world.pods() == {}
 
 
+def queued(monkeypatch) -> list[tuple]:
+    """What the redeploy queues (task name, args, kwargs, countdown), run by the test as a
+    worker would once its countdown is up."""
+    sent: list[tuple] = []
+    monkeypatch.setattr(services, "task_send", lambda name, *, args=(), kwargs=None, countdown=None, **_: sent.append(
+        (name, tuple(args), kwargs or {}, countdown)))
+    return sent
+
+
 @pytest.mark.parametrize("allowed", ["true", "false"])
-def test_a_sleeping_model_wakes_until_the_orgs_reconcile_whatever_the_initial_scale(world, client, allowed):
+def test_a_sleeping_model_wakes_until_its_orgs_scale_to_zero_is_applied_again_whatever_the_initial_scale(
+        world, client, monkeypatch, allowed):
     world.allow_zero_initial_scale(allowed)
     world.sleep()
     # The reconcile's interval as an operator retuned it in the admin is the one said.
@@ -213,29 +224,54 @@ def test_a_sleeping_model_wakes_until_the_orgs_reconcile_whatever_the_initial_sc
     task.interval, _ = IntervalSchedule.objects.get_or_create(every=15, period=IntervalSchedule.MINUTES)
     task.save()
     model = world.model("InferenceService")
-    operator(client, "redeploy_servedmodel")
+    ops = operator(client, "redeploy_servedmodel")
+    sent = queued(monkeypatch)
 
     page, said = redeploy(client, model)
 
     assert f"{NS}/zq86d3o on {world.cluster} (InferenceService): org acme is dormant since " in page
     effect = ("its new revision starts 1 pod(s) (min-scale 1: the owner's minReplicas, which KServe gives every new "
-              "revision; the org's 0 is on the old one) and keeps them until the org's scale-to-zero reconcile sets "
-              "it to min-scale 0 (within 900 s: the schedule \"orgs: scale-to-zero reconcile\" runs every 900 s); "
+              "revision; the org's 0 is on the old one) and keeps them until the org's scale to zero, applied again "
+              "60 s after this redeploy, sets it to min-scale 0 (or else the org's scale-to-zero reconcile sets it to "
+              "min-scale 0 (within 900 s: the schedule \"orgs: scale-to-zero reconcile\" runs every 900 s)); "
               "Knative's autoscaler then ends them once they get no requests")
     assert effect in page
     [(level, message)] = said
     assert level == levels.WARNING and message.endswith(effect)
     isvc = world.crd.get_namespaced_custom_object(*KSERVE, NS, "inferenceservices", "zq86d3o")
     assert INITIAL_SCALE not in isvc["metadata"]["annotations"]       # it would not keep the model asleep
+    cause = f"after the runbook's redeploy of {model} by {ops}, which woke it"
+    assert sent == [("orgs.tasks.org_scale_to_zero_apply", (world.org.pk,), {"cause": cause}, 60)]
 
-    # What it said: the new revision's pod runs until the reconcile, then goes.
-    world.advance(300)
+    # What it said: the new revision's pod runs until the queued apply, then goes.
+    world.advance(60)
     assert world.pods() == {"zq86d3o-predictor-00002": 1}
-    outcome = orgs_services.orgs_reconcile(now=world.now(), cluster=world.cluster).outcomes[0]
-    assert outcome.drift == [{"workload": f"podautoscaler {NS}/zq86d3o-predictor-00002", "found": "1",
-                              "wanted": "0"}]
+    (name, args, kwargs, _), = sent
+    assert orgs_tasks.org_scale_to_zero_apply.apply(args=args, kwargs=kwargs).get()["patched"] == [
+        f"podautoscaler {NS}/zq86d3o-predictor-00002: min-scale 1 → 0"]
+    (repair,) = AuditEntry.objects.filter(app="orgs", action="scale_to_zero_drift_repaired")
+    assert repair.cause == cause and repair.new == {f"podautoscaler {NS}/zq86d3o-predictor-00002": "0"}
     world.advance(300)
     assert world.pods() == {}
+
+
+def test_a_redeploy_whose_reapply_cannot_be_queued_says_the_reconcile_brings_it_back(world, client, monkeypatch):
+    world.sleep()
+    model = world.model("InferenceService")
+    operator(client, "redeploy_servedmodel")
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionError("redis: connection refused")
+
+    monkeypatch.setattr(services, "task_send", broker_down)
+    _, said = redeploy(client, model)
+
+    [(level, message)] = said
+    assert level == levels.WARNING and "applied again" not in message
+    assert message.endswith("keeps them until the org's scale-to-zero reconcile sets it to min-scale 0 (within 600 s: "
+                            "the schedule \"orgs: scale-to-zero reconcile\" runs every 600 s); Knative's autoscaler "
+                            "then ends them once they get no requests")
+    assert RunbookAction.objects.get(action="model_redeploy").state == RunbookAction.State.DONE
 
 
 def test_an_awake_models_redeploy_is_unchanged(world, client):
