@@ -221,6 +221,13 @@ class OrphanState(models.TextChoices):
     GONE = "gone", "gone"
 
 
+class OrphanEnd(models.TextChoices):
+    """The request that ends an orphan: a drain evicts it (PodDisruptionBudgets honoured), an
+    abort deletes it (uid precondition)."""
+    EVICT = "evict", "eviction (drain)"
+    DELETE = "delete", "deletion (abort)"
+
+
 class DefragOrphan(models.Model):
     """A model pod the job orphaned: kept until the pod is confirmed gone (nothing else cleans it up)."""
 
@@ -239,6 +246,21 @@ class DefragOrphan(models.Model):
                              help_text="Where the pod is in its life as an orphan.")
     orphaned_at = models.DateTimeField(null=True, blank=True, help_text="When the orphaning patch succeeded.")
     gone_at = models.DateTimeField(null=True, blank=True, help_text="When the pod was seen gone.")
+    # One request at a time ends a pod, so one intent with its verb: a drain's eviction left
+    # unrecorded and settled by a later abort is still recorded as the drain's eviction.
+    end_intent = models.CharField(
+        max_length=8, blank=True, choices=OrphanEnd.choices,
+        help_text="Written, and committed, before the job evicts or deletes the pod; cleared with the record of "
+                  "its outcome (or when the request is refused). Left set, the worker stopped in between: a pod "
+                  "found gone or terminating was ended by it (recorded then, once, under its operator), one still "
+                  "serving was not (the next pass decides again).")
+    end_intent_at = models.DateTimeField(null=True, blank=True,
+                                         help_text="When that eviction or deletion was about to be sent.")
+    end_intent_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+",
+                                      help_text="The operator whose drain or abort sent it (empty: the CLI).")
+    end_intent_cause = models.TextField(
+        blank=True, help_text="The cause its audit entry carries (why the job ends the pod).")
 
     class Meta:
         ordering = ["namespace", "pod_name"]

@@ -433,6 +433,24 @@ def abort_recheck_line(*, ended: Sequence[tuple[str, str]], left: int, chosen_ke
     return line
 
 
+class EndSettle:
+    """What became of an orphan's eviction or deletion whose worker stopped between sending
+    it and recording it (its intent is still on the orphan)."""
+    GONE = "gone"                # it went out, and the pod has finished terminating since
+    TERMINATING = "terminating"  # it went out: the pod is in its grace period
+    REPLACED = "replaced"        # the name now holds another pod: not the job's, no end recorded as done
+    NOT_SENT = "not sent"        # the pod serves on: it never took effect (the job decides again)
+
+
+def orphan_end_settle(*, orphan_uid: str, pod_uid: str | None, terminating: bool) -> str:
+    """`pod_uid`: the uid of the pod now under the orphan's name, None when there is none."""
+    if pod_uid is None:
+        return EndSettle.GONE
+    if pod_uid != orphan_uid:
+        return EndSettle.REPLACED
+    return EndSettle.TERMINATING if terminating else EndSettle.NOT_SENT
+
+
 def interval_validate(value, *, field: str, minimum: float, maximum: float, whole: bool = False) -> str | None:
     """None when `value` is a usable number of seconds, else the error naming `field`."""
     import math

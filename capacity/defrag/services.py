@@ -52,10 +52,12 @@ from capacity.defrag.models import (
     DefragOrphan,
     DefragRevision,
     JobState,
+    OrphanEnd,
     OrphanState,
 )
 from capacity.defrag.planning import (
     DefragPlan,
+    EndSettle,
     Step,
     abort_recheck_line,
     abort_stuck_message,
@@ -68,6 +70,7 @@ from capacity.defrag.planning import (
     Role,
     blockers_remaining,
     defrag_plan,
+    orphan_end_settle,
     orphan_patch,
     pod_classify,
     progress_line,
@@ -231,7 +234,7 @@ def _commit(job: DefragJob, *, fields: Iterable[str] = (), orphans: Iterable[Def
         for orphan in orphans:
             orphan.save()
         for entry in audits:
-            _audit(job, now=now, **entry)
+            _audit(job, **{"now": now, **entry})   # an entry may carry its own time (when it was done)
         _log_write(job.pk, job.__dict__.get("_pending_log") or [])
     job.version = version + 1
     _loaded(job)
@@ -272,13 +275,18 @@ def _pod_ref(orphan: DefragOrphan) -> dict:
             "metadata": {"name": orphan.pod_name, "namespace": orphan.namespace, "uid": orphan.uid}}
 
 
-def _get_pod(gateway: kube.KubeGateway, orphan: DefragOrphan) -> dict | None:
-    """The orphan's pod, or None when it is gone (a new pod with the same name is not it)."""
+def _pod_named(gateway: kube.KubeGateway, orphan: DefragOrphan) -> dict | None:
+    """The pod now under the orphan's name (perhaps a new one), or None when there is none."""
     try:
-        pod = gateway.get(kube.PODS, orphan.pod_name, namespace=orphan.namespace)
+        return gateway.get(kube.PODS, orphan.pod_name, namespace=orphan.namespace)
     except NotFound:
         return None
-    return pod if (pod.get("metadata") or {}).get("uid") == orphan.uid else None
+
+
+def _get_pod(gateway: kube.KubeGateway, orphan: DefragOrphan) -> dict | None:
+    """The orphan's pod, or None when it is gone (a new pod with the same name is not it)."""
+    pod = _pod_named(gateway, orphan)
+    return pod if pod is not None and (pod.get("metadata") or {}).get("uid") == orphan.uid else None
 
 
 def _is_orphaned(pod: dict) -> bool:
@@ -933,9 +941,9 @@ def _step_recheck(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> N
     ends `aborted` once none is left. An operator's "keep" keeps only orphans that cannot end.
 
     Nothing changed: only the next check is recorded (no log line, Event or audit entry per
-    check). A worker killed between a deletion and its record leaves the pod terminating: the
-    next check records that deletion then, once, as the abort's own step does (a pod already
-    gone by then is recorded gone, without its deletion entry: the abort's gap too)."""
+    check). A worker killed between a deletion and its record leaves the deletion's intent on
+    the orphan: the next check records that deletion then, once, whether the pod is still
+    terminating or already gone (`_end_intent_settle`)."""
     before = dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state"))
     ending = _end_orphans(job, gateway, now, evict=False, checked_again=True)
     if dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state")) == before:
@@ -1093,10 +1101,80 @@ class _Ending(NamedTuple):
     ended: list
 
 
+# What the cause of an orphan's eviction or deletion starts with when a later pass records
+# it: first and short, so the audit trail's 200 characters never cut it off.
+END_INTERRUPTED = "recorded after an interruption"
+
+
+def _end_words(end: str) -> tuple[str, str, str]:
+    """(audit action, what was done, the request) for an orphan's end."""
+    if end == OrphanEnd.EVICT:
+        return "pod_evict", "evicted", "eviction"
+    return "pod_delete", "deleted", "deletion"
+
+
+def _end_event_message(job: DefragJob, end: str, cause: str) -> str:
+    """The Event an orphan's end posts: the same text whoever records it, so an Event posted
+    before a worker died is not posted twice (its name is derived from it)."""
+    return f"Evicted by defrag job #{job.pk} (drain of {job.node_name})" if end == OrphanEnd.EVICT else cause
+
+
+def _end_intent_clear(orphan: DefragOrphan) -> None:
+    orphan.end_intent, orphan.end_intent_at, orphan.end_intent_by, orphan.end_intent_cause = "", None, None, ""
+
+
+def _end_intent_settle(job: DefragJob, gateway: kube.KubeGateway, now: datetime, orphan: DefragOrphan,
+                       named: dict | None) -> tuple[str, str]:
+    """Record what became of an eviction or deletion a worker announced on `orphan` and
+    stopped before recording (`named`: the pod now under its name, None when none is).
+
+    Gone or terminating: the request went out; it is audited now, once (the intent is cleared
+    in the same record), dated when it was sent, under the operator it was sent for. Another
+    pod under the name: that one is not the job's, and the end of the old one is not recorded
+    as the job's doing. Still serving: it never took effect; the caller decides again.
+    Returns (EndSettle outcome, what became of the pod for the abort-stuck check's line)."""
+    meta = (named or {}).get("metadata") or {}
+    outcome = orphan_end_settle(orphan_uid=orphan.uid, pod_uid=meta.get("uid") if named is not None else None,
+                                terminating=bool(meta.get("deletionTimestamp")))
+    if outcome == EndSettle.NOT_SENT:
+        return outcome, ""
+    key = f"{orphan.namespace}/{orphan.pod_name}"
+    action, done, request = _end_words(orphan.end_intent)
+    audits: list[dict] = []
+    if outcome == EndSettle.REPLACED:
+        what = f"gone (replaced by a new pod of the same name, not this job's; its {request} is not recorded)"
+        _append_log(job, f"Pod {key} is gone; the pod now under its name (uid {meta.get('uid')}) is a new one, not "
+                         f"this job's: left alone. This job's interrupted {request} of the old pod is not recorded "
+                         f"as done (the old pod may have gone before it).")
+    else:
+        what = f"{done} before its worker stopped; " + ("gone" if outcome == EndSettle.GONE else "is terminating")
+        audits.append(dict(action=action, target=f"Pod/{key}", now=orphan.end_intent_at,
+                           actor=orphan.end_intent_by, new={"pod": outcome, "recorded_after_interruption": True},
+                           cause=f"{END_INTERRUPTED}: {orphan.end_intent_cause}"))
+        _event(gateway, job, _pod_ref(orphan), reason="DefragEvict" if action == "pod_evict" else "DefragDelete",
+               message=_end_event_message(job, orphan.end_intent, orphan.end_intent_cause), now=now)
+        _append_log(job, f"Pod {key} {done} by this job (sent at {_stamp(orphan.end_intent_at)}); its worker "
+                         f"stopped before recording it: recorded now")
+    _end_intent_clear(orphan)
+    if outcome == EndSettle.TERMINATING:
+        orphan.state = OrphanState.DELETING
+    else:
+        orphan.state, orphan.gone_at = OrphanState.GONE, now
+        _append_log(job, f"Pod {key} gone")
+        audits.append(dict(action="pod_gone", target=f"Pod/{key}",
+                           new={"replaced_by_uid": meta.get("uid")} if outcome == EndSettle.REPLACED else None))
+    _commit(job, orphans=[orphan], now=now, audits=audits)
+    return outcome, what
+
+
 def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, evict: bool,
                  force: bool = False, checked_again: bool = False) -> _Ending:
     """Evict (drain) or delete (abort) the orphans. `checked_again`: a check of an abort-stuck
-    job (`_step_recheck`), said in each deletion's audit cause."""
+    job (`_step_recheck`), said in each deletion's audit cause.
+
+    Each request is announced on its orphan (`end_intent`, committed) before it is sent, and
+    recorded with the intent cleared after: a worker killed in between leaves the intent,
+    and the next pass records that end from what the pod shows (`_end_intent_settle`)."""
     waiting = 0
     refused = False
     kept: list = []
@@ -1104,10 +1182,18 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
     back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
     deleted_models: set[int] = set()        # revision ids whose ReplicaSet is gone
     asleep_models: set[int] = set()         # revision ids scaled to zero (`revision_asleep`)
+    end = OrphanEnd.EVICT if evict else OrphanEnd.DELETE
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
             "revision"):
         target = f"Pod/{orphan.namespace}/{orphan.pod_name}"
-        pod = _get_pod(gateway, orphan)
+        named = _pod_named(gateway, orphan)
+        if orphan.end_intent:
+            outcome, what = _end_intent_settle(job, gateway, now, orphan, named)
+            if outcome != EndSettle.NOT_SENT:
+                ended.append((f"{orphan.namespace}/{orphan.pod_name}", what))
+                waiting += outcome == EndSettle.TERMINATING
+                continue
+        pod = named if named is not None and (named.get("metadata") or {}).get("uid") == orphan.uid else None
         if pod is None:
             ended.append((f"{orphan.namespace}/{orphan.pod_name}",
                           "gone (its deletion finished)" if orphan.state == OrphanState.DELETING else "gone"))
@@ -1119,26 +1205,32 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         if orphan.state == OrphanState.DELETING:
             continue  # terminating: wait for its grace period
         pod_key = f"{orphan.namespace}/{orphan.pod_name}"
-        terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            # Terminating, and no intent says the job asked for it: someone else deleted it.
+            # It is waited for like the job's own; its deletion is not audited as the job's.
+            orphan.state = OrphanState.DELETING
+            _end_intent_clear(orphan)
+            ended.append((pod_key, "is terminating (deleted outside this job)"))
+            _append_log(job, f"Pod {pod_key} is terminating: deleted outside this job")
+            _commit(job, orphans=[orphan], now=now)
+            continue
         new: dict = {}
-        action = "pod_evict" if evict else "pod_delete"
-        line = f"Pod {pod_key} {'evicted' if evict else 'deleted'}"
-        if terminating:
-            # Already terminating: our request went out before a worker died (or someone else
-            # deleted it). Record it now; asking again would repeat the side effect.
-            line = f"Pod {pod_key} is terminating"
+        action, done, _ = _end_words(end)
+        line = f"Pod {pod_key} {done}"
         if evict:
-            message, cause = f"Evicted by defrag job #{job.pk} (drain of {job.node_name})", ""
-            if not terminating:
-                try:
-                    gateway.evict(orphan.pod_name, namespace=orphan.namespace)
-                except TooManyRequests as exc:
-                    _append_log(job, f"Eviction of {pod_key} refused (PodDisruptionBudget): retrying in "
-                                     f"{eviction_retry_seconds(job):g}s")
-                    job.error, refused = f"{EVICTION_REFUSED}{exc}", True
-                    continue
-                except NotFound:
-                    continue  # gone meanwhile: seen as gone on the next pass
+            cause = f"defrag job #{job.pk} ({job.state})"
+            _end_intent_write(job, orphan, end=end, cause=cause, now=now)
+            try:
+                gateway.evict(orphan.pod_name, namespace=orphan.namespace)
+            except TooManyRequests as exc:
+                _append_log(job, f"Eviction of {pod_key} refused (PodDisruptionBudget): retrying in "
+                                 f"{eviction_retry_seconds(job):g}s")
+                job.error, refused = f"{EVICTION_REFUSED}{exc}", True
+                _end_intent_refused(job, orphan, now)
+                continue
+            except NotFound:
+                _end_intent_refused(job, orphan, now)
+                continue  # gone meanwhile: seen as gone on the next pass
         else:
             if orphan.revision_id not in back:
                 try:
@@ -1169,33 +1261,58 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
             else:
                 why = "its revision is back to scale"
             context = "abort-stuck, checked again" if checked_again else "abort"
-            if ready < wanted and not terminating:
+            if ready < wanted:
                 if not force:
                     _append_log(job, f"Pod {pod_key} kept: revision {orphan.revision.revision} has "
                                      f"{ready}/{wanted} ready without it")
                     kept.append((orphan, ready, wanted))
+                    if orphan.end_intent:
+                        _end_intent_refused(job, orphan, now)  # an earlier request never took effect
                     continue
                 context, why = "abort, operator chose to delete anyway", \
                     f"its revision has {ready}/{wanted} ready without it"
                 line = (f"Pod {pod_key} deleted as the operator chose: revision {orphan.revision.revision} has "
                         f"{ready}/{wanted} ready without it (capacity drops)")
                 new = {"forced": True, "ready": ready, "wanted": wanted}
-            message = cause = f"Deleted by defrag job #{job.pk} ({context}): {why}"
-            if not terminating:
-                try:
-                    gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
-                except (NotFound, Conflict):
-                    continue  # gone (or replaced under the same name) meanwhile
-            ended.append((pod_key, f"is terminating ({why})" if terminating else f"deleted: {why}"))
+            cause = f"Deleted by defrag job #{job.pk} ({context}): {why}"
+            _end_intent_write(job, orphan, end=end, cause=cause, now=now)
+            try:
+                gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
+            except NotFound:
+                _end_intent_refused(job, orphan, now)
+                continue  # gone meanwhile: seen as gone on the next pass
+            except Conflict:
+                # The uid precondition failed: the name holds a new pod, which is not this job's.
+                _append_log(job, f"Pod {pod_key} was replaced by a new pod of the same name before its "
+                                 f"deletion: the new one is not this job's and is left alone")
+                _end_intent_refused(job, orphan, now)
+                continue
+            ended.append((pod_key, f"deleted: {why}"))
         orphan.state = OrphanState.DELETING
+        _end_intent_clear(orphan)
         _event(gateway, job, _pod_ref(orphan), reason="DefragEvict" if evict else "DefragDelete",
-               message=message, now=now)
+               message=_end_event_message(job, end, cause), now=now)
         _append_log(job, line)
         _commit(job, orphans=[orphan], now=now, audits=[dict(action=action, target=f"Pod/{pod_key}", new=new,
                                                              cause=cause)])
     if not refused and job.error.startswith(EVICTION_REFUSED):
         job.error = ""  # no budget refused this pass: the job must not go on showing an old 429
     return _Ending(waiting=waiting, kept=kept, ended=ended)
+
+
+def _end_intent_write(job: DefragJob, orphan: DefragOrphan, *, end: str, cause: str, now: datetime) -> None:
+    """IMPORTANT: committed before the eviction or deletion is sent, so a worker dying right
+    after it leaves a record that the pod's end is the job's (and why, and for whom)."""
+    orphan.end_intent, orphan.end_intent_at, orphan.end_intent_cause = end, now, cause
+    orphan.end_intent_by_id = job.operator_id
+    _commit(job, orphans=[orphan], now=now)
+
+
+def _end_intent_refused(job: DefragJob, orphan: DefragOrphan, now: datetime) -> None:
+    """The request was refused (a PodDisruptionBudget, the pod gone or replaced before it):
+    nothing was ended, so nothing is left to be recorded as ended later."""
+    _end_intent_clear(orphan)
+    _commit(job, orphans=[orphan], now=now)
 
 
 # ---- leases: which worker steps a job -------------------------------------------------------

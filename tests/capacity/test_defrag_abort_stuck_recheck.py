@@ -142,12 +142,14 @@ def test_keep_keeps_only_orphans_that_cannot_end_an_orphan_of_a_revision_gone_to
                for line in job.log)
 
 
+@pytest.mark.parametrize("gone_first", [False, True])
 def test_a_worker_killed_mid_check_after_the_delete_leaves_it_for_the_next_check_to_record_once(
-        defrag_world, settings, monkeypatch):
+        defrag_world, settings, monkeypatch, gone_first):
     world, job = stuck(defrag_world, settings)
     [orphan] = job.orphans.all()
     scale_to_zero(world)
     world.advance((job.next_check_at - world.now()).total_seconds())
+    sent_at = world.now()
     fired = crash_on(monkeypatch, "pod_delete")             # killed after the DELETE, before its record
     with pytest.raises(WorkerKilled):
         step(world, job)
@@ -155,9 +157,16 @@ def test_a_worker_killed_mid_check_after_the_delete_leaves_it_for_the_next_check
     job.refresh_from_db()
     assert job.state == JobState.ABORT_STUCK and job.orphans.get().state == OrphanState.ORPHANED
     assert "pod_delete" not in audit_counts(job)            # nothing of the check was recorded…
+    if gone_first:
+        world.advance(60)                                   # …and the pod finished terminating before the next
+        assert not world.kube.pod_exists(NS, orphan.pod_name)
     job = run_until(world, job, {JobState.ABORTED}, dt=5, max_steps=40)   # …the next checks finish it
     assert not world.kube.pod_exists(NS, orphan.pod_name)
     assert world.gateway.calls[("delete", "pods")] == 1                  # deleted once
     counts = audit_counts(job)
     assert (counts["pod_delete"], counts["pod_gone"], counts["job_abort"]) == (1, 1, 1)
+    deleted = job_audit(job).get(action="pod_delete")
+    assert deleted.at == sent_at and deleted.cause == (
+        f"recorded after an interruption: Deleted by defrag job #{job.pk} "
+        f"(abort-stuck, checked again): revision {REVISION} is scaled to zero, no replacement needed")
     assert len(world.kube.events(NS, "DefragDelete")) == 1

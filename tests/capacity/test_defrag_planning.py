@@ -9,6 +9,7 @@ from defrag_builders import make_model_pod, make_node, make_pod
 from capacity.defrag.planning import (
     DefragAdvice,
     DefragPlan,
+    EndSettle,
     Freeing,
     Move,
     RevisionScale,
@@ -17,6 +18,7 @@ from capacity.defrag.planning import (
     blockers_remaining,
     defrag_advice,
     defrag_plan,
+    orphan_end_settle,
     orphan_patch,
     pod_classify,
     progress_line,
@@ -509,3 +511,14 @@ def test_a_revision_is_asleep_only_when_its_autoscaler_and_replicaset_both_want_
     from capacity.defrag.planning import revision_asleep
 
     assert revision_asleep(desired_scale=desired_scale, current_replicas=current_replicas) is asleep
+
+
+@pytest.mark.parametrize("pod_uid, terminating, outcome", [
+    (None, False, EndSettle.GONE),              # it went out, and the pod finished terminating since
+    ("uid-1", True, EndSettle.TERMINATING),     # it went out: the pod is in its grace period
+    ("uid-2", False, EndSettle.REPLACED),       # a new pod under the name: not the job's
+    ("uid-2", True, EndSettle.REPLACED),        # ... whatever becomes of that one
+    ("uid-1", False, EndSettle.NOT_SENT),       # the pod serves on: it never took effect
+])
+def test_an_orphans_end_left_unrecorded_is_settled_from_the_pod_now_under_its_name(pod_uid, terminating, outcome):
+    assert orphan_end_settle(orphan_uid="uid-1", pod_uid=pod_uid, terminating=terminating) == outcome

@@ -2,7 +2,7 @@
 committed before the patch says whose uncordon it was, and the next return to service of
 the node, or the resume beat, records it then, once, under the operator who asked.
 
-The crash is real: a separate process (`return_to_service_crash_worker.py`) runs the
+The crash is real: a separate process (`defrag_crash_worker.py`) runs the
 return to service against this test's PostgreSQL database and simulated cluster and
 SIGKILLs itself right after the uncordon patch landed (nothing of it committed), or right
 before the patch. The tests then look as an operator would: the node, the job's audit
@@ -10,16 +10,10 @@ trail and log, the Events, the abort that ends the orphans.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection
 
 from audit.selectors import entries_of_subject
@@ -37,11 +31,10 @@ from capacity.defrag.services import (
 from clusters import kube
 from clusters.errors import Unavailable
 from defrag_cluster import NS, knative_service, run_until, scenario
+from defrag_crash_worker import crash as crash_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
-CRASH_WORKER = Path(__file__).with_name("return_to_service_crash_worker.py")
 CLI = "cli:ops@bastion"
 
 
@@ -66,21 +59,9 @@ def stamp(at) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _database_url() -> str:
-    db = django_settings.DATABASES["default"]
-    assert db["ENGINE"].endswith("postgresql"), "the crash test shares the database with its child process"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def crash(world, job: DefragJob, *, actor: str, point: str) -> None:
     """Return the job's node to service in a process of its own, killed at `point`."""
-    env = {**os.environ, "DATABASE_URL": _database_url(), "PYTHONPATH": str(ROOT), "KUBE_RETRY_BACKOFF": "0.05"}
-    env.pop("KUBECONFIG", None)
-    env.pop("CLOCK_OFFSET_FILE", None)
-    done = subprocess.run([sys.executable, str(CRASH_WORKER), str(job.pk), actor, world.now().isoformat(), point],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    crash_process("return-to-service", str(job.pk), actor, world.now().isoformat(), point)
 
 
 @pytest.fixture
