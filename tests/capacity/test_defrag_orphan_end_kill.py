@@ -30,11 +30,11 @@ from capacity.defrag.services import (
 )
 from config import clock
 from defrag_builders import make_pod
-from defrag_cluster import NS, REVISION, Kube, knative_service, run_until, scenario
+from defrag_cluster import NS, Kube, knative_service, run_until, scenario
 from defrag_crash_worker import crash
 from simcluster.controllers.kubelet import KNATIVE_DRAIN_SECONDS, SHUTDOWN_ANNOTATION
 from test_defrag_durability import Interleave
-from test_defrag_services import audit_counts, job_audit, start_job, step
+from test_defrag_services import audit_counts, budget_refusing_every_eviction, job_audit, start_job, step
 from test_defrag_worker_kill import send
 from test_return_to_service_kill import stamp
 from tests.celery_workers import ROOT, broker_url, celery_processes, wait_for  # noqa: F401
@@ -224,11 +224,7 @@ def test_a_delete_refused_because_the_name_holds_a_new_pod_clears_its_intent(saf
 def test_an_eviction_a_disruption_budget_refuses_clears_its_intent_so_no_later_deletion_is_taken_for_it(
         safe_job):
     world, job, orphan, ops = safe_job()
-    # It counts the orphan too (it keeps the revision's labels): 4 healthy of 4 wanted.
-    world.kube.policy.create_namespaced_pod_disruption_budget(NS, {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "model"},
-        "spec": {"minAvailable": 4, "selector": {"matchLabels": {"serving.knative.dev/revision": REVISION}}}})
-    world.advance(1)
+    budget_refusing_every_eviction(world)
     job = defrag_job_drain(job=job, actor=ops, delete_node=True, now=world.now(), enqueue=False)
     job = step(world, job)
     assert job.state == JobState.DRAINING and "refused (PodDisruptionBudget)" in job.log[-1]

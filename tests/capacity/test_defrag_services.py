@@ -265,6 +265,17 @@ def test_time_limit_fails_the_job_leaving_node_cordoned_and_orphans_serving(defr
     assert job.is_live                                      # still holds the node and its orphan
 
 
+
+def budget_refusing_every_eviction(world) -> None:
+    """A PodDisruptionBudget that allows no disruption at all: the first evictions get 429.
+    It counts the orphan too (it keeps the revision's labels): 4 healthy of 4 wanted. Not
+    `maxUnavailable: 0`: the disruption controller expects the owners' scale (3; the orphan
+    has no owner), so 4 healthy against 3 expected would allow one eviction."""
+    world.kube.policy.create_namespaced_pod_disruption_budget(NS, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "model"},
+        "spec": {"minAvailable": 4, "selector": {"matchLabels": {"serving.knative.dev/revision": REVISION}}}})
+    world.advance(1)
+
 def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_world, django_user_model):
     world = defrag_world(scenario(knative_service(min_scale=3)))
     node = world.kube.node_with_pods()
@@ -275,14 +286,7 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
     with pytest.raises(DefragError, match="may not drain"):
         defrag_job_drain(job=job, actor=nobody, now=world.now(), enqueue=False)
 
-    # A PDB that allows no disruption at all: the first evictions get 429. It counts the
-    # orphan too (it keeps the revision's labels): 4 healthy of 4 wanted. Not
-    # `maxUnavailable: 0`: the disruption controller expects the owners' scale (3; the
-    # orphan has no owner), so 4 healthy against 3 expected would allow one eviction.
-    world.kube.policy.create_namespaced_pod_disruption_budget(NS, {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "model"},
-        "spec": {"minAvailable": 4, "selector": {"matchLabels": {"serving.knative.dev/revision": REVISION}}}})
-    world.advance(1)
+    budget_refusing_every_eviction(world)
     job = defrag_job_drain(job=job, actor=None, delete_node=True, now=world.now(), enqueue=False)
     job = step(world, job)
     assert job.state == JobState.DRAINING and "PodDisruptionBudget" in job.log[-1]
