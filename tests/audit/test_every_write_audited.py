@@ -384,53 +384,42 @@ def pruning_restore_of_a_pynode_its_org_keeps_asleep(request) -> tuple[Recording
 
 
 # --- defrag --------------------------------------------------------------------------------------------
-def _defrag_world(request):
+def _defrag_job_started(request):
+    """A defrag job an operator started on the node with the model's pods (discovery and the
+    start recorded): (world, gateway, operator, node, its pod as namespace/name, job)."""
     world = request.getfixturevalue("defrag_world")(defrag_scenario(defrag_model(min_scale=3)))
     gateway = request.getfixturevalue("record_writes")(world.cluster)
     world.gateway = gateway
-    return world, gateway
-
-
-def _defrag_job(world, gateway, node: str, ops: User):
-    with gateway.acting("defrag"):
-        plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=gateway)
-        return defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, actor=ops, now=world.now(),
-                                enqueue=False, poll_interval_seconds=2.0)
-
-
-def defrag_cordon_orphan_drain_and_delete_the_node(request) -> tuple[RecordingGateway, set[str]]:
-    world, gateway = _defrag_world(request)
     ops = operator()
     node = world.kube.node_with_pods()
     [pod] = world.kube.pods(node=node)
-    job = _defrag_job(world, gateway, node, ops)
+    with gateway.acting("defrag"):
+        plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=gateway)
+        job = defrag_job_start(cluster=world.cluster, node_name=node, plan=plan, actor=ops, now=world.now(),
+                               enqueue=False, poll_interval_seconds=2.0)
+    return world, gateway, ops, node, f"{pod.metadata.namespace}/{pod.metadata.name}", job
+
+
+def defrag_cordon_orphan_drain_and_delete_the_node(request) -> tuple[RecordingGateway, set[str]]:
+    world, gateway, ops, node, pod, job = _defrag_job_started(request)
     with gateway.acting("defrag"):   # the worker steps the job: the operator's, who confirmed it
         job = run_until(world, job, {JobState.SAFE})
         job = defrag_job_drain(job=job, actor=ops, delete_node=True, now=world.now(), enqueue=False)
         job = run_until(world, job, {JobState.DRAINED}, dt=5)
-    pod = f"{pod.metadata.namespace}/{pod.metadata.name}"
     return gateway, {f"patch Node {node}", f"patch Pod {pod}", f"evict Pod {pod} (eviction)", f"delete Node {node}"}
 
 
 def defrag_abort(request) -> tuple[RecordingGateway, set[str]]:
-    world, gateway = _defrag_world(request)
-    ops = operator()
-    node = world.kube.node_with_pods()
-    [pod] = world.kube.pods(node=node)
-    job = _defrag_job(world, gateway, node, ops)
+    world, gateway, ops, node, pod, job = _defrag_job_started(request)
     with gateway.acting("defrag"):
         job = run_until(world, job, {JobState.WAITING}, dt=0)
         job = defrag_job_abort(job=job, actor=ops, now=world.now(), enqueue=False)
         job = run_until(world, job, {JobState.ABORTED}, dt=2)
-    pod = f"{pod.metadata.namespace}/{pod.metadata.name}"
     return gateway, {f"patch Node {node}", f"patch Pod {pod}", f"delete Pod {pod}"}
 
 
 def defrag_return_to_service(request) -> tuple[RecordingGateway, set[str]]:
-    world, gateway = _defrag_world(request)
-    ops = operator()
-    node = world.kube.node_with_pods()
-    job = _defrag_job(world, gateway, node, ops)
+    world, gateway, ops, node, _, job = _defrag_job_started(request)
     with gateway.acting("defrag"):
         job = run_until(world, job, {JobState.SAFE})
         node_return_to_service(cluster=world.cluster, node=node, actor=ops, job=job, gateway=gateway,

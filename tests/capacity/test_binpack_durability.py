@@ -464,14 +464,15 @@ def lost_answer(handle, *, pod: str = "a-0", applied: bool, then: str = "server 
     return fault, tried
 
 
-def apply_through(handle, gateway, *, actor) -> BinpackRun:
-    """A run (an admin action) writing through `gateway` (its faults); the gateway is closed
-    and the cluster answers plainly again afterwards."""
+def apply_through(handle, gateway, *, actor, closing=None) -> BinpackRun:
+    """A run (an admin action) writing through `gateway` (its faults); the gateway (or
+    `closing`, the one `gateway` wraps) is closed and the cluster answers plainly again
+    afterwards."""
     try:
         run, _ = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=actor, gateway=gateway,
                                                    trigger=BinpackRun.Trigger.ADMIN)
     finally:
-        gateway.close()
+        (closing or gateway).close()
         handle.control.clear_faults()
     return run
 
@@ -643,12 +644,7 @@ def test_a_lost_answer_of_a_stalled_run_settled_meanwhile_is_settled_by_the_next
     settings.BINPACK_WRITE_CONCURRENCY = 4
     losing = PatchFaults.to(handle, settings, lost_answer(handle, pod="a-1", applied=True)[0])
     held, settled = held_until_settled(losing, handle)
-    try:
-        run, plan = services.pod_deletion_costs_apply(cluster=handle.cluster, actor=ops, gateway=held,
-                                                      trigger=BinpackRun.Trigger.ADMIN)
-    finally:
-        losing.close()
-        handle.control.clear_faults()
+    run = apply_through(handle, held, actor=ops, closing=losing)
 
     assert [r.pk for r in settled] == [run.pk] and run.results[1] == "unknown"
     run.refresh_from_db()
