@@ -276,6 +276,11 @@ class ChaosDriver:
                     self.violation(f"job #{job.pk} went {seconds:.0f} s unstepped after a {gap.kind} kill "
                                    f"(bound {GAP_BOUND_S[gap.kind]:.0f} s)")
                 continue
+            if not _needs_step(job) and job.finished_at is not None and job.finished_at <= gap.killed_at:
+                # The killed step had already ended the job (its last record landed between the
+                # driver's read of the state and the kill): nothing is left to step.
+                self.pending.remove(gap)
+                continue
             unstepped = (clock.now() - gap.killed_at).total_seconds()
             if unstepped > 3 * GAP_BOUND_S["whole"]:
                 self.pending.remove(gap)
