@@ -433,6 +433,15 @@ def abort_recheck_line(*, ended: Sequence[tuple[str, str]], left: int, chosen_ke
     return line
 
 
+def abort_recheck_counts_line(*, changed: Sequence[tuple[str, tuple[int, int], tuple[int, int]]]) -> str:
+    """A check of an abort-stuck job that ended nothing but found a revision's ready count
+    changed (a replacement became ready, or one stopped being): the stuck message is written
+    again with the new counts. `changed`: (ns/revision, (ready, wanted) it said, (ready, wanted) now)."""
+    return "Checked again (abort-stuck): " + "; ".join(
+        f"revision {revision} has {ready}/{wanted} ready without its orphan(s) (was {was_ready}/{was_wanted})"
+        for revision, (was_ready, was_wanted), (ready, wanted) in changed) + "; no orphan can end yet."
+
+
 class EndSettle:
     """What became of an orphan's eviction or deletion whose worker stopped between sending
     it and recording it (its intent is still on the orphan)."""

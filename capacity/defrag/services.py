@@ -31,6 +31,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from audit.selectors import entries_of_subject
 from audit.services import audit
 from clusters import kube
 from clusters.errors import AlreadyExists, Conflict, Invalid, KubeError, NotFound, TooManyRequests
@@ -59,6 +60,7 @@ from capacity.defrag.planning import (
     DefragPlan,
     EndSettle,
     Step,
+    abort_recheck_counts_line,
     abort_recheck_line,
     abort_stuck_message,
     abort_terminating_message,
@@ -947,6 +949,14 @@ def _step_recheck(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> N
     before = dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state"))
     ending = _end_orphans(job, gateway, now, evict=False, checked_again=True)
     if dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state")) == before:
+        said, counts = _stuck_counts_said(job), _stuck_counts(ending.kept)
+        changed = [(revision, said[revision], now_) for revision, now_ in counts.items()
+                   if revision in said and said[revision] != now_]
+        if changed:
+            # Nothing ended, but the stuck message's ready counts are no longer true: it is
+            # written again (with what holds the room now); the "kept" lines stay, they say why.
+            _append_log(job, abort_recheck_counts_line(changed=changed))
+            return _abort_stuck(job, gateway, now, ending.kept)
         _log_drop(job)   # this pass's "kept" lines: the stuck message says it already
         job.next_check_at = now + timedelta(seconds=abort_recheck_seconds(job))
         _commit(job, now=now)
@@ -956,6 +966,19 @@ def _step_recheck(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> N
     if not ending.waiting:
         return _aborted(job, now)
     _abort_stuck(job, gateway, now, ending.kept)
+
+
+def _stuck_counts(kept: list) -> dict[str, tuple[int, int]]:
+    """Per revision (ns/name) of the orphans kept: (ready without them, wanted)."""
+    return {f"{orphan.namespace}/{orphan.revision.revision}": (ready, wanted) for orphan, ready, wanted in kept}
+
+
+def _stuck_counts_said(job: DefragJob) -> dict[str, tuple[int, int]]:
+    """The ready counts the job's stuck message gives: those its last `job_abort_stuck`
+    entry recorded with it."""
+    entry = entries_of_subject(subject_type="defrag_job", subject_id=job.pk).filter(action="job_abort_stuck").first()
+    kept = ((entry.new or {}).get("kept") or ()) if entry is not None else ()
+    return {k["revision"]: (k["ready"], k["wanted"]) for k in kept}
 
 
 def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept: list) -> None:

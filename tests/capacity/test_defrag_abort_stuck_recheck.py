@@ -14,9 +14,19 @@ from capacity.defrag.models import DefragJob, JobState, OrphanState
 from capacity.defrag.services import defrag_job_abort
 from capacity.selectors import defrag_job_progress
 from config import clock
-from defrag_cluster import NS, REVISION, run_until
+from defrag_builders import make_pod
+from defrag_cluster import NS, REVISION, knative_service, run_until, scenario
 from test_defrag_scale_to_zero import asleep, scale_to_zero
-from test_defrag_services import WorkerKilled, audit_counts, crash_on, job_audit, start_job, step, world_without_room
+from test_defrag_services import (
+    WorkerKilled,
+    audit_counts,
+    crash_on,
+    job_audit,
+    kubernetes_node,
+    start_job,
+    step,
+    world_without_room,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -170,3 +180,36 @@ def test_a_worker_killed_mid_check_after_the_delete_leaves_it_for_the_next_check
         f"recorded after an interruption: Deleted by defrag job #{job.pk} "
         f"(abort-stuck, checked again): revision {REVISION} is scaled to zero, no replacement needed")
     assert len(world.kube.events(NS, "DefragDelete")) == 1
+
+
+def test_a_check_that_finds_a_ready_count_changed_writes_the_stuck_message_again_with_it(
+        defrag_world, settings, monkeypatch):
+    """Two 4-GPU orphans on n1, n2 full: 0/2 ready without them. Room frees for one replacement:
+    1/2, and still neither orphan can end — the message an operator reads says 1/2 now."""
+    settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = 60
+    world = defrag_world(scenario(knative_service(min_scale=2, gpus=4), nodes=1))
+    world.kube.core.create_node(kubernetes_node("n2"))
+    world.kube.core.create_namespaced_pod(NS, make_pod("hog", namespace=NS, node="n2", gpus=8))
+    world.advance(10)
+    job = run_until(world, start_job(world, "n1", poll_interval_seconds=5), {JobState.WAITING}, dt=0)
+    job = defrag_job_abort(job=job, actor=None, orphans="", now=world.now(), enqueue=False)
+    job = run_until(world, job, {JobState.ABORT_STUCK}, dt=10, max_steps=20)
+    assert f"revision {NS}/{REVISION} has 0/2 ready without its orphan(s)" in job.error
+    stuck_audits = audit_counts(job)["job_abort_stuck"]
+
+    world.kube.core.delete_namespaced_pod("hog", NS)        # half of n2 frees: one replacement fits
+    world.kube.core.create_namespaced_pod(NS, make_pod("hog-half", namespace=NS, node="n2", gpus=4))
+    world.advance(60)
+    job = until_checked(world, monkeypatch, job)
+    assert job.state == JobState.ABORT_STUCK and all(o.state == OrphanState.ORPHANED for o in job.orphans.all())
+    assert f"revision {NS}/{REVISION} has 1/2 ready without its orphan(s)" in job.error
+    assert "has 0/2 ready" not in job.error
+    assert job.log[-1] == job.error
+    assert job.log[-2] == (f"Checked again (abort-stuck): revision {NS}/{REVISION} has 1/2 ready without its "
+                           f"orphan(s) (was 0/2); no orphan can end yet.")
+    assert audit_counts(job)["job_abort_stuck"] == stuck_audits + 1   # what the message says, recorded
+    assert "pod_delete" not in audit_counts(job)                       # nothing of the customer's ended
+
+    log_seq, message = job.log_seq, job.error
+    job = until_checked(world, monkeypatch, job)                        # the same counts: nothing written
+    assert (job.log_seq, job.error) == (log_seq, message)
