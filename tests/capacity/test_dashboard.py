@@ -188,6 +188,31 @@ def test_gpu_map_pages_a_big_fleet_and_keeps_the_pool_filter(sim_cluster_factory
     assert "No node to empty" not in unknown.content.decode()
 
 
+
+def test_the_map_legend_names_the_org_and_model_of_each_colour_on_the_page(sim_cluster_factory, client, staff):
+    sim_cluster_factory(objects(), name="sim")
+    html = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    legend = re.search(r'<ul id="map-legend">(.*?)</ul>', html, re.S).group(1)
+    entries = re.findall(r'<li><span style="[^"]*background:(hsl\([^)]*\))"></span> ([^<]*)</li>', legend)
+    assert [name for _, name in entries] == ["org-a / big", "org-a / small"]
+    for colour, name in entries:   # each colour is the one its cells are drawn in
+        assert f'fill="{colour}"' in html
+
+
+def test_the_map_legend_and_cells_escape_the_names_they_show():
+    """Names come from the cluster's labels: drawn as text, never as markup."""
+    from capacity.gpumap.planning import NodeRow
+    from capacity.gpumap.views import _cells_svg, _legend_html
+
+    legend = _legend_html([("org<b>", 'model"&', "red\" onload=\"x")])
+    assert "org&lt;b&gt; / model&quot;&amp;" in legend and "<b>" not in legend
+    assert 'background:red&quot; onload=&quot;x"' in legend
+    row = NodeRow(name="h1", pool="p", gpu_product="g", total=2, used=1, cordoned=False, held_by_job=None,
+                  holders=(("org<b>", "m&", "pod<i>", "ns", 1),))
+    svg = _cells_svg(row, row.cells)
+    assert "<title>ns/pod&lt;i&gt; (org&lt;b&gt;/m&amp;)</title>" in svg and "<i>" not in svg
+    assert svg.count("<rect ") == 2 and "<title>free</title>" in svg
+
 # ---- one reading of the cluster serves its pages a few seconds, and they say how old it is --
 
 T0 = datetime(2026, 3, 2, 14, 5, 7, tzinfo=UTC)
