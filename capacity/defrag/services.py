@@ -1124,6 +1124,12 @@ class _Ending(NamedTuple):
     ended: list
 
 
+# An eviction or deletion whose answer was lost (the connection dropped after it was sent),
+# and the gateway's try again found the pod gone: the first one went out, and the pod is gone
+# after it. Recorded as the job's, as a killed worker's request is (`_end_intent_settle`):
+# taken for a pod that went by itself, the job's own end of it would go unaudited.
+ANSWER_LOST_GONE = "its answer was lost; asked again, the pod was gone"
+
 # What the cause of an orphan's eviction or deletion starts with when a later pass records
 # it: first and short, so the audit trail's 200 characters never cut it off.
 END_INTERRUPTED = "recorded after an interruption"
@@ -1251,9 +1257,11 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                 job.error, refused = f"{EVICTION_REFUSED}{exc}", True
                 _end_intent_refused(job, orphan, now)
                 continue
-            except NotFound:
-                _end_intent_refused(job, orphan, now)
-                continue  # gone meanwhile: seen as gone on the next pass
+            except NotFound as exc:
+                if not exc.after_unanswered_write:
+                    _end_intent_refused(job, orphan, now)
+                    continue  # gone meanwhile: seen as gone on the next pass
+                line, new = f"{line} ({ANSWER_LOST_GONE})", {"answer_lost": True}
         else:
             if orphan.revision_id not in back:
                 try:
@@ -1301,9 +1309,11 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
             _end_intent_write(job, orphan, end=end, cause=cause, now=now)
             try:
                 gateway.delete(kube.PODS, orphan.pod_name, namespace=orphan.namespace, uid=orphan.uid)
-            except NotFound:
-                _end_intent_refused(job, orphan, now)
-                continue  # gone meanwhile: seen as gone on the next pass
+            except NotFound as exc:
+                if not exc.after_unanswered_write:
+                    _end_intent_refused(job, orphan, now)
+                    continue  # gone meanwhile: seen as gone on the next pass
+                line, new = f"{line} ({ANSWER_LOST_GONE})", {**new, "answer_lost": True}
             except Conflict:
                 # The uid precondition failed: the name holds a new pod, which is not this job's.
                 _append_log(job, f"Pod {pod_key} was replaced by a new pod of the same name before its "

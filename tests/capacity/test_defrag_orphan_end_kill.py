@@ -28,6 +28,8 @@ from capacity.defrag.services import (
     defrag_job_start,
     defrag_job_step,
 )
+from clusters.errors import Unavailable
+from clusters.kube import PODS, KubeGateway
 from config import clock
 from defrag_builders import make_pod
 from defrag_cluster import NS, Kube, knative_service, run_until, scenario
@@ -242,6 +244,74 @@ def test_an_eviction_a_disruption_budget_refuses_clears_its_intent_so_no_later_d
     assert "pod_evict" not in counts and counts["pod_gone"] == 1
     assert not world.kube.events(NS, "DefragEvict")
 
+
+
+# ---- the request's answer lost ------------------------------------------------------------------
+
+class AnswerLostOnce(KubeGateway):
+    """The gateway, over HTTP to the simulated cluster, except that the first `verb` of a pod
+    reaches the API server, the pod finishes terminating, and the answer never comes (the
+    connection drops): the gateway tries again, and that try finds the pod gone (404)."""
+
+    def __init__(self, *args, verb: str, world, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.verb, self.world, self.lost = verb, world, []
+
+    def _send_once(self, verb, resource, method, path, *rest):
+        answer = super()._send_once(verb, resource, method, path, *rest)
+        if verb == self.verb and resource is PODS and not self.lost:
+            self.lost.append(path)
+            self.world.advance(QUICK + 1)
+            raise Unavailable("connection reset by peer", code=503)
+        return answer
+
+
+@pytest.mark.parametrize("verb", ["delete", "evict"])
+def test_an_end_whose_answer_was_lost_and_whose_pod_was_then_gone_is_audited_as_the_jobs(safe_job, verb):
+    world, job, orphan, ops = safe_job()
+    node = job.node_name
+    if verb == "delete":
+        job = defrag_job_abort(job=job, actor=ops, now=world.now(), enqueue=False)
+    else:
+        job = defrag_job_drain(job=job, actor=ops, delete_node=True, now=world.now(), enqueue=False)
+    lossy = AnswerLostOnce.from_kubeconfig(world.handle.kubeconfig_path, name="sim", verb=verb, world=world,
+                                           retry_attempts=3, backoff=0.0, sleep=lambda s: None)
+    job = defrag_job_step(job=job, gateway=lossy, now=world.now())
+    assert len(lossy.lost) == 1 and lossy.calls[(verb, "pods")] == 2   # sent, then tried again: 404
+    assert not world.kube.pod_exists(NS, orphan.pod_name)
+
+    action, done = ("pod_delete", "deleted") if verb == "delete" else ("pod_evict", "evicted")
+    [entry] = job_audit(job).filter(action=action)
+    assert entry.actor == ops and entry.new == {"answer_lost": True}
+    assert entry.cause == (f"Deleted by defrag job #{job.pk} (abort): its revision is back to scale" if verb == "delete"
+                           else f"defrag job #{job.pk} (draining)")
+    assert (f"Pod {NS}/{orphan.pod_name} {done} (its answer was lost; asked again, the pod was gone)") in job.log
+    orphan.refresh_from_db()
+    assert orphan.end_intent == "" and orphan.state == OrphanState.DELETING
+
+    job = run_until(world, job, {JobState.ABORTED if verb == "delete" else JobState.DRAINED}, dt=2)
+    counts = audit_counts(job)
+    assert (counts[action], counts["pod_gone"]) == (1, 1)
+    reason = "DefragDelete" if verb == "delete" else "DefragEvict"
+    assert [e.message for e in world.kube.events(NS, reason)] == [
+        entry.cause if verb == "delete" else f"Evicted by defrag job #{job.pk} (drain of {node})"]
+
+
+def test_a_pod_gone_before_the_end_was_sent_is_not_audited_as_the_jobs(safe_job):
+    """The contrast: a 404 to the request itself (no earlier try lost) is a pod that went by
+    itself; its end is recorded as gone, not as the job's deletion."""
+    world, job, orphan, ops = safe_job()
+    job = defrag_job_abort(job=job, actor=ops, now=world.now(), enqueue=False)
+    # Between the abort's read of the pod and its DELETE, the pod is force-deleted by someone else.
+    racing = Interleave(world.gateway, "delete", "pods", lambda: world.kube.core.delete_namespaced_pod(
+        orphan.pod_name, NS, grace_period_seconds=0))
+    job = defrag_job_step(job=job, gateway=racing, now=world.now())
+    assert racing.fired and not world.kube.pod_exists(NS, orphan.pod_name)
+    orphan.refresh_from_db()
+    assert orphan.end_intent == "" and orphan.state == OrphanState.ORPHANED
+    job = run_until(world, job, {JobState.ABORTED}, dt=2)
+    counts = audit_counts(job)
+    assert "pod_delete" not in counts and counts["pod_gone"] == 1
 
 # ---- a real Celery worker --------------------------------------------------------------------------
 
