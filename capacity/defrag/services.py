@@ -968,9 +968,15 @@ def _step_recheck(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> N
     _abort_stuck(job, gateway, now, ending.kept)
 
 
+def _revision_name(orphan: DefragOrphan) -> str:
+    """ns/name of an orphan's revision, as the stuck message and its audit record name it (and
+    as `_stuck_counts` compares them)."""
+    return f"{orphan.namespace}/{orphan.revision.revision}"
+
+
 def _stuck_counts(kept: list) -> dict[str, tuple[int, int]]:
     """Per revision (ns/name) of the orphans kept: (ready without them, wanted)."""
-    return {f"{orphan.namespace}/{orphan.revision.revision}": (ready, wanted) for orphan, ready, wanted in kept}
+    return {_revision_name(orphan): (ready, wanted) for orphan, ready, wanted in kept}
 
 
 def _stuck_counts_said(job: DefragJob) -> dict[str, tuple[int, int]]:
@@ -988,7 +994,7 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
     by_revision: dict[int, dict] = {}
     for orphan, ready, wanted in kept:
         entry = by_revision.setdefault(orphan.revision_id, {
-            "revision": f"{orphan.namespace}/{orphan.revision.revision}", "ready": ready, "wanted": wanted,
+            "revision": _revision_name(orphan), "ready": ready, "wanted": wanted,
             "orphans": [], "gpus": 0, "pending": []})
         entry["orphans"].append(f"{orphan.namespace}/{orphan.pod_name}")
         entry["gpus"] += orphan.gpus
