@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 from . import errors
 from .resources import ResourceType
@@ -32,23 +33,39 @@ def _q(value) -> str:
     return json.dumps(value)
 
 
-def name_errors(name: str, label: bool) -> list[str]:
+# Namespaces, label and annotation keys and label values repeat across objects (every
+# pod of a namespace carries the same ones): each is checked once, then answered from
+# here. Object names, unique, are checked every time.
+_CHECKED_TEXTS = 8192
+
+
+def name_errors(name: str, label: bool) -> tuple[str, ...]:
     if label:
         if len(name) > 63:
-            return ["must be no more than 63 characters"]
+            return ("must be no more than 63 characters",)
         if not _DNS1123_LABEL.match(name):
-            return ["a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-                    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc')"]
-        return []
+            return ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+                    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc')",)
+        return ()
     if len(name) > 253:
-        return ["must be no more than 253 characters"]
+        return ("must be no more than 253 characters",)
     if not _DNS1123_SUBDOMAIN.match(name):
-        return ["a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                "and must start and end with an alphanumeric character (e.g. 'example.com')"]
-    return []
+        return ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                "and must start and end with an alphanumeric character (e.g. 'example.com')",)
+    return ()
 
 
-def qualified_name_errors(key: str) -> list[str]:
+def _namespace_errors(namespace) -> tuple[str, ...]:
+    return _checked_namespace(namespace) if type(namespace) is str else name_errors(namespace, label=True)
+
+
+@lru_cache(maxsize=_CHECKED_TEXTS)
+def _checked_namespace(namespace: str) -> tuple[str, ...]:
+    return name_errors(namespace, label=True)
+
+
+@lru_cache(maxsize=_CHECKED_TEXTS)
+def qualified_name_errors(key: str) -> tuple[str, ...]:
     """A label or annotation key: an optional DNS subdomain prefix and '/', then a name."""
     prefix, _, name = key.rpartition("/")
     problems = []
@@ -63,18 +80,23 @@ def qualified_name_errors(key: str) -> list[str]:
     elif not _QUALIFIED_NAME.match(name):
         problems.append("name part must consist of alphanumeric characters, '-', '_' or '.', and must start "
                         "and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc')")
-    return problems
+    return tuple(problems)
 
 
-def label_value_errors(value) -> list[str]:
+def label_value_errors(value) -> tuple[str, ...]:
     if not isinstance(value, str):
-        return ["must be a string"]
+        return ("must be a string",)
+    return _label_text_errors(value)
+
+
+@lru_cache(maxsize=_CHECKED_TEXTS)
+def _label_text_errors(value: str) -> tuple[str, ...]:
     if len(value) > 63:
-        return ["must be no more than 63 characters"]
+        return ("must be no more than 63 characters",)
     if not _LABEL_VALUE.match(value):
-        return ["a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
-                "and must start and end with an alphanumeric character"]
-    return []
+        return ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+                "and must start and end with an alphanumeric character",)
+    return ()
 
 
 def deletion_cost_error(value) -> str | None:
@@ -94,10 +116,11 @@ def validate(rtype: ResourceType, obj: dict, old: dict | None) -> None:
     causes: list[tuple[str, str]] = []
     if old is None:
         label_named = (rtype.group, rtype.plural) in _LABEL_NAMED
-        causes += [("metadata.name", f"Invalid value: {_q(name)}: {p}") for p in name_errors(name, label_named)]
-        if rtype.namespaced and meta.get("namespace"):
-            causes += [("metadata.namespace", f"Invalid value: {_q(meta['namespace'])}: {p}")
-                       for p in name_errors(meta["namespace"], label=True)]
+        if problems := name_errors(name, label_named):
+            causes += [("metadata.name", f"Invalid value: {_q(name)}: {p}") for p in problems]
+        namespace = meta.get("namespace")
+        if rtype.namespaced and namespace and (problems := _namespace_errors(namespace)):
+            causes += [("metadata.namespace", f"Invalid value: {_q(meta['namespace'])}: {p}") for p in problems]
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     for field, mapping in (("labels", labels), ("annotations", annotations)):
@@ -105,10 +128,12 @@ def validate(rtype: ResourceType, obj: dict, old: dict | None) -> None:
             causes.append((f"metadata.{field}", "Invalid value: must be a map of strings"))
             continue
         for key in mapping:
-            causes += [(f"metadata.{field}", f"Invalid value: {_q(key)}: {p}") for p in qualified_name_errors(key)]
+            if problems := qualified_name_errors(key):
+                causes += [(f"metadata.{field}", f"Invalid value: {_q(key)}: {p}") for p in problems]
     if isinstance(labels, dict):
-        for key, value in labels.items():
-            causes += [(f"metadata.labels", f"Invalid value: {_q(value)}: {p}") for p in label_value_errors(value)]
+        for value in labels.values():
+            if problems := label_value_errors(value):
+                causes += [("metadata.labels", f"Invalid value: {_q(value)}: {p}") for p in problems]
     if isinstance(annotations, dict):
         for key, value in annotations.items():
             if not isinstance(value, str):

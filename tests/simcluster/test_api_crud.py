@@ -98,6 +98,20 @@ def test_invalid_labels_are_422(kube, labels):
     assert status_of(caught.value)["details"]["causes"][0]["field"] == "metadata.labels"
 
 
+def test_a_bad_label_is_refused_every_time_naming_both_its_key_and_its_value(kube):
+    # Keys and values are checked once and remembered: the second refusal must say
+    # exactly what the first did, and nothing is stored either time.
+    refusals = []
+    for name in ("p1", "p2"):
+        with pytest.raises(ApiException) as caught:
+            kube.core.create_namespaced_pod("team-a", pod(name, labels={"bad key!": "bad value!"}))
+        refusals.append([(c["field"], c["message"]) for c in status_of(caught.value)["details"]["causes"]])
+    assert refusals[0] == refusals[1]
+    assert [message.split(":")[0] for _, message in refusals[0]] == ['Invalid value', 'Invalid value']
+    assert '"bad key!"' in refusals[0][0][1] and '"bad value!"' in refusals[0][1][1]
+    assert kube.core.list_namespaced_pod("team-a").items == []
+
+
 @pytest.mark.parametrize("cost", ["+5", "007", "1.5", "abc", "2147483648", "-2147483649", ""])
 def test_a_deletion_cost_that_is_not_a_plain_int32_is_422(kube, cost):
     with pytest.raises(ApiException) as caught:
