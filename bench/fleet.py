@@ -358,12 +358,13 @@ def sweep_cycle(worker: Worker, clusters) -> dict:
 
 def gpu_map_one(name: str) -> float:
     from django.contrib.auth.models import User
-    from django.test import Client
+    from django.test import Client, override_settings
 
     client = Client()
     client.force_login(User.objects.get(username="fleet-bench"))
     began = time.perf_counter()
-    response = client.get(f"/capacity/clusters/{name}/gpu-map/")
+    with override_settings(CAPACITY_MAP_CACHE_SECONDS=0):   # drawn now, not served from a kept reading
+        response = client.get(f"/capacity/clusters/{name}/gpu-map/")
     if response.status_code != 200:
         raise RuntimeError(f"GPU map of {name}: HTTP {response.status_code}")
     return time.perf_counter() - began
@@ -402,7 +403,7 @@ class Product:
             "DATABASE_URL": url, "REDIS_URL": broker, "CELERY_BROKER_URL": broker,
             "DJANGO_SETTINGS_MODULE": "config.settings", "DJANGO_SECRET_KEY": "bench-only-" + "x" * 50,
             "DJANGO_ALLOWED_HOSTS": "testserver", "DJANGO_HTTPS": "false", "VAR_DIR": str(self.folder / "var"),
-            "CLOCK_OFFSET_FILE": str(self.offset_file), "CAPACITY_MAP_CACHE_SECONDS": "0",
+            "CLOCK_OFFSET_FILE": str(self.offset_file),
             "PRUNER_RUN_MODE": "dry-run",
             "ORGS_ACTIVITY_THROTTLE_SECONDS": "0",   # each wake between worker counts is recorded
             "KUBE_IN_CLUSTER": "0", "LOG_LEVEL": "INFO", "CELERY_TASK_ALWAYS_EAGER": "0",
@@ -460,7 +461,9 @@ def cycles(product: Product, clusters: list, workers: list[int], *, prune: bool,
         jobs.insert(3, ("prune pass", "pruning.tasks.prune_all_clusters", "pruning.tasks.prune_cluster"))
     intervals = {name: interval[fan] for name, fan, _ in jobs}
     intervals["sweep"] = interval["orgs.tasks.dormancy_sweep"]
-    intervals["GPU map"] = 10  # CAPACITY_MAP_CACHE_SECONDS' default: how old a map may be
+    from django.conf import settings
+
+    intervals["GPU map"] = settings.CAPACITY_MAP_CACHE_SECONDS   # how old a map may be, as configured
     results: dict[tuple[str, int], dict] = {}
     peaks: dict[int, int] = {}
     offset_file = product.offset_file
