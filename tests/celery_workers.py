@@ -160,7 +160,11 @@ def celery_processes(tmp_path, broker_url):
         "KUBE_RETRY_BACKOFF_MAX": "0.5",
         "VAR_DIR": str(tmp_path / "var"),
         "LOG_LEVEL": "INFO",
+        # A prefork pool's processes make their temporary folders (pymp-*) here: a worker
+        # the test kills cannot remove its own, and none is left in the machine's /tmp.
+        "TMPDIR": str(tmp_path / "tmp"),
     })
+    (tmp_path / "tmp").mkdir()
     processes = Processes(tmp_path, env)
     processes.offset_file = offset_file
     try:
