@@ -21,6 +21,9 @@ from .validation import validate
 
 log = logging.getLogger("simcluster")
 
+# Controller rounds `run_to_rest` runs at most before it gives up on coming to rest.
+MAX_ROUNDS = 100
+
 
 class Controller(Protocol):
     name: str
@@ -97,7 +100,7 @@ class Simulation:
         return self._timers[0] if self._timers else None
 
     # ---- driving ---------------------------------------------------------------------
-    def run_to_rest(self, max_rounds: int = 100) -> int:
+    def run_to_rest(self, max_rounds: int = MAX_ROUNDS) -> int:
         """Run every controller until a whole round writes nothing; returns the rounds."""
         with self._reconcile_lock, self.store.lock:
             for rounds in range(1, max_rounds + 1):
@@ -113,8 +116,7 @@ class Simulation:
         """Move the clock forward, firing every timer due on the way, and come to rest."""
         with self._reconcile_lock:
             target = self.clock.now() + timedelta(seconds=seconds)
-            max_rounds = 100
-            rested = self.run_to_rest(max_rounds) < max_rounds
+            rested = self.run_to_rest() < MAX_ROUNDS
             while self._timers and self._timers[0] <= target:
                 moment = heapq.heappop(self._timers)
                 # Timers asked for the same instant fire together.
@@ -122,12 +124,12 @@ class Simulation:
                     heapq.heappop(self._timers)
                 self.clock.set(moment)
                 rested = False
-                self.run_to_rest(max_rounds)
+                self.run_to_rest()
             # At rest at the target already (no time to move, no timer fired): another
             # round would read the same objects at the same time and write nothing.
             if not rested or self.clock.now() != target:
                 self.clock.set(target)
-                self.run_to_rest(max_rounds)
+                self.run_to_rest()
             return self.clock.now()
 
     def tick(self) -> None:

@@ -16,7 +16,7 @@ from ..resources import PODS, REPLICASETS
 from ..selectors import selector_from_match_labels
 from ..store import copy
 from ._util import (by_controller, by_namespace, controller_ref, controller_uid, deletion_cost, is_deleting,
-                    owner_ref, pod_active, pod_from_template, pod_ready, pod_ready_since,
+                    owner_ref, pod_active, pod_available, pod_from_template, pod_ready, pod_ready_since,
                     record_event, unique_name, write_status)
 
 COMPONENT = "replicaset-controller"
@@ -273,13 +273,10 @@ class ReplicaSetController:
             if not pod_ready(pod):
                 continue
             ready += 1
-            if not min_ready:
+            if not min_ready or pod_available(pod, min_ready, now):
                 available += 1
             elif since := pod_ready_since(pod):
-                if (now - since).total_seconds() >= min_ready:
-                    available += 1
-                else:
-                    sim.wake_at(since + timedelta(seconds=min_ready))
+                sim.wake_at(since + timedelta(seconds=min_ready))
         status = {k: v for k, v in (rs.get("status") or {}).items() if k == "conditions"}
         status.update({
             "replicas": len(active),
