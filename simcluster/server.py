@@ -202,6 +202,9 @@ class _RequestHandler(WSGIRequestHandler):
             super().log_error(format, *args)
 
 
+SHUTDOWN_POLL_SECONDS = 0.05   # how often the serving thread looks for stop() (seconds)
+
+
 class _HttpServer(ThreadedWSGIServer):
     """Werkzeug's threaded server (a thread per connection), knowing its open
     connections so that stopping ends the idle ones."""
@@ -255,7 +258,10 @@ class ClusterServer:
 
     def start(self) -> "ClusterServer":
         self._http = _HttpServer(self.host, self._port, self.app)
-        serve = threading.Thread(target=self._http.serve_forever, name="simcluster-http", daemon=True)
+        # serve_forever checks for shutdown once per poll interval (socketserver's default 0.5 s):
+        # stop() waits that long, so a short interval keeps stopping quick.
+        serve = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
+                                 name="simcluster-http", daemon=True)
         serve.start()
         self._threads.append(serve)
         if not self.sim.clock.manual:

@@ -24,7 +24,8 @@ from demo.services import DemoInputError, duration_parse, duration_text
 
 ROOT = Path(__file__).resolve().parents[2]
 START_SECONDS = 180   # the demo on a loaded 2-core machine; it takes ~7 s when idle
-pytestmark = pytest.mark.slow
+# One demo serves the module: its tests stay on one pytest-xdist worker (--dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 
 def free_port() -> int:

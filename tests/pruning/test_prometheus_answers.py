@@ -46,7 +46,7 @@ def answering():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
 
     def set_bodies(candidates: bytes, census: bytes = CENSUS_OK):

@@ -74,7 +74,7 @@ def token_proxy(prometheus_factory):
             pass
 
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread = threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{proxy.server_address[1]}", seen
     proxy.shutdown()

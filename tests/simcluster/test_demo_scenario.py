@@ -15,6 +15,8 @@ from simcluster.testing import running_cluster
 
 DEMO = Path(__file__).resolve().parents[2] / "simcluster" / "scenarios" / "demo.yaml"
 H100 = "NVIDIA-H100-80GB-HBM3"
+# One demo cluster serves the module: its tests stay on one pytest-xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("demo-scenario")
 
 
 def gpus(pod) -> int:
