@@ -265,3 +265,10 @@ def _fresh_gateway_retry_settings(settings) -> None:
 
 
 
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `slow` (a minute or more: real workers killed, the chaos scenarios, the
+    demo) go first, so that in a parallel run they start at once instead of being handed to
+    a process near the end and keeping the whole run waiting for them alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
