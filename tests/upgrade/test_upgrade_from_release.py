@@ -5,13 +5,16 @@ scaled a Deployment down is restored from its stored state, the savings page add
 rows up, every admin page opens, and the beat schedule keeps the operator's tuning.
 
 The release's migration leaves are recorded in `release_2026_11.json`: the database is
-migrated to them from empty (third-party apps to what is installed), filled through the
+migrated back to them (third-party apps stay at what is installed), filled through the
 historical models of that state, then migrated to whatever is latest, so the test keeps
 proving the upgrade as migrations are added after the release.
 
-It runs in a PostgreSQL database of its own (this process's test database name +
-`_upgrade`), which Django's default connection points at for the test only: the shared
-test database stays at the latest migration, and no migration needs to be reversible.
+It runs in a PostgreSQL database of its own: a copy of this process's test database
+(already migrated: copying it takes a fraction of the seconds migrating an empty one
+does), emptied, which Django's default connection points at for the test only, so the
+shared test database stays at the latest migration whatever happens here. Migrating back
+needs the migrations added after the release to be reversible, as
+tests/audit/test_migrations.py already does.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import io
 import json
 import re
 from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -78,7 +82,7 @@ def test_every_migration_the_release_applied_is_still_on_disk():
 
 @pytest.fixture
 def release_database(transactional_db):
-    """Point the default connection at a new, empty PostgreSQL database for the test."""
+    """Point the default connection, for the test, at an emptied copy of the test database."""
     from clusters.kube import forget_gateways
     from django.contrib.contenttypes.models import ContentType
 
@@ -89,14 +93,18 @@ def release_database(transactional_db):
     name = f"{original}_upgrade"
 
     def recreate(*, create: bool) -> None:
+        # Django's own way to reach the server outside the test database (it creates that one so).
         with connection._nodb_cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             if create:
-                cursor.execute(f'CREATE DATABASE "{name}"')
+                cursor.execute(f'CREATE DATABASE "{name}" TEMPLATE "{original}"')
 
+    connection.close()   # IMPORTANT: before the copy: PostgreSQL copies no database in use
     recreate(create=True)
-    connection.close()
     connection.settings_dict["NAME"] = name
+    # No row of the earlier tests (the schedules, content types and permissions their
+    # `migrate` wrote): the release's own are written below.
+    call_command("flush", interactive=False, verbosity=0, inhibit_post_migrate=True)
     ContentType.objects.clear_cache()   # its ids are the other database's
     try:
         yield name
@@ -109,9 +117,9 @@ def release_database(transactional_db):
 
 
 def migrate_to_release():
-    """Migrate the empty database as the release's `migrate` did: the product's apps to the
-    recorded leaves, the others to what is installed, then content types and permissions
-    of that state (the post-migrate work `migrate` does). Returns the historical apps."""
+    """Migrate the empty database to the release: the product's apps to the recorded leaves,
+    the others to what is installed, then content types and permissions of that state (the
+    post-migrate work the release's `migrate` did). Returns the historical apps."""
     connection = connections["default"]
     executor = MigrationExecutor(connection)
     ours = project_apps()
@@ -167,6 +175,20 @@ def scenario() -> list[dict]:
                _ksvc("llama", NS_PYNODE, min_scale=1, gpus=2, pool="shared"), batch])
 
 
+@dataclass
+class SimCluster:
+    """The running simulated cluster, and the official client an operator reads it with."""
+
+    server: object
+    kubeconfig: str
+    control: object
+    core: object
+    apps: object
+
+    def now(self):
+        return self.server.sim.clock.now()
+
+
 @pytest.fixture
 def cluster(tmp_path):
     """The simulated cluster (manual clock), settled: every pod Running and Ready."""
@@ -176,19 +198,17 @@ def cluster(tmp_path):
     from simcluster.control import SimControl
     from simcluster.testing import ClusterServer
 
-    server = ClusterServer(scenario(), kubeconfig_out=str(tmp_path / "kubeconfig"))
+    kubeconfig = str(tmp_path / "kubeconfig")
+    server = ClusterServer(scenario(), kubeconfig_out=kubeconfig)
     server.start()
     try:
         control = SimControl(server.url)
         control.advance(60)
         config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=str(tmp_path / "kubeconfig"), client_configuration=config)
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
         api = kubernetes.client.ApiClient(config)
-        server.kubeconfig = str(tmp_path / "kubeconfig")
-        server.control = control
-        server.core = kubernetes.client.CoreV1Api(api)
-        server.apps = kubernetes.client.AppsV1Api(api)
-        yield server
+        yield SimCluster(server=server, kubeconfig=kubeconfig, control=control,
+                         core=kubernetes.client.CoreV1Api(api), apps=kubernetes.client.AppsV1Api(api))
     finally:
         server.stop()
 
@@ -246,7 +266,9 @@ def fill(old, cluster, *, now, sim_now) -> dict:
     # A defrag job the release left mid-protocol: its node cordoned (recorded), the pod to
     # move not orphaned yet, its worker gone (lease lapsed) during the upgrade.
     by_node = model_pods_by_node(cluster)
-    node, (pod,) = next((n, p) for n, p in sorted(by_node.items()) if len(p) == 1)
+    node = next((n for n, pods in sorted(by_node.items()) if len(pods) == 1), None)
+    assert node, f"the scenario should leave a node with one model pod: {by_node}"
+    (pod,) = by_node[node]
     cluster.core.patch_node(node, {"spec": {"unschedulable": True}})
     replicaset = next(o.name for o in pod.metadata.owner_references if o.kind == "ReplicaSet")
     revision_name = pod.metadata.labels["serving.knative.dev/revision"]
@@ -369,7 +391,7 @@ def test_a_database_of_the_release_migrates_forward_and_the_product_reads_it(rel
     now = clock.now()
     monkeypatch.setattr(clock, "now", lambda: now)
     old = migrate_to_release()
-    ids = fill(old, cluster, now=now, sim_now=cluster.sim.clock.now())
+    ids = fill(old, cluster, now=now, sim_now=cluster.now())
     assert not empty_tables(old), (
         f"tables of the release without a row: {empty_tables(old)}; fill() must write one in each, so their "
         "upgrade is proven")
@@ -381,16 +403,16 @@ def test_a_database_of_the_release_migrates_forward_and_the_product_reads_it(rel
     executor = MigrationExecutor(connections["default"])
     assert not executor.migration_plan(executor.loader.graph.leaf_nodes()), "the database is at the latest"
 
-    _the_defrag_job_resumes(cluster, ids)
     from django.contrib.auth.models import User
     client.force_login(User.objects.get(username="ops"))
+    _the_defrag_job_resumes(cluster, client, ids)
     _the_savings_add_up(client)
     _the_prune_decision_restores(cluster, client, ids)
     _every_admin_page_opens(client)
     _the_beat_keeps_the_operators_schedule()
 
 
-def _the_defrag_job_resumes(cluster, ids) -> None:
+def _the_defrag_job_resumes(cluster, client, ids) -> None:
     """The resume beat finds the job (its worker's lease lapsed); stepped from its recorded
     state it orphans the pod, waits for the replacement and rests at safe."""
     from audit.selectors import entries_of_subject
@@ -398,12 +420,12 @@ def _the_defrag_job_resumes(cluster, ids) -> None:
     from capacity.defrag.services import defrag_job_step, defrag_jobs_due
     from clusters.kube import KubeGateway
 
-    assert ids["job"] in defrag_jobs_due(now=cluster.sim.clock.now())
+    assert ids["job"] in defrag_jobs_due(now=cluster.now())
     gateway = KubeGateway.from_kubeconfig(cluster.kubeconfig, name="east", retry_attempts=3, backoff=0.0,
                                           sleep=lambda s: None)
     job = DefragJob.objects.get(pk=ids["job"])
     for _ in range(60):
-        job = defrag_job_step(job=job, gateway=gateway, now=cluster.sim.clock.now())
+        job = defrag_job_step(job=job, gateway=gateway, now=cluster.now())
         if job.state in (JobState.SAFE, JobState.BLOCKED, JobState.FAILED):
             break
         cluster.control.advance(5)
@@ -416,6 +438,8 @@ def _the_defrag_job_resumes(cluster, ids) -> None:
         NS_MODEL, label_selector=f"serving.knative.dev/revision={ids['revision']}").items
         if p.metadata.owner_references and p.status.phase == "Running"]
     assert len(serving) == 3 and ids["node"] not in {p.spec.node_name for p in serving}
+    progress = client.get(f"/capacity/defrag-jobs/{job.pk}/progress.json")
+    assert progress.status_code == 200 and progress.json()["state"] == "safe", progress.content
     actions = list(entries_of_subject(subject_type="defrag_job", subject_id=job.pk, oldest_first=True)
                    .values_list("action", flat=True))
     assert actions[0] == "node_cordon" and actions[-1] == "job_safe" and "pod_orphan" in actions
