@@ -53,7 +53,7 @@ def project_apps() -> set[str]:
     """Labels of the apps that live in this repository (not in site-packages)."""
     root = Path(settings.BASE_DIR).resolve()
     return {c.label for c in global_apps.get_app_configs()
-            if Path(c.path).resolve().is_relative_to(root) and ".venv" not in Path(c.path).parts}
+            if Path(c.path).resolve().is_relative_to(root) and "site-packages" not in Path(c.path).parts}
 
 
 # ---- the recorded release --------------------------------------------------------------------
@@ -125,7 +125,9 @@ def migrate_to_release():
     ours = project_apps()
     targets = [(app, leaf) for app, leaf in RELEASE["leaves"].items()]
     targets += [node for node in executor.loader.graph.leaf_nodes() if node[0] not in ours]
-    executor.migrate(targets)
+    # An app of the project the release did not have: none of its tables yet.
+    born_since = {app for app, _ in executor.loader.graph.leaf_nodes() if app in ours} - set(RELEASE["leaves"])
+    executor.migrate(targets + [(app, None) for app in sorted(born_since)])
     old = executor.loader.project_state(targets).apps
     for config in global_apps.get_app_configs():
         create_contenttypes(config, verbosity=0, using=connection.alias, apps=old)
