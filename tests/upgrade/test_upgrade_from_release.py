@@ -301,7 +301,7 @@ def fill(old, cluster, *, now, sim_now) -> dict:
                          cluster=row, subject_type="defrag_job", subject_id=job.pk,
                          old={"unschedulable": False}, new={"unschedulable": True})
     # h100-9 drained 2 h ago and still cordoned: its 8 GPUs freed since.
-    drained = Job.objects.create(
+    Job.objects.create(
         cluster=row, node_name="h100-9", state="drained", created_at=now - timedelta(hours=3),
         started_at=now - timedelta(hours=3), safe_at=now - timedelta(hours=2, minutes=30),
         finished_at=now - timedelta(hours=2), report={"pods": [{"namespace": NS_MODEL, "name": "p", "gpus": 2}]})
@@ -314,7 +314,8 @@ def fill(old, cluster, *, now, sim_now) -> dict:
                              evaluated_at=now - timedelta(hours=1), duration_seconds=2.5,
                              parameters={"window_minutes": 30, "threshold": 0.05}, query="max_over_time(...)",
                              pods_seen=5, busy_pods=4, idle_candidates=1, planned=1, acted=1,
-                             skip_counts={"too-young": 1}, notes=["dry notes"])
+                             skip_counts={"too-young": 1},
+                             notes=["knative-serving/config-autoscaler allows a zero initial scale"])
     Decision = get("pruning", "PruneDecision")
     restorable = Decision.objects.create(
         run=run, namespace=NS_BATCH, pod="batch-5d9c7b-x2kqp", owner_kind="Deployment", owner_api_version="apps/v1",
@@ -371,7 +372,7 @@ def fill(old, cluster, *, now, sim_now) -> dict:
     get("django_celery_beat", "PeriodicTasks").objects.update_or_create(ident=1, defaults={"last_update": now})
 
     return {"job": job.pk, "node": node, "pod_uid": pod.metadata.uid, "revision": revision_name,
-            "drained": drained.pk, "restorable": restorable.pk}
+            "restorable": restorable.pk}
 
 
 def empty_tables(old) -> list[str]:
