@@ -1,6 +1,10 @@
 """The runbook's write-ahead record is an action (acting, done, failed), not the audit: the
 model is renamed RunbookAction and its outcome goes to the one audit trail. Permissions
-granted on the old name keep working under the new one."""
+granted on the old name keep working under the new one.
+
+Cost at fleet size: the rename is a catalog change; the code updates at most four
+permission rows. Instant, whatever the number of runbook rows.
+"""
 from django.db import migrations
 
 VERBS = ("add", "change", "delete", "view")

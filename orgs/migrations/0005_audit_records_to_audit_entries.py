@@ -1,5 +1,13 @@
 """Copy the org audit records into the one audit trail (audit.AuditEntry), oldest first,
-keeping who, when, why and the values before and after; the next migration drops them."""
+keeping who, when, why and the values before and after; the next migration drops them.
+
+Cost at fleet size: reads every org audit record and writes one audit entry each, 2,000 a
+batch: 100,000 records took 39 s (bench/migration_costs.py, 2 shared cores), about 7
+minutes per million. With 100,000 orgs each switching once a day (a record each)
+that is about 40 s per day of history kept, 4 hours for a year, in the migration's one
+transaction: stop the workers and beat first (an org switched meanwhile would write a
+record the copy does not see).
+"""
 from django.db import migrations
 
 
