@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from django.db.models import Count, Sum
-from prometheus_client.core import CounterMetricFamily, Metric
+from django.db.models import Count, F, Min, Sum
+from django.db.models.functions import Coalesce
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from config.observability import database_metrics
 
@@ -31,3 +32,16 @@ def prune_metrics() -> Iterator[Metric]:
         decisions.add_metric([row["run__cluster__name"] or "", row["decision"], row["result"] or "none"],
                              row["n"])
     yield decisions
+
+    # A running run's lease (pruning/services.py): past its end the reconcile beat completes
+    # the run within its interval; a time long past means the worker died and nothing did.
+    lease = GaugeMetricFamily(
+        "gpu_capacity_prune_run_lease_takeover_due_timestamp_seconds",
+        "Per cluster, the earliest time the lease of a running prune run lapsed (due for the reconcile).",
+        labels=["cluster"])
+    for row in (PruneRun.objects.filter(status=PruneRun.Status.RUNNING)
+                .annotate(due=Coalesce(F("lease_expires_at"), F("started_at")))
+                .values("cluster__name").annotate(oldest=Min("due")).order_by()):
+        if row["oldest"] is not None:
+            lease.add_metric([row["cluster__name"] or ""], row["oldest"].timestamp())
+    yield lease
