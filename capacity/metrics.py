@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.db.models import Case, Count, DateTimeField, DurationField, ExpressionWrapper, F, Min, Value, When
+from django.db.models import Case, Count, DateTimeField, DurationField, ExpressionWrapper, F, Func, Min, When
 from django.db.models.functions import Coalesce, Greatest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -16,7 +16,14 @@ from capacity.binpack.models import BinpackRun
 from capacity.defrag.models import RUNNING_STATES, DefragJob, JobState
 from capacity.runbook.models import RunbookAction
 
-_SECOND = Value(timedelta(seconds=1), output_field=DurationField())
+class _Seconds(Func):
+    """A whole number of seconds as a duration: an interval on PostgreSQL, microseconds on
+    SQLite (how Django stores a duration there), so that a datetime plus it compares."""
+    output_field = DurationField()
+    template = "(%(expressions)s * INTERVAL '1 second')"
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return super().as_sql(compiler, connection, template="(%(expressions)s * 1000000)", **extra)
 
 
 def _epoch(moment: datetime | None) -> float | None:
@@ -40,7 +47,7 @@ def defrag_job_metrics() -> Iterator[Metric]:
     # drain is given the job's own time limit from the operator's request. A step runs at
     # the job's next check, so a check due after the limit moves the limit there.
     began = Coalesce(F("started_at"), F("created_at"))
-    limit = ExpressionWrapper(F("timeout_seconds") * _SECOND, output_field=DurationField())
+    limit = _Seconds("timeout_seconds")
     deadline = Case(
         When(state__in=(JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING),
              then=ExpressionWrapper(began + limit, output_field=DateTimeField())),

@@ -35,11 +35,11 @@ def _cluster(name: str, **fields):
 
 
 @pytest.mark.django_db
-def test_stuck_defrag_jobs_and_lapsed_leases(scrape_token):
+def test_stuck_defrag_jobs_lapsed_leases_and_gpus_freed(scrape_token):
     from capacity.binpack.models import BinpackRun
     from capacity.defrag.models import DefragJob, JobState
     from capacity.runbook.models import RunbookAction
-    from pruning.models import PruneRun
+    from pruning.models import PruneDecision, PruneRun
 
     east, west = _cluster("east"), _cluster("west")
     # Waiting, started at T0 with a 30 min limit, next check before it: due by T0 + 30 min.
@@ -70,7 +70,14 @@ def test_stuck_defrag_jobs_and_lapsed_leases(scrape_token):
                                  state=RunbookAction.State.DONE)
     PruneRun.objects.create(cluster=east, status=PruneRun.Status.RUNNING, evaluated_at=T0, lease_owner="w",
                             lease_expires_at=T0 + timedelta(seconds=30))
-    PruneRun.objects.create(cluster=east, status=PruneRun.Status.FAILED, evaluated_at=T0)
+    done = PruneRun.objects.create(cluster=east, status=PruneRun.Status.FAILED, evaluated_at=T0)
+    # Kept freed: 2 GPUs, and 1 whose restore failed; not: restored, changed since, failed, skipped.
+    for pod, gpus, decision, result, restore in (("a", 2, "prune", "succeeded", ""), ("b", 1, "prune", "succeeded", "failed"),
+                                                 ("c", 4, "prune", "succeeded", "restored"),
+                                                 ("d", 4, "prune", "succeeded", "changed"),
+                                                 ("e", 4, "prune", "failed", ""), ("f", 4, "skip", "", "")):
+        PruneDecision.objects.create(run=done, namespace="team", pod=pod, decision=decision, reason="idle",
+                                     result=result, restore=restore, gpus=[f"GPU-{pod}-{i}" for i in range(gpus)])
 
     samples = scrape_token()
 
@@ -88,6 +95,7 @@ def test_stuck_defrag_jobs_and_lapsed_leases(scrape_token):
     assert value(samples, "gpu_capacity_prune_run_lease_takeover_due_timestamp_seconds", cluster="east") \
         == (T0 + timedelta(seconds=30)).timestamp()
     assert value(samples, "gpu_capacity_prune_runs_total", cluster="east", mode="dry-run", status="failed") == 1
+    assert value(samples, "gpu_capacity_prune_gpus_freed", cluster="east") == 3
 
 
 @pytest.mark.django_db
