@@ -60,7 +60,8 @@ def test_stuck_defrag_jobs_lapsed_leases_and_gpus_freed(scrape_token):
                              lease_owner="task:old", lease_expires_at=T0 - timedelta(days=9))
     DefragJob.objects.create(cluster=west, node_name="n6", state=JobState.ABORT_STUCK, created_at=T0)
     BinpackRun.objects.create(cluster=west, started_at=T0, trigger=BinpackRun.Trigger.SCHEDULE,
-                              state=BinpackRun.State.WRITING, lease_owner="w", lease_expires_at=T0 + timedelta(minutes=1))
+                              state=BinpackRun.State.WRITING, lease_owner="w",
+                              lease_expires_at=T0 + timedelta(minutes=1))
     BinpackRun.objects.create(cluster=west, started_at=T0 - timedelta(days=1), trigger=BinpackRun.Trigger.SCHEDULE,
                               state=BinpackRun.State.DONE)
     RunbookAction.objects.create(at=T0, cluster=east, action="model_redeploy", target="team/m",
@@ -72,7 +73,8 @@ def test_stuck_defrag_jobs_lapsed_leases_and_gpus_freed(scrape_token):
                             lease_expires_at=T0 + timedelta(seconds=30))
     done = PruneRun.objects.create(cluster=east, status=PruneRun.Status.FAILED, evaluated_at=T0)
     # Kept freed: 2 GPUs, and 1 whose restore failed; not: restored, changed since, failed, skipped.
-    for pod, gpus, decision, result, restore in (("a", 2, "prune", "succeeded", ""), ("b", 1, "prune", "succeeded", "failed"),
+    for pod, gpus, decision, result, restore in (("a", 2, "prune", "succeeded", ""),
+                                                 ("b", 1, "prune", "succeeded", "failed"),
                                                  ("c", 4, "prune", "succeeded", "restored"),
                                                  ("d", 4, "prune", "succeeded", "changed"),
                                                  ("e", 4, "prune", "failed", ""), ("f", 4, "skip", "", "")):
