@@ -208,3 +208,28 @@ def test_a_broker_that_does_not_answer_is_reported_not_raised(scrape_token):
     assert value(samples, "gpu_capacity_database_scrape_ok") == 1
     assert not any(name == "gpu_capacity_queue_messages" for name, _ in samples)
     assert took < 5
+
+
+@pytest.mark.django_db(transaction=True)   # beat's scheduler closes and reopens its connections
+def test_beat_records_each_schedules_run_as_it_sends_it(scrape_token):
+    """The scheduler beat runs writes each run it sends at once (CELERY_BEAT_SYNC_EVERY), not
+    only the first after start-up, so /metrics never shows a 10 s schedule minutes late."""
+    from django_celery_beat.models import PeriodicTask
+
+    from config import clock
+    from config.beat import ClockedDatabaseScheduler
+    from config.celery import app
+
+    due = {"orgs: dormancy sweep": "orgs.tasks.dormancy_sweep",
+           "pruning: expire skip rows": "pruning.tasks.prune_skip_rows_expire"}
+    PeriodicTask.objects.filter(name__in=due).update(last_run_at=clock.now() - timedelta(hours=2))
+    scheduler = ClockedDatabaseScheduler(app=app)
+    for _ in range(3):   # a tick sends one due entry; the others were just installed, not due
+        scheduler.tick()
+    sent = clock.now()
+
+    samples = scrape_token()
+    for schedule, task in due.items():
+        ran = value(samples, "gpu_capacity_periodic_task_last_run_timestamp_seconds", schedule=schedule, task=task)
+        assert sent.timestamp() - 5 < ran <= sent.timestamp(), schedule
+        assert PeriodicTask.objects.get(name=schedule).total_run_count == 1
