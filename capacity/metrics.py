@@ -43,9 +43,11 @@ def defrag_job_metrics() -> Iterator[Metric]:
 
     # When each acting job should have left its state at the latest: a job confirmed to
     # waiting fails at its time limit (counted from its first side effect, or from its
-    # confirmation: services._timed_out); an abort turns abort-stuck at its deadline; a
-    # drain is given the job's own time limit from the operator's request. A step runs at
-    # the job's next check, so a check due after the limit moves the limit there.
+    # confirmation: services._timed_out); an abort turns abort-stuck at its deadline. A drain
+    # has no limit of its own (it retries evictions a PodDisruptionBudget refuses, as kubectl
+    # drain does): one still draining the job's time limit after the operator asked is
+    # counted as overdue, since a human must look at that budget. A step runs at the job's
+    # next check, so a check due after the limit moves the limit there.
     began = Coalesce(F("started_at"), F("created_at"))
     limit = _Seconds("timeout_seconds")
     deadline = Case(
