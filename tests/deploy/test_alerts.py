@@ -183,3 +183,18 @@ def test_every_alert_expression_and_panel_query_names_an_exported_metric(client,
     assert all(used.values()), {where: names for where, names in used.items() if not names}
     missing = {where: sorted(names - exported) for where, names in used.items() if names - exported}
     assert missing == {}
+
+
+def test_the_service_monitor_scrapes_the_web_service_with_the_metrics_token():
+    service = next(d for d in yaml.safe_load_all((DEPLOY / "web.yaml").read_text(encoding="utf-8"))
+                   if d and d["kind"] == "Service")
+    monitor = yaml.safe_load((DEPLOY / "servicemonitor.yaml").read_text(encoding="utf-8"))
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    # The Secret deploy/README.md has the operator create, under the key settings read.
+    assert endpoint["authorization"]["credentials"] == {"name": "gpu-capacity", "key": "METRICS_TOKEN"}
+    assert "--from-literal=METRICS_TOKEN=" in (DEPLOY / "README.md").read_text(encoding="utf-8")
