@@ -85,6 +85,19 @@ def _rows(paged, calm) -> None:
     PeriodicTask.objects.filter(name="orgs: dormancy sweep").update(last_run_at=now - 3 * hour)
 
 
+def _one_message_waiting_on_long() -> None:
+    """The tests' in-process broker (memory://, shared with the live server's thread) with
+    every queue emptied of what earlier tests queued, and one message on `long`."""
+    from config import queues
+    from config.celery import app
+
+    with app.connection_for_write() as conn:
+        for name in (*queues.ALL, queues.LEGACY):
+            conn.default_channel.queue_declare(queue=name)
+            conn.default_channel.queue_purge(name)
+    app.send_task("capacity.tasks.defrag_job_run", args=(0,))   # routed to `long`; no worker here
+
+
 @pytest.mark.django_db(transaction=True)   # the live server reads the rows from its own thread
 def test_prometheus_fires_the_alerts_and_answers_every_panel(live_server, settings, sim_cluster_factory, tmp_path):
     from prometheus_fixtures import PROMETHEUS, PrometheusServer
@@ -100,6 +113,7 @@ def test_prometheus_fires_the_alerts_and_answers_every_panel(live_server, settin
     sim.advance(30)   # the pods are scheduled, started and hold their GPUs
     calm = sim_cluster_factory(name="calm")
     _rows(sim.cluster, calm.cluster)
+    _one_message_waiting_on_long()
     settings.METRICS_TOKEN = TOKEN
 
     token = tmp_path / "metrics-token"
@@ -125,6 +139,7 @@ def test_prometheus_fires_the_alerts_and_answers_every_panel(live_server, settin
             # These wait out their `for` first.
             ("GpuCapacityScaleToZeroPartial", "pending", (("cluster", "paged"),)),
             ("GpuCapacityClusterUnreachable", "pending", (("cluster", "paged"),)),
+            ("GpuCapacityQueueBacklog", "pending", (("queue", "long"),)),
         }
         dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text(encoding="utf-8"))
         queries = [(panel["title"], target["expr"]) for panel in dashboard["panels"]
