@@ -1,6 +1,6 @@
 """The control plane's own metrics: `/metrics` in the Prometheus text format.
 
-Three sources, merged at scrape time:
+Four sources, merged at scrape time:
 
 * process counters kept by prometheus-client: Kubernetes API calls and errors by
   cluster, verb and resource (`clusters.kube` counts them on every request), and Celery
@@ -12,6 +12,10 @@ Three sources, merged at scrape time:
   app declares the families of its own rows in its `metrics.py` (`capacity/metrics.py`,
   `orgs/metrics.py`, `pruning/metrics.py`) with `@database_metrics`; those modules are
   found the way Django finds `admin.py`, so this module knows no app's models;
+* `BrokerCollector`, which asks the Celery broker at scrape time how many messages wait
+  in each queue (config/queues.py): one length read per queue, under a short timeout, so
+  a broker that hangs costs a scrape at most that long and shows as
+  `gpu_capacity_broker_scrape_ok 0`;
 * with `PROMETHEUS_MULTIPROC_DIR` set (prometheus-client's multiprocess mode, needed
   for gunicorn workers or a prefork Celery pool), the counters of every process
   sharing that directory.
@@ -139,6 +143,52 @@ class DatabaseCollector:
         yield from families
 
 
+# --- what the broker holds -----------------------------------------------------------------
+# Seconds a scrape waits for the broker (connect, and each read) before reporting it down:
+# Prometheus' own scrape timeout is 10 s by default, and the database queries share it.
+BROKER_TIMEOUT_SECONDS = 1.0
+
+
+def queue_lengths(*, timeout: float = BROKER_TIMEOUT_SECONDS) -> dict[str, int]:
+    """Messages waiting (not yet taken by a worker) in each queue the product declares.
+
+    kombu's declare answers with the queue's size without writing anything on Redis (all
+    priority lanes summed, one round trip per queue); the passive form would refuse a queue
+    Redis dropped when it emptied."""
+    from config import queues
+    from config.celery import app
+
+    options = {**(app.conf.broker_transport_options or {}),
+               "socket_timeout": timeout, "socket_connect_timeout": timeout}
+    with app.connection_for_read(transport_options=options, connect_timeout=timeout) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, interval_max=0, timeout=timeout)
+        channel = conn.default_channel
+        return {name: channel.queue_declare(queue=name).message_count for name in (*queues.ALL, queues.LEGACY)}
+
+
+class BrokerCollector:
+    """Queue lengths read from the broker at scrape time (no state in the process)."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gpu_capacity_broker_scrape_ok",
+                               "1 when the broker answered the queue-length reads of this scrape.")
+        try:
+            lengths = queue_lengths()
+        except Exception as exc:  # noqa: BLE001 - a scrape reports the failure, never 500s
+            log.warning("metrics: broker queue lengths not read: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        family = GaugeMetricFamily("gpu_capacity_queue_messages",
+                                   "Messages waiting in each Celery queue, not yet taken by a worker.",
+                                   labels=["queue"])
+        for name, length in lengths.items():
+            family.add_metric([name], length)
+        yield family
+
+
 # --- exposition -----------------------------------------------------------------------------
 def _process_registry():
     """This process's counters, or every process's in multiprocess mode."""
@@ -161,8 +211,9 @@ class _Merged:
 
 
 def metrics_text() -> bytes:
-    """The whole exposition: process (or multiprocess) counters, then the database's."""
-    return generate_latest(_Merged(_process_registry(), DatabaseCollector()))
+    """The whole exposition: process (or multiprocess) counters, then the database's and
+    the broker's."""
+    return generate_latest(_Merged(_process_registry(), DatabaseCollector(), BrokerCollector()))
 
 
 def bearer_token_ok(request) -> bool:

@@ -262,6 +262,11 @@ CELERY_BEAT_SCHEDULER = "config.beat:ClockedDatabaseScheduler"
 # above 0, at most an hour (beat notices a schedule edited in the admin only when it wakes).
 CELERY_BEAT_MAX_INTERVAL = _env_number("CELERY_BEAT_MAX_INTERVAL", default=60.0, kind=float, low=0, above=True,
                                        high=3600, what="the most seconds beat sleeps between checks")
+# Beat writes a schedule's last run (django-celery-beat's PeriodicTask.last_run_at) as it
+# sends it, not every 3 minutes (Celery's default sync): /metrics exports that time and the
+# alert on a periodic job not run within twice its interval reads it (deploy/alerts.yaml),
+# which for a 10 s schedule must not lag by minutes. One small UPDATE per task sent.
+CELERY_BEAT_SYNC_EVERY = 1
 # The port a Celery worker serves its own /metrics on (config/observability.py; unset: none).
 CELERY_METRICS_PORT = _env_number("CELERY_METRICS_PORT", default=None, kind=int, low=1, high=65_535,
                                   what="the port a worker serves its metrics on")

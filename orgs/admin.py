@@ -120,8 +120,8 @@ class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_filter = ("dormant", "scale_to_zero_allowed", ExemptionFilter, "applied", "cluster")
     search_fields = ("slug", "namespace")
     readonly_fields = ("dormant", "dormant_since", "last_activity_at", "exemption", "scale_to_zero_state", "applied",
-                       "pending", "drift", "last_error", "reconciled_at", "mechanism", "knative_lever", "created_at",
-                       "scale_to_zero_allowed")
+                       "pending", "pending_since", "drift", "last_error", "reconciled_at", "mechanism", "knative_lever",
+                       "created_at", "scale_to_zero_allowed")
     exclude = ("exempt", "snoozed_until", "exemption_reason")
     inlines = [WorkloadExemptionInline, DormancySwitchInline]
     actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from django.db.models import Count
+from django.db.models import Count, Min
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from clusters.selectors import cluster_names
@@ -30,3 +30,23 @@ def dormancy_metrics() -> Iterator[Metric]:
         orgs.add_metric([cluster, "dormant"], counts.get((cluster, True), 0))
         orgs.add_metric([cluster, "active"], counts.get((cluster, False), 0))
     yield orgs
+
+
+@database_metrics
+def scale_to_zero_metrics() -> Iterator[Metric]:
+    """Partial applies: orgs whose workloads did not all take the wanted setting. The retry
+    (config/schedule.py) applies them again every minute; one that stays partial needs a look."""
+    partial = GaugeMetricFamily("gpu_capacity_scale_to_zero_partial_orgs",
+                                "Orgs whose last scale-to-zero apply was partial, by cluster.", labels=["cluster"])
+    oldest = GaugeMetricFamily(
+        "gpu_capacity_scale_to_zero_partial_since_timestamp_seconds",
+        "Per cluster, when the oldest partial scale-to-zero apply still partial began.", labels=["cluster"])
+    rows = {row["cluster__name"]: row for row in (Org.objects.exclude(pending=[]).values("cluster__name")
+                                                  .annotate(n=Count("id"), since=Min("pending_since")).order_by())}
+    for cluster in cluster_names():  # zeros included, so "none partial" is a value, not an absence
+        row = rows.get(cluster)
+        partial.add_metric([cluster], row["n"] if row else 0)
+        if row and row["since"] is not None:
+            oldest.add_metric([cluster], row["since"].timestamp())
+    yield partial
+    yield oldest

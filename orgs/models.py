@@ -36,6 +36,10 @@ class Org(models.Model):
         default=list, db_default=[], blank=True,
         help_text="What did not take the wanted setting at the last apply (a partial apply), and why; "
                   "retried every minute until empty.")
+    pending_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the apply that left `pending` non-empty was made (the first of a run of partial applies); "
+                  "empty once an apply completes.")
     last_error = models.TextField(blank=True, help_text="The last Kubernetes failure while applying the setting.")
     reconciled_at = models.DateTimeField(null=True, blank=True, help_text="When the setting was last checked.")
     mechanism = models.CharField(max_length=120, blank=True,

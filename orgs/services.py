@@ -605,7 +605,9 @@ def org_scale_to_zero_apply(*, org_id: int, now: datetime | None = None, switch_
 
 def _record_outcome(org: Org, outcome: ApplyOutcome, *, now: datetime, switch_id: int | None, actor) -> None:
     fields = {"reconciled_at": now, "last_error": "\n".join(outcome.errors)[:4000], "drift": outcome.drift,
-              "pending": outcome.pending}
+              "pending": outcome.pending,
+              # A retry that leaves it partial again keeps the first time: the age of the partial apply.
+              "pending_since": Coalesce(F("pending_since"), Value(now)) if outcome.pending else None}
     if outcome.mechanism:
         fields["mechanism"] = outcome.mechanism[:120]
     if outcome.complete:

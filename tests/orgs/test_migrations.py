@@ -28,3 +28,17 @@ def test_an_org_registered_without_a_time_counts_as_active_from_the_migration_no
             "the whole dormancy period from now: the first sweep puts none of them to sleep"
     finally:
         migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])
+
+
+def test_an_org_partial_when_the_database_is_migrated_counts_as_partial_since_its_last_check():
+    old = migrate(("orgs", "0007_org_registered_active"))
+    cluster = old.get_model("clusters", "Cluster").objects.create(name="east", kubeconfig_path="/nonexistent")
+    orgs = old.get_model("orgs", "Org").objects
+    orgs.create(slug="partial", cluster=cluster, namespace="partial", pending=["ksvc partial/x: 403"], reconciled_at=AT)
+    orgs.create(slug="applied", cluster=cluster, namespace="applied", pending=[], reconciled_at=AT)
+    try:
+        new = migrate(("orgs", "0008_org_pending_since"))
+        since = dict(new.get_model("orgs", "Org").objects.values_list("slug", "pending_since"))
+        assert since == {"partial": AT, "applied": None}
+    finally:
+        migrate(*[(app, name) for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes()])
