@@ -225,6 +225,10 @@ def _run_until(world, job, states, *, dt=1.0, max_steps=200):
             return job
         if job.state == JobState.FAILED:
             raise AssertionError(f"defrag job failed: {job.error}")
+        # A job retries a refused step on its next pass, up to its time limit: the first
+        # refusal is already the feature failing, so stop here instead of stepping it out.
+        if world.denials():
+            raise AssertionError(f"defrag job {job.state}: the cluster refused {world.denials()}")
         world.advance(dt)
     raise AssertionError(f"job stuck in {job.state}: {job.log[-5:]} {job.error}")
 
