@@ -10,7 +10,14 @@ from clusters.errors import Conflict, NotFound, TooManyRequests
 from clusters.labels import REVISION_LABEL
 
 from capacity.defrag.models import DefragJob, DefragOrphan, OrphanEnd, OrphanState
-from capacity.defrag.planning import EndSettle, asleep_line, orphan_end_settle, replicaset_ready_pods
+from capacity.defrag.planning import (
+    EndSettle,
+    OrphanEndChoice,
+    asleep_line,
+    orphan_end_decide,
+    orphan_end_settle,
+    replicaset_ready_pods,
+)
 from capacity.defrag.services.record import (
     _append_log,
     _commit,
@@ -129,10 +136,43 @@ def _end_intent_settle(job: DefragJob, gateway: kube.KubeGateway, now: datetime,
     return outcome, what
 
 
+class _Readiness(NamedTuple):
+    """A revision as an abort finds it: pods of its ReplicaSet ready without the orphans, the
+    replicas it wants (0 once its model was deleted), and why it may want none."""
+    ready: int
+    wanted: int
+    model_deleted: bool
+    asleep: bool   # scaled to zero (`revision_asleep`)
+
+
+def _revision_readiness(job: DefragJob, gateway: kube.KubeGateway, orphan: DefragOrphan) -> _Readiness:
+    """Read the orphan's revision (its ReplicaSet, its pods, its PodAutoscaler when scaled to 0)."""
+    model_deleted = False
+    try:
+        rs = gateway.get(kube.REPLICASETS, orphan.revision.replicaset, namespace=orphan.namespace)
+    except NotFound:
+        # The model was deleted: it wants no pod, and an orphan has no owner for the
+        # garbage collector to follow, so ending it is the abort's to do.
+        rs = {"spec": {"replicas": 0}}
+        model_deleted = True
+        _append_log(job, f"ReplicaSet {orphan.namespace}/{orphan.revision.replicaset} is gone "
+                         f"(its model was deleted): its orphans are deleted")
+    pods = gateway.list(kube.PODS, namespace=orphan.namespace,
+                        label_selector=f"{REVISION_LABEL}={orphan.revision.revision}")
+    ready = replicaset_ready_pods(pods, replicaset=orphan.revision.replicaset)
+    wanted = _scale((rs.get("spec") or {}).get("replicas"))
+    asleep = not model_deleted and _revision_asleep(gateway, orphan.revision, replicas=wanted)
+    if asleep:
+        _append_log(job, asleep_line(revision=orphan.revision.revision, during_wait=False,
+                                     orphans=_orphan_names(orphan.revision)))
+    return _Readiness(ready=ready, wanted=wanted, model_deleted=model_deleted, asleep=asleep)
+
+
 def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, evict: bool,
                  force: bool = False, checked_again: bool = False) -> _Ending:
-    """Evict (drain) or delete (abort) the orphans. `checked_again`: a check of an abort-stuck
-    job (`_step_recheck`), said in each deletion's audit cause.
+    """Evict (drain) or delete (abort) the orphans. Whether an abort deletes an orphan or keeps
+    it is `orphan_end_decide`'s (planning); this carries it out. `checked_again`: a check of
+    an abort-stuck job (`_step_recheck`), said in each deletion's audit cause.
 
     Each request is announced on its orphan (`end_intent`, committed) before it is sent, and
     recorded with the intent cleared after: a worker killed in between leaves the intent,
@@ -141,9 +181,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
     refused = False
     kept: list = []
     ended: list[tuple[str, str]] = []
-    back: dict[int, tuple[int, int]] = {}  # revision id -> (ready without orphans, wanted), read once per pass
-    deleted_models: set[int] = set()        # revision ids whose ReplicaSet is gone
-    asleep_models: set[int] = set()         # revision ids scaled to zero (`revision_asleep`)
+    readiness: dict[int, _Readiness] = {}  # revision id -> what its ReplicaSet has and wants, read once per pass
     end = OrphanEnd.EVICT if evict else OrphanEnd.DELETE
     for orphan in job.orphans.filter(state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).select_related(
             "revision"):
@@ -196,45 +234,22 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
                     continue  # gone meanwhile: seen as gone on the next pass
                 line, new = f"{line} ({ANSWER_LOST_GONE})", {"answer_lost": True}
         else:
-            if orphan.revision_id not in back:
-                try:
-                    rs = gateway.get(kube.REPLICASETS, orphan.revision.replicaset, namespace=orphan.namespace)
-                except NotFound:
-                    # The model was deleted: it wants no pod, and an orphan has no owner for the
-                    # garbage collector to follow, so ending it is the abort's to do.
-                    rs = {"spec": {"replicas": 0}}
-                    deleted_models.add(orphan.revision_id)
-                    _append_log(job, f"ReplicaSet {orphan.namespace}/{orphan.revision.replicaset} is gone "
-                                     f"(its model was deleted): its orphans are deleted")
-                pods = gateway.list(kube.PODS, namespace=orphan.namespace,
-                                    label_selector=f"{REVISION_LABEL}={orphan.revision.revision}")
-                back[orphan.revision_id] = (replicaset_ready_pods(pods, replicaset=orphan.revision.replicaset),
-                                            _scale((rs.get("spec") or {}).get("replicas")))
-                if orphan.revision_id not in deleted_models \
-                        and _revision_asleep(gateway, orphan.revision, replicas=back[orphan.revision_id][1]):
-                    asleep_models.add(orphan.revision_id)
-                    _append_log(job, asleep_line(revision=orphan.revision.revision, during_wait=False,
-                                                 orphans=_orphan_names(orphan.revision)))
-            ready, wanted = back[orphan.revision_id]
+            if orphan.revision_id not in readiness:
+                readiness[orphan.revision_id] = _revision_readiness(job, gateway, orphan)
+            ready, wanted, model_deleted, asleep = readiness[orphan.revision_id]
+            decision = orphan_end_decide(revision=orphan.revision.revision, ready=ready, wanted=wanted,
+                                         model_deleted=model_deleted, asleep=asleep, force=force,
+                                         checked_again=checked_again)
+            if decision.keep:
+                _append_log(job, f"Pod {pod_key} kept: revision {orphan.revision.revision} has "
+                                 f"{ready}/{wanted} ready without it")
+                kept.append((orphan, ready, wanted))
+                if orphan.end_intent:
+                    _end_intent_refused(job, orphan, now)  # an earlier request never took effect
+                continue
             # Why the abort may end it: the Event's message and the audit entry's cause say it.
-            if orphan.revision_id in deleted_models:
-                why = "its model was deleted"
-            elif orphan.revision_id in asleep_models:
-                # Nothing is kept or brought back for it: it sleeps as whoever scaled it chose.
-                why = f"revision {orphan.revision.revision} is scaled to zero, no replacement needed"
-            else:
-                why = "its revision is back to scale"
-            context = "abort-stuck, checked again" if checked_again else "abort"
-            if ready < wanted:
-                if not force:
-                    _append_log(job, f"Pod {pod_key} kept: revision {orphan.revision.revision} has "
-                                     f"{ready}/{wanted} ready without it")
-                    kept.append((orphan, ready, wanted))
-                    if orphan.end_intent:
-                        _end_intent_refused(job, orphan, now)  # an earlier request never took effect
-                    continue
-                context, why = "abort, operator chose to delete anyway", \
-                    f"its revision has {ready}/{wanted} ready without it"
+            context, why = decision.context, decision.why
+            if decision.choice == OrphanEndChoice.FORCE:
                 line = (f"Pod {pod_key} deleted as the operator chose: revision {orphan.revision.revision} has "
                         f"{ready}/{wanted} ready without it (capacity drops)")
                 new = {"forced": True, "ready": ready, "wanted": wanted}
