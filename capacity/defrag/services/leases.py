@@ -6,6 +6,8 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
+from config.leases import lease_renew
+
 from capacity.defrag.models import DefragJob
 
 
@@ -26,8 +28,8 @@ def defrag_job_lease_acquire(*, job_id: int, owner: str, now: datetime) -> bool:
 
 def defrag_job_lease_renew(*, job_id: int, owner: str, now: datetime) -> bool:
     """Heartbeat: extend the lease; False when it was lost (expired and taken by another)."""
-    return DefragJob.objects.filter(pk=job_id, lease_owner=owner).update(
-        lease_expires_at=now + timedelta(seconds=LEASE_SECONDS), heartbeat_at=now) == 1
+    return lease_renew(DefragJob.objects.filter(pk=job_id), holder=owner,
+                       until=now + timedelta(seconds=LEASE_SECONDS), heartbeat_at=now)
 
 
 def defrag_job_lease_release(*, job_id: int, owner: str) -> None:
