@@ -6,19 +6,19 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from audit.selectors import entries_of_subject
 from clusters import kube
 from clusters.errors import NotFound
 from clusters.labels import REVISION_LABEL
 from clusters.selectors import snapshot_take
 
-from capacity.defrag.models import LIVE_STATES, AbortChoice, DefragJob, DefragOrphan, JobState, OrphanState
+from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, JobState, OrphanState
 from capacity.defrag.planning import (
     abort_recheck_counts_line,
     abort_recheck_line,
     abort_stuck_message,
     abort_terminating_message,
 )
+from capacity.defrag.selectors import defrag_job_stuck_counts_said, defrag_jobs_holding_nodes
 from capacity.defrag.services.orphans import _end_orphans, _settle_planned
 from capacity.defrag.services.record import RESUME_SECONDS, _append_log, _commit, _event, _log_drop, _node_ref
 
@@ -134,7 +134,7 @@ def _step_recheck(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> N
     before = dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state"))
     ending = _end_orphans(job, gateway, now, evict=False, checked_again=True)
     if dict(job.orphans.filter(state__in=_TRACKED).values_list("pk", "state")) == before:
-        said, counts = _stuck_counts_said(job), _stuck_counts(ending.kept)
+        said, counts = defrag_job_stuck_counts_said(job=job), _stuck_counts(ending.kept)
         changed = [(revision, said[revision], now_) for revision, now_ in counts.items()
                    if revision in said and said[revision] != now_]
         if changed:
@@ -164,14 +164,6 @@ def _stuck_counts(kept: list) -> dict[str, tuple[int, int]]:
     return {_revision_name(orphan): (ready, wanted) for orphan, ready, wanted in kept}
 
 
-def _stuck_counts_said(job: DefragJob) -> dict[str, tuple[int, int]]:
-    """The ready counts the job's stuck message gives: those its last `job_abort_stuck`
-    entry recorded with it."""
-    entry = entries_of_subject(subject_type="defrag_job", subject_id=job.pk).filter(action="job_abort_stuck").first()
-    kept = ((entry.new or {}).get("kept") or ()) if entry is not None else ()
-    return {k["revision"]: (k["ready"], k["wanted"]) for k in kept}
-
-
 def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept: list) -> None:
     """Stop waiting: say which orphans are left and why, name what holds the room, and
     leave the choice to the operator. The job stays live: it still tracks its orphans."""
@@ -197,9 +189,7 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
                 why = next((c.get("message") or c.get("reason") or "" for c in conditions
                             if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
                 entry["pending"].append((f"{orphan.namespace}/{meta.get('name')}", why))
-    holders = dict(DefragJob.objects.filter(cluster=job.cluster, state__in=LIVE_STATES).exclude(pk=job.pk)
-                   .values_list("node_name", "pk"))
-    states = dict(DefragJob.objects.filter(pk__in=holders.values()).values_list("pk", "state"))
+    holders = defrag_jobs_holding_nodes(job=job)
     cordoned = []
     for node in sorted(snapshot.nodes, key=lambda n: n.name):
         if not node.unschedulable or node.name == job.node_name:
@@ -209,7 +199,7 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
         free = max(node.gpus_allocatable - used, 0)
         if free <= 0:
             continue
-        holder = (f"defrag job #{holders[node.name]} ({states[holders[node.name]]})" if node.name in holders
+        holder = (f"defrag job #{holders[node.name][0]} ({holders[node.name][1]})" if node.name in holders
                   else "an operator (no defrag job holds it)")
         cordoned.append({"node": node.name, "free": free, "holder": holder})
     waited = (now - job.abort_started_at).total_seconds()

@@ -18,13 +18,13 @@ from capacity.defrag.planning import (
     orphan_end_settle,
     replicaset_ready_pods,
 )
+from capacity.defrag.selectors import defrag_revision_orphan_names
 from capacity.defrag.services.record import (
     _append_log,
     _commit,
     _event,
     _get_pod,
     _is_orphaned,
-    _orphan_names,
     _pod_named,
     _pod_ref,
     _revision_asleep,
@@ -164,7 +164,7 @@ def _revision_readiness(job: DefragJob, gateway: kube.KubeGateway, orphan: Defra
     asleep = not model_deleted and _revision_asleep(gateway, orphan.revision, replicas=wanted)
     if asleep:
         _append_log(job, asleep_line(revision=orphan.revision.revision, during_wait=False,
-                                     orphans=_orphan_names(orphan.revision)))
+                                     orphans=defrag_revision_orphan_names(revision=orphan.revision)))
     return _Readiness(ready=ready, wanted=wanted, model_deleted=model_deleted, asleep=asleep)
 
 

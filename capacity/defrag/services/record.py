@@ -17,7 +17,7 @@ from clusters.labels import TEMPLATE_HASH_LABEL
 from config.actors import actor_label_current
 from config.schedule import SCHEDULES
 
-from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision, OrphanState
+from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.defrag.planning import log_lines_to_drop, revision_asleep
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,6 @@ def _revision_asleep(gateway: kube.KubeGateway, revision: DefragRevision, *, rep
     except NotFound:
         return False
     return revision_asleep(desired_scale=_desired_scale(pa), current_replicas=replicas)
-
-
-def _orphan_names(revision: DefragRevision) -> list[str]:
-    """ns/name of the revision's orphans the job still tracks."""
-    return [f"{o.namespace}/{o.pod_name}" for o in revision.orphans.filter(
-        state__in=[OrphanState.ORPHANED, OrphanState.DELETING]).order_by("pod_name")]
 
 
 def _append_log(job: DefragJob, *lines: str) -> None:

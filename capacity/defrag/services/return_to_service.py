@@ -18,8 +18,9 @@ from clusters.errors import KubeError, NotFound
 from config import clock
 from config.actors import acting_as, actor_label_current
 
-from capacity.defrag.models import LIVE_STATES, DefragJob, JobState, OrphanState
+from capacity.defrag.models import LIVE_STATES, DefragJob, JobState
 from capacity.defrag.planning import seconds_text
+from capacity.defrag.selectors import defrag_job_live_orphans
 from capacity.defrag.services.abort import NODE_RETURNED
 from capacity.defrag.services.jobs import defrag_job_abort
 from capacity.defrag.services.record import (
@@ -111,10 +112,6 @@ def _abort_asked_text(row: DefragJob, orphans: int) -> str:
     return f" Abort of defrag job #{row.pk} requested: it has no orphan left to end."
 
 
-def _live_orphans(row: DefragJob) -> int:
-    return row.orphans.filter(state__in=[OrphanState.PLANNED, OrphanState.ORPHANED, OrphanState.DELETING]).count()
-
-
 def _return_intent_settle(row: DefragJob, *, current: dict | None, gateway: kube.KubeGateway, now: datetime,
                           by: str, enqueue: bool) -> _IntentSettled | None:
     """Say and record what became of a return to service that stopped between its intent
@@ -142,7 +139,7 @@ def _return_intent_settle(row: DefragJob, *, current: dict | None, gateway: kube
         message = f"Node {node} was uncordoned by {earlier} that was interrupted before it was recorded; recorded now."
         asks_abort = row.state in ENDED_BY_RETURN and not defrag_job_holding_reason(row)
         if asks_abort:
-            message += _abort_asked_text(row, _live_orphans(row))
+            message += _abort_asked_text(row, defrag_job_live_orphans(job=row))
         # The entry is dated when the uncordon was asked for (and sent), and written under
         # whoever asked, as that return to service would have written it.
         with acting_as(label):
@@ -203,7 +200,7 @@ def _already_schedulable(row: DefragJob, *, node: str, actor, now: datetime, enq
     if settled is not None and settled.recorded:
         return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=settled.abort_requested,
                                message=settled.message)
-    orphans = _live_orphans(row)
+    orphans = defrag_job_live_orphans(job=row)
     message = f"Node {node} was already schedulable; nothing to uncordon."
     if defrag_job_holding_reason(row) or not (row.state in ENDED_BY_RETURN and orphans):
         return ReturnToService(node=node, job_id=row.pk, uncordoned=False, abort_requested=False,
@@ -328,7 +325,7 @@ def _uncordon_record(row: DefragJob, *, node: str, current: dict, actor, who: st
                      now: datetime, enqueue: bool, lapsed: _IntentSettled | None) -> ReturnToService:
     """What a return to service did, recorded in the transaction of its patch, with its
     intent cleared: the audit entry, the log, an Event, the abort it asks for."""
-    orphans = _live_orphans(row)
+    orphans = defrag_job_live_orphans(job=row)
     asks_abort = row.state in ENDED_BY_RETURN
     _audit(row, now=now, actor=actor, action="node_return_to_service", target=f"Node/{node}",
            cause=row.return_intent_cause, old={"unschedulable": True}, new={"unschedulable": False})

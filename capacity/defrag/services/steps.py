@@ -22,6 +22,7 @@ from capacity.defrag.planning import (
     revision_asleep,
     revision_satisfied,
 )
+from capacity.defrag.selectors import defrag_revision_orphan_names
 from capacity.defrag.services.record import (
     _append_log,
     _commit,
@@ -30,7 +31,6 @@ from capacity.defrag.services.record import (
     _get_pod,
     _is_orphaned,
     _node_ref,
-    _orphan_names,
     _pod_ref,
     _scale,
 )
@@ -214,7 +214,7 @@ def _step_wait(job: DefragJob, gateway: kube.KubeGateway, now: datetime) -> None
             # still loading does not), so there is nothing to wait for.
             revision.satisfied = True
             lines.append(asleep_line(revision=revision.revision, during_wait=revision.initial_replicas > 0,
-                                     orphans=_orphan_names(revision)))
+                                     orphans=defrag_revision_orphan_names(revision=revision)))
         else:
             revision.satisfied = revision_satisfied(current_kpa_scale=revision.current_kpa_scale,
                                                     current_replicas=revision.current_replicas,
