@@ -22,7 +22,6 @@ import threading
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import orjson
 import requests
@@ -85,18 +84,6 @@ class PrometheusGateway:
         self._session = session
         self._client = PrometheusConnect(url=self.url, headers=headers, retry=retry, session=session,
                                          timeout=timeout)
-
-    @classmethod
-    def for_cluster(cls, cluster: Any) -> "PrometheusGateway":
-        """From a cluster row: `prometheus_url`, `prometheus_token_env` (a variable name)."""
-        if not cluster.prometheus_url:
-            raise PrometheusError(f"cluster {cluster.name!r} has no Prometheus URL")
-        token = None
-        if cluster.prometheus_token_env:
-            token = os.environ.get(cluster.prometheus_token_env) or None
-        return cls(cluster.prometheus_url, token=token,
-                   ca_bundle=getattr(cluster, "prometheus_ca_bundle", "") or None,
-                   verify_tls=getattr(cluster, "prometheus_verify_tls", True))
 
     def _call(self, fn, *args, **kwargs):
         with self._counting:

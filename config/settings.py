@@ -390,7 +390,7 @@ CAPACITY_MAP_CACHE_SECONDS = _env_number("CAPACITY_MAP_CACHE_SECONDS", default=1
 # defrag advice places each replacement where that scheduler would. LeastAllocated is
 # kube-scheduler's default (spreads onto the emptiest node, often an empty one: emptying a
 # node then frees nothing); MostAllocated for clusters configured to bin-pack. The values
-# are capacity.defrag.planning.Scoring's.
+# are capacity.gpumap.advice.Scoring's.
 CAPACITY_SCHEDULER_SCORING = env.str("CAPACITY_SCHEDULER_SCORING", default="LeastAllocated")
 if CAPACITY_SCHEDULER_SCORING not in ("LeastAllocated", "MostAllocated"):
     raise ImproperlyConfigured(f"CAPACITY_SCHEDULER_SCORING must be LeastAllocated (kube-scheduler's default) or "

@@ -122,14 +122,6 @@ def knative_lever(*, version: str, source: str = "", looked_at: tuple[str, ...] 
                  False)
 
 
-def model_mechanisms(knative_version: str | None) -> tuple[str, ...]:
-    return (knative_lever(version=knative_version or "").target,)
-
-
-def describe_mechanism(knative_version: str | None) -> str:
-    return knative_lever(version=knative_version or "").describe()
-
-
 @dataclass(frozen=True)
 class Patch:
     """One workload to patch: its resource ("ksvc", "revision", "podautoscaler"), where,

@@ -17,9 +17,7 @@ import logging
 import math
 import os
 import re
-import socket
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -36,6 +34,7 @@ from clusters.prometheus import PrometheusGateway
 from clusters.selectors import knative_initial_scale_read
 from config import clock
 from config.actors import actor_label_current
+from config.leases import lease_holder, lease_renew
 from orgs import selectors as org_selectors
 
 from . import actions, planning, reads, selectors
@@ -232,11 +231,6 @@ def prometheus_for(*, cluster=None, url: str | None = None, token: str | None = 
                              verify_tls=verify)
 
 
-def lease_holder_name(prefix: str = "worker") -> str:
-    """Who holds a lease: the process (host and pid) and a token unique to this holding."""
-    return f"{prefix}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
 @dataclass
 class _Lease:
     """The running run's lease, held by this process; every renewal is one conditional UPDATE."""
@@ -247,8 +241,8 @@ class _Lease:
         """Push the expiry a lease ahead (and save `fields` with it). False when the lease
         was lost: the run was reconciled meanwhile and this process must stop acting."""
         expires = self.wall_clock() + timedelta(seconds=LEASE_SECONDS)
-        held = PruneRun.objects.filter(pk=self.run.pk, status=PruneRun.Status.RUNNING,
-                                       lease_owner=self.run.lease_owner).update(lease_expires_at=expires, **fields)
+        held = lease_renew(PruneRun.objects.filter(pk=self.run.pk, status=PruneRun.Status.RUNNING),
+                           holder=self.run.lease_owner, until=expires, **fields)
         if held:
             self.run.lease_expires_at = expires
         return bool(held)
@@ -266,7 +260,7 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     query = params.query()
     run = PruneRun.objects.create(cluster=cluster, actor=actor, mode=params.run_mode, evaluated_at=now,
                                   parameters=asdict(params), query=query.candidates_promql(),
-                                  lease_owner=lease_holder_name(),
+                                  lease_owner=lease_holder("worker"),
                                   lease_expires_at=wall_clock() + timedelta(seconds=LEASE_SECONDS))
     lease = _Lease(run, wall_clock)
     try:
@@ -619,7 +613,7 @@ def prune_runs_reconcile(*, now: datetime, gateway_of: Callable | None = None,
         PruneRun.objects.filter(status=PruneRun.Status.RUNNING, lease_expires_at__isnull=True)
     for run in stale.select_related("cluster").order_by("pk"):
         lapsed_at = run.lease_expires_at
-        holder = lease_holder_name("reconcile")
+        holder = lease_holder("reconcile")
         # Claim it with one conditional UPDATE: two beats never reconcile one run together.
         claimed = PruneRun.objects.filter(pk=run.pk, status=PruneRun.Status.RUNNING, lease_owner=run.lease_owner,
                                           lease_expires_at=lapsed_at).update(

@@ -91,11 +91,6 @@ def node_tie(name: str) -> int:
     return zlib.crc32(name.encode()) % 1024
 
 
-def pod_cost(*, others: int, own: int, node_name: str) -> int:
-    """`others`: pods on the node not of the pod's workload; `own`: of its workload."""
-    return ((256 if others else 0) + min(others + own, _CAP)) * 1024 + node_tie(node_name)
-
-
 def _when(rank: int, of: int) -> str:
     """1 of 3 → "first", 3 of 3 → "last", 2 of 3 → "2nd"."""
     if rank == 1:
@@ -273,8 +268,8 @@ def _group(pod: PodView, options: BinpackOptions) -> str | None:
 
 def binpack_plan(snapshot: ClusterSnapshot, *, options: BinpackOptions | None = None) -> BinpackPlan:
     # A plan allocates a few objects per pod (records, bases, reasons), enough to set off
-    # the cyclic garbage collector's full passes, and each walks the whole snapshot: at
-    # 50,000 pods those passes were half the planning time. The plan holds no cycles.
+    # the cyclic garbage collector's full passes, and each walks the whole snapshot (what
+    # that costs at 50,000 pods: README, "Tests and benchmarks"). The plan holds no cycles.
     with gc_paused():
         return _plan(snapshot, options or BinpackOptions())
 

@@ -23,11 +23,8 @@ was not applied: it stays "error" and is not kept."""
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -45,6 +42,7 @@ from clusters.labels import BINPACK_MARKER, BINPACK_OPT_OUT, DELETION_COST
 from clusters.selectors import snapshot_take
 from clusters.snapshot import PodView
 from config import clock
+from config.leases import lease_holder, lease_renew
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -270,16 +268,11 @@ def _apply_all(gateway: kube.KubeGateway, changes, errors: list[str], *,
     return results
 
 
-def _holder(role: str) -> str:
-    """Who holds a run's lease: the process (host and pid) and a token unique to this holding."""
-    return f"{role}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
 def _renew(run: BinpackRun) -> bool:
     """Push the writer's lease ahead: one conditional UPDATE. False when it was lost."""
     expires = clock.now() + timedelta(seconds=LEASE_SECONDS)
-    held = BinpackRun.objects.filter(pk=run.pk, state=BinpackRun.State.WRITING,
-                                     lease_owner=run.lease_owner).update(lease_expires_at=expires)
+    held = lease_renew(BinpackRun.objects.filter(pk=run.pk, state=BinpackRun.State.WRITING),
+                       holder=run.lease_owner, until=expires)
     if held:
         run.lease_expires_at = expires
     else:
@@ -359,7 +352,7 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
             recorded["result"] = "announced"
         run.state = BinpackRun.State.WRITING
         run.announced = [_announced(c) for c in plan.changes]
-        run.lease_owner = _holder("writer")
+        run.lease_owner = lease_holder("writer")
         run.lease_expires_at = clock.now() + timedelta(seconds=LEASE_SECONDS)
         run.save()
     errors: list[str] = []
@@ -444,7 +437,7 @@ def binpack_runs_settle(*, cluster: Cluster, gateway: kube.KubeGateway | None = 
         Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)).order_by("pk")
     settled: list[BinpackRun] = []
     for stale in lapsed:
-        holder = _holder("settler")
+        holder = lease_holder("settler")
         claimed = BinpackRun.objects.filter(
             _unsettled(), pk=stale.pk, lease_owner=stale.lease_owner,
             lease_expires_at=stale.lease_expires_at).update(

@@ -18,6 +18,7 @@ from clusters.errors import KubeError
 from config import clock
 
 from capacity.defrag.models import DefragJob, JobState
+from capacity.defrag.selectors import defrag_jobs_due
 from capacity.defrag.services import (
     DEFRAG_JOB_RUN_TASK,
     defrag_job_lease_acquire,
@@ -27,7 +28,6 @@ from capacity.defrag.services import (
     defrag_job_resting,
     defrag_job_step,
     defrag_job_wait,
-    defrag_jobs_due,
     defrag_return_intents_settle,
 )
 

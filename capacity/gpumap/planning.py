@@ -1,10 +1,10 @@
 """The GPU map and the cluster dashboard, decided from a snapshot (no ORM, no HTTP, no clock):
 GPUs per node, which node to empty, and the totals per GPU product.
 
-Which nodes to empty is the defrag planning's `defrag_advice` (the rules a job applies,
-simulated node after node); what a job decides once started lives there too. At 1,000 nodes
-the dashboard shows totals per GPU product and the top candidates, never one row per node
-(that is the GPU map's job, which pages)."""
+Which nodes to empty is `defrag_advice` (capacity/gpumap/advice.py: the rules a job
+applies, simulated node after node); what a job decides once started is
+capacity/defrag/planning.py's. At 1,000 nodes the dashboard shows totals per GPU product and
+the top candidates, never one row per node (that is the GPU map's job, which pages)."""
 from __future__ import annotations
 
 import functools
@@ -24,7 +24,7 @@ from clusters.labels import (
 )
 from clusters.snapshot import ClusterSnapshot, PodView
 
-from capacity.defrag.planning import (
+from capacity.gpumap.advice import (
     DefragAdvice,
     Freeing,
     FreeingStep,
@@ -69,8 +69,8 @@ _org_model_name = operator.itemgetter(0, 1, 2)
 
 class NodeRow(msgspec.Struct, frozen=True, gc=False):
     """One GPU node of the map. A Struct, not a dataclass: a reading of 5,000 nodes makes,
-    pickles (into the cache) and unpickles one per node (pickling 4,000 rows: ~9 ms, against
-    ~11.5 ms as dataclasses)."""
+    pickles (into the cache) and unpickles one per node, and a Struct does each faster (the
+    figures: README, "Tests and benchmarks")."""
 
     name: str
     pool: str

@@ -13,9 +13,6 @@ then reads the cluster and records what really happened, never sending the write
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -34,6 +31,7 @@ from clusters.knative import InitialScale
 from clusters.selectors import knative_initial_scale_read, snapshot_take
 from config import clock
 from config.celery import task_send
+from config.leases import lease_holder
 from orgs.selectors import org_keeps_at_zero, org_of_namespace, orgs_of_cluster
 
 if TYPE_CHECKING:
@@ -58,10 +56,6 @@ class RunbookUnsettled(Exception):
     took effect: the action stays `acting` and the registry sync settles it from the cluster."""
 
 
-def _owner(role: str) -> str:
-    return f"{role}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
 def _intent_announce(*, action: str, actor, cluster: Cluster, target: str, model: ServedModel, old: dict,
                      new: dict) -> RunbookAction:
     """Commit the action as `acting` before its write. IMPORTANT: durable, so the row is in
@@ -70,7 +64,7 @@ def _intent_announce(*, action: str, actor, cluster: Cluster, target: str, model
     with transaction.atomic(durable=True):
         return RunbookAction.objects.create(
             at=now, actor=actor, cluster=cluster, action=action, target=target, served_model=model, old=old, new=new,
-            state=RunbookAction.State.ACTING, acting_owner=_owner("act"),
+            state=RunbookAction.State.ACTING, acting_owner=lease_holder("act"),
             acting_expires_at=now + timedelta(seconds=ACTING_LEASE_SECONDS))
 
 
@@ -570,7 +564,7 @@ def runbook_actions_settle(*, cluster: Cluster, now: datetime | None = None,
     stale = RunbookAction.objects.filter(cluster=cluster, state=RunbookAction.State.ACTING,
                                         acting_expires_at__lt=now).order_by("at", "id")
     for row in stale:
-        owner = _owner("settle")
+        owner = lease_holder("settle")
         claimed = RunbookAction.objects.filter(pk=row.pk, state=RunbookAction.State.ACTING,
                                               acting_owner=row.acting_owner, acting_expires_at__lt=now).update(
             acting_owner=owner, acting_expires_at=now + timedelta(seconds=ACTING_LEASE_SECONDS))

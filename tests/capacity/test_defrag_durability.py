@@ -134,11 +134,11 @@ def test_two_runners_finishing_an_abort_at_once_record_it_once(defrag_world):
     # A second runner loaded the job before the first uncordon was recorded: it tries again.
     stale = DefragJob.objects.get(pk=job.pk)
     stale.version, stale.abort_node_outcome = 0, ""
-    from capacity.defrag import services
+    from capacity.defrag.services import abort, record
 
-    services._loaded(stale)
-    with pytest.raises(services.StaleJob):
-        services._abort_node(stale, world.gateway, world.now())
+    record._loaded(stale)
+    with pytest.raises(record.StaleJob):
+        abort._abort_node(stale, world.gateway, world.now())
     assert audit_counts(job)["node_uncordon"] == 1
 
 
@@ -345,12 +345,12 @@ def test_a_start_the_broker_cannot_take_is_recorded_said_in_its_log_and_left_to_
     an error (the operator would retry and meet "already has a live job"); the job's log says
     it waits for the resume beat, and that beat's query finds it due."""
     from capacity.defrag import services as defrag_services
-    from capacity.defrag.services import defrag_discover, defrag_job_start
+    from capacity.defrag.services import defrag_discover, defrag_job_start, jobs
 
     def broker_down(*args, **kwargs):
         raise ConnectionRefusedError("[Errno 111] Connection refused")
 
-    monkeypatch.setattr(defrag_services, "task_send", broker_down)
+    monkeypatch.setattr(jobs, "task_send", broker_down)
     world = defrag_world(scenario(knative_service(min_scale=3)))
     node = world.kube.node_with_pods()
     plan = defrag_discover(cluster=world.cluster, node_name=node, gateway=world.gateway)

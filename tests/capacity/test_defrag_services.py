@@ -5,6 +5,8 @@ job as `now`; nothing sleeps.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from datetime import timedelta
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from audit.selectors import entries_of_subject
 from capacity.defrag import services
 from capacity.defrag.models import DefragJob, JobState, OrphanState
+from capacity.defrag.services import record
 from capacity.defrag.services import (
     SAFE_MESSAGE,
     DefragError,
@@ -177,13 +180,22 @@ def test_api_5xx_is_recorded_and_the_job_carries_on(defrag_world):
     assert world.kube.node_cordoned(node)
 
 
+def patch_in_every_module(monkeypatch, name: str, replacement) -> None:
+    """Replace `name` in every module of the defrag services package that uses it (each
+    module imports it by name, so a patch of one module would not reach the others)."""
+    for info in pkgutil.iter_modules(services.__path__):
+        module = importlib.import_module(f"{services.__name__}.{info.name}")
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, replacement)
+
+
 class WorkerKilled(BaseException):
     """A worker dying between a side effect and the record of it (not an Exception: nothing catches it)."""
 
 
 def crash_at(monkeypatch, n: int):
     """Make the n-th record of a side effect (0-based) die before it is written."""
-    real = services._commit
+    real = record._commit
     calls = {"n": 0}
 
     def commit(*args, **kwargs):
@@ -192,7 +204,7 @@ def crash_at(monkeypatch, n: int):
             raise WorkerKilled
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(services, "_commit", commit)
+    patch_in_every_module(monkeypatch, "_commit", commit)
     return calls
 
 
@@ -305,7 +317,7 @@ def test_drain_needs_permission_and_retries_a_pdb_that_first_refuses(defrag_worl
 def crash_on(monkeypatch, what: str):
     """Kill the worker as it records `what` (an audit action, or the move to state `what`),
     after the side effect it records was made. Once only: the next worker runs normally."""
-    real_audit, real_commit = services._audit, services._commit
+    real_audit, real_commit = record._audit, record._commit
     fired = []
 
     def fire():
@@ -323,8 +335,8 @@ def crash_on(monkeypatch, what: str):
             fire()
         return real_commit(job, fields=fields, orphans=orphans, audits=audits, now=now)
 
-    monkeypatch.setattr(services, "_audit", audit)
-    monkeypatch.setattr(services, "_commit", commit)
+    patch_in_every_module(monkeypatch, "_audit", audit)
+    patch_in_every_module(monkeypatch, "_commit", commit)
     return fired
 
 

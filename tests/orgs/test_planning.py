@@ -27,16 +27,16 @@ def test_versions_parse(text, parsed):
     assert planning.parse_version(text) == parsed
 
 
-@pytest.mark.parametrize(("version", "mechanisms"), [
-    ("1.21.0", ("revision-annotation",)),
-    ("1.22.3", ("revision-annotation",)),
-    ("1.20.0", ("podautoscaler-patch",)),
-    ("0.26.0", ("podautoscaler-patch",)),
-    ("", ("podautoscaler-patch",)),
-    ("devel", ("podautoscaler-patch",)),
+@pytest.mark.parametrize(("version", "mechanism"), [
+    ("1.21.0", "revision-annotation"),
+    ("1.22.3", "revision-annotation"),
+    ("1.20.0", "podautoscaler-patch"),
+    ("0.26.0", "podautoscaler-patch"),
+    ("", "podautoscaler-patch"),
+    ("devel", "podautoscaler-patch"),
 ])
-def test_model_mechanism_follows_knative_version(version, mechanisms):
-    assert planning.model_mechanisms(version) == mechanisms
+def test_model_mechanism_follows_knative_version(version, mechanism):
+    assert planning.knative_lever(version=version).target == mechanism
 
 
 def test_enabling_a_pynode_records_the_owners_value_in_the_same_patch():

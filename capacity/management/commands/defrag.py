@@ -24,6 +24,7 @@ from config.actors import acting_as, cli_label
 
 from capacity.defrag.models import AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
+from capacity.defrag.selectors import defrag_job_log_after
 from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
 from capacity.defrag.services import (
     POLL_RANGE,
@@ -35,7 +36,6 @@ from capacity.defrag.services import (
     defrag_job_drain,
     defrag_job_lease_acquire,
     defrag_job_lease_release,
-    defrag_job_log_after,
     defrag_job_pause_seconds,
     defrag_job_resting,
     defrag_job_start,
