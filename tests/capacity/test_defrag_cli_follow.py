@@ -43,17 +43,17 @@ def test_a_job_with_thousands_of_log_lines_ends_with_its_final_state_on_the_cli(
         defrag_world, on_sim_clock, capsys, settings):
     settings.CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = 120
     world = on_sim_clock(world_without_room(defrag_world))
-    code, out = run_cli(capsys, "n1", "--cluster", "sim", "--yes", "--timeout", "1200", "--poll-interval", "1")
+    code, out = run_cli(capsys, "n1", "--cluster", "sim", "--yes", "--timeout", "450", "--poll-interval", "1")
     job = DefragJob.objects.get()
-    assert job.log_seq > 2000 and job.log_lines.count() == 500      # thousands written, the log bounded
+    assert job.log_seq > 650 and job.log_lines.count() == 500      # hundreds more written, the log bounded
     assert code == 1
     assert out[-1] == f"Final state of defrag job #{job.pk}: failed; exit 1"
-    assert out[-2] == job.error and job.error.startswith("Timed out after 1200s: not safe.")
+    assert out[-2] == job.error and job.error.startswith("Timed out after 450s: not safe.")
     # The poll's two lines are printed once, then folded: the terminal stays readable.
     waiting = f"Revision {REVISION} - 1 extra needed - current_scale=1 replicas=1 initial_scale=1"
     assert out.count(waiting) <= 2
     folds = [line for line in out if line.startswith("… ×")]
-    assert folds and int(folds[0].split("×")[1].split()[0]) > 1000
+    assert folds and int(folds[0].split("×")[1].split()[0]) > 300
     assert len(out) < 60
 
     # The abort cannot end the orphan (its replacement has no room): it stops at its deadline.
