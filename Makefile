@@ -4,19 +4,24 @@
 #               simulated cluster, and the real control-plane tier (tests/realcluster)
 # `make test-real` runs the real tier alone: build (cached) the upstream control plane, then
 # tests/realcluster on it.
+# `make image` builds the product's image with podman (skipped when its build context is
+# unchanged); `make test-image` builds it, then runs tests/image on it. `make lock` renews
+# the locked dependencies (uv.lock and its hashed exports in requirements/).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-real install system-deps lint screenshots bench
+.PHONY: demo test test-real install system-deps lint screenshots bench image test-image lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# Exactly the locked files (every one checked against its hash), then the project itself.
+$(STAMP): pyproject.toml requirements/test.txt | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements/test.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -44,6 +49,22 @@ test: install system-deps lint
 test-real: install
 	$(BIN)/python -m realcluster build --with knative --with kserve
 	$(BIN)/python -m pytest tests/realcluster
+
+# Renews the lock: the newest versions pyproject.toml allows (`make lock LOCK_ARGS=` keeps
+# the current pins and only adds or drops what pyproject.toml changed), then the hashed
+# requirements files that pip reads: runtime.txt for the image, test.txt for `make install`.
+LOCK_ARGS ?= --upgrade
+lock: install
+	$(BIN)/uv lock $(LOCK_ARGS)
+	$(BIN)/uv export --quiet --frozen --no-emit-project --no-dev --format requirements-txt -o requirements/runtime.txt
+	$(BIN)/uv export --quiet --frozen --no-emit-project --no-dev --extra test --format requirements-txt -o requirements/test.txt
+
+# Needs root and podman (system-deps); see deploy/README.md, "The image".
+image: system-deps
+	$(PYTHON) scripts/image.py build
+
+test-image: install image
+	$(BIN)/python -m pytest tests/image
 
 # Every benchmark, one after the other (see README, "Tests and benchmarks"; simcluster_list
 # and binpack_plan run at 1x and 5x their size, 5 runs each). Not tests: they print
