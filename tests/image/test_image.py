@@ -115,3 +115,14 @@ def test_beat_installs_the_schedule_and_sends_what_is_due(stack):
     stack.wait_for(lambda: "Sending due task capacity: defrag jobs resume" in stack.podman.log("beat"),
                    "beat sends the defrag resume")
     assert stack.podman.running("beat")
+
+
+def test_every_package_of_the_tree_is_in_the_image_and_nothing_of_development(stack):
+    from containers import ROOT
+
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name != "tests")
+    assert {"audit", "savings", "capacity", "orgs", "simcluster"} <= set(packages)
+    imported = stack.podman.exec("web", "python", "-c", f"import {', '.join(packages)}; print('imported')")
+    assert imported.stdout.strip() == "imported", imported.stderr
+    for absent in ("tests", ".git", ".venv", "docs", "bench", "var/db.sqlite3", ".env"):
+        assert stack.podman.exec("web", "test", "-e", f"/app/{absent}").returncode == 1, absent
