@@ -1,5 +1,5 @@
 """docker-compose.yml publishes nothing beyond this machine, ships no secret of its own, and
-`docker-compose config` accepts it (tests/image/test_compose.py runs its services)."""
+`docker-compose config` accepts it (tests/image/test_compose_services.py runs its services)."""
 from __future__ import annotations
 
 import os
