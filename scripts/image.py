@@ -49,10 +49,10 @@ class ImageError(RuntimeError):
     pass
 
 
-def _ignore_patterns() -> list[tuple[bool, str]]:
+def _ignore_patterns(root: Path) -> list[tuple[bool, str]]:
     """(negated, pattern) pairs of .dockerignore, in order (the last match wins)."""
     patterns = []
-    for line in DOCKERIGNORE.read_text().splitlines():
+    for line in (root / ".dockerignore").read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -80,9 +80,9 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(out + "(?:/.*)?")
 
 
-def context_files() -> list[Path]:
-    """The files podman sends as the build context, as paths relative to the repository."""
-    rules = [(negated, _pattern_regex(pattern)) for negated, pattern in _ignore_patterns()]
+def context_files(root: Path = REPO) -> list[Path]:
+    """The files podman sends as the build context, as paths relative to `root`."""
+    rules = [(negated, _pattern_regex(pattern)) for negated, pattern in _ignore_patterns(root)]
 
     def excluded(rel: str) -> bool:
         out = False
@@ -93,8 +93,8 @@ def context_files() -> list[Path]:
 
     may_negate = any(negated for negated, _ in rules)
     files = []
-    for root, dirs, names in os.walk(REPO):
-        rel_root = os.path.relpath(root, REPO)
+    for folder, dirs, names in os.walk(root):
+        rel_root = os.path.relpath(folder, root)
         rel = (lambda n: n) if rel_root == "." else (lambda n: f"{rel_root}/{n}")
         # A folder may be skipped whole only when no `!` rule could bring a file back.
         if not may_negate:
@@ -104,10 +104,10 @@ def context_files() -> list[Path]:
     return files
 
 
-def context_hash() -> str:
+def context_hash(root: Path = REPO) -> str:
     digest = hashlib.sha256()
-    for path in [Path(os.path.relpath(DOCKERFILE, REPO)), Path(".dockerignore"), *context_files()]:
-        full = REPO / path
+    for path in [Path("deploy/Dockerfile"), Path(".dockerignore"), *context_files(root)]:
+        full = root / path
         digest.update(str(path).encode() + b"\0")
         digest.update(os.readlink(full).encode() if full.is_symlink() else full.read_bytes())
         digest.update(b"\0" + str(os.stat(full, follow_symlinks=False).st_mode & 0o111).encode() + b"\0")
