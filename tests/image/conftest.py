@@ -49,11 +49,11 @@ def image_tag() -> str:
 
 
 @pytest.fixture(scope="module")
-def database(postgres_url):
+def database(request, postgres_url):
     """A database of this module's own on the tests' PostgreSQL server; its URL."""
     if not postgres_url:
         pytest.fail("the image tests need the tests' PostgreSQL")
-    name = f"image_{os.getpid()}"
+    name = f"image_{request.module.__name__.rsplit('.', 1)[-1]}_{os.getpid()}"
     admin = postgres_url.replace("postgres://", "postgresql://", 1).rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
@@ -81,9 +81,11 @@ def broker(redis_url):
 
 
 class Stack:
-    def __init__(self, podman: Podman, database: str, web_url: str, kubeconfig: Path, migrate: str):
+    def __init__(self, podman: Podman, database: str, web_url: str, kubeconfig: Path, migrate: str,
+                 metrics_ports: dict[str, int]):
         self.podman, self.database, self.web_url, self.kubeconfig, self.migrate_output = (
             podman, database, web_url, kubeconfig, migrate)
+        self.metrics_ports = metrics_ports      # worker container name -> its CELERY_METRICS_PORT
 
     def sql(self, query: str, *params):
         return sql(self.database, query, *params)
@@ -160,10 +162,12 @@ def stack(image_tag, database, broker, tmp_path_factory):
         # gunicorn as web.yaml runs it, bound to a free loopback port instead of :8000.
         command = [arg for arg in web["command"] if not arg.startswith("--bind=")] + [f"--bind=127.0.0.1:{web_port}"]
         podman.start("web", command, tmpfs=empty_dirs(web, web_pod), mounts=[kube_mount])
+        metrics_ports = {}
         for queue in ("beat", "sweep", "apply", "long"):
             worker, pod = manifest_container(DEPLOY / "worker.yaml", f"gpu-capacity-worker-{queue}")
             worker_env = {item["name"]: item["value"] for item in worker.get("env", [])}
-            worker_env["CELERY_METRICS_PORT"] = str(free_port())    # host network: one port each
+            metrics_ports[f"worker-{queue}"] = free_port()           # host network: one port each
+            worker_env["CELERY_METRICS_PORT"] = str(metrics_ports[f"worker-{queue}"])
             podman.start(f"worker-{queue}", worker["command"], tmpfs=empty_dirs(worker, pod), mounts=[kube_mount],
                          env=worker_env)
         beat, beat_pod = manifest_container(DEPLOY / "beat.yaml", "gpu-capacity-beat")
@@ -178,6 +182,6 @@ def stack(image_tag, database, broker, tmp_path_factory):
                 return False
 
         wait_for(answers, "gunicorn answers /healthz", podman.logs)
-        yield Stack(podman, database, web_url, kubeconfig, done.stdout)
+        yield Stack(podman, database, web_url, kubeconfig, done.stdout, metrics_ports)
     finally:
         podman.remove_all()

@@ -33,6 +33,7 @@ def test_login_page_and_its_static_files_are_served(stack):
     for href in stylesheets:
         css = requests.get(f"{stack.web_url}{href}", timeout=10)
         assert css.status_code == 200 and css.headers["Content-Type"].startswith("text/css"), href
+        assert len(css.content) > 0, href
 
 
 def test_a_panel_page_after_login(stack):
@@ -84,6 +85,25 @@ def test_a_defrag_job_started_from_the_panel_reaches_safe_on_the_long_worker(sta
                    f"defrag job {job_id} reaches safe")
     assert kube.node_cordoned(node)
     assert "capacity.tasks.defrag_job_run" in stack.podman.log("worker-long")
+    # The pool processes' counters, merged through PROMETHEUS_MULTIPROC_DIR on the /tmp tmpfs.
+    stepped = 'gpu_capacity_task_duration_seconds_count{state="SUCCESS",task="capacity.tasks.defrag_job_run"}'
+    stack.wait_for(lambda: stepped in (worker_metrics(stack, "worker-long") or ""),
+                   "the long worker counts its defrag steps")
+
+
+def worker_metrics(stack, worker: str) -> str | None:
+    """The worker's /metrics text; None while it does not answer 200."""
+    try:
+        answer = requests.get(f"http://127.0.0.1:{stack.metrics_ports[worker]}/metrics", timeout=5)
+    except requests.RequestException:
+        return None
+    return answer.text if answer.status_code == 200 else None
+
+
+def test_every_worker_serves_its_metrics_on_the_manifests_port_variable(stack):
+    # A family shows once a process of the worker counted something: the body may be empty.
+    for worker in stack.metrics_ports:
+        stack.wait_for(lambda: worker_metrics(stack, worker) is not None, f"{worker} answers /metrics with 200")
 
 
 def test_the_beat_workers_fan_out_runs_each_clusters_reconcile_on_the_sweep_worker(stack):
