@@ -24,6 +24,9 @@ IMAGE_NAME = "gpu-capacity:local"
 WORKERS = {"worker-beat": "beat", "worker-sweep": "sweep", "worker-apply": "apply", "worker-long": "long"}
 SECRETS = ("DJANGO_SECRET_KEY", "METRICS_TOKEN", "POSTGRES_PASSWORD")
 
+# The first test's set-up builds the image when `make image` has not (cold: minutes).
+pytestmark = pytest.mark.timeout(900)
+
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import requests
 
 from config.schedule import SCHEDULES
+
+# The first test's set-up builds the image when `make image` has not (cold: minutes).
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_migrate_ran_every_app_migration(stack):
