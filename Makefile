@@ -5,6 +5,9 @@
 #               printed), and the real control-plane tier (tests/realcluster); each phase timed
 # `make test-real` runs the real tier alone: build (cached) the upstream control plane, then
 # tests/realcluster on it.
+# `make image` builds the product's image with podman (skipped when its build context is
+# unchanged); `make test-image` builds it, then runs tests/image on it. `make lock` renews
+# the locked dependencies (uv.lock and its hashed exports in requirements/).
 PYTHON ?= python3
 # pytest-xdist processes. The suite mostly waits (on servers, subprocesses, the simulated
 # clock's controllers), so more processes than the 2 cores pay off; each process has its
@@ -17,14 +20,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-real install system-deps lint screenshots bench coverage
+.PHONY: demo test test-real install system-deps lint screenshots bench coverage image test-image lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# Exactly the locked files (every one checked against its hash), then the project itself.
+$(STAMP): pyproject.toml requirements/test.txt | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements/test.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -48,6 +53,7 @@ test:
 	@sh scripts/timed.sh lint $(MAKE) --no-print-directory lint
 	@sh scripts/timed.sh pytest $(BIN)/python -m pytest tests $(PYTEST_PARALLEL)
 	@sh scripts/timed.sh real-tier $(MAKE) --no-print-directory test-real
+	@sh scripts/timed.sh image $(MAKE) --no-print-directory test-image
 
 # Needs Go, the Go module proxy and root (a private network namespace); the first build
 # takes minutes, later ones seconds (see README, "Real control plane").
@@ -62,6 +68,22 @@ coverage: install system-deps
 	$(BIN)/coverage run -m pytest tests $(PYTEST_PARALLEL)
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report --skip-covered --sort=cover | tail -n 40
+
+# Renews the lock: the newest versions pyproject.toml allows (`make lock LOCK_ARGS=` keeps
+# the current pins and only adds or drops what pyproject.toml changed), then the hashed
+# requirements files that pip reads: runtime.txt for the image, test.txt for `make install`.
+LOCK_ARGS ?= --upgrade
+lock: install
+	$(BIN)/uv lock $(LOCK_ARGS)
+	$(BIN)/uv export --quiet --frozen --no-emit-project --no-dev --format requirements-txt -o requirements/runtime.txt
+	$(BIN)/uv export --quiet --frozen --no-emit-project --no-dev --extra test --format requirements-txt -o requirements/test.txt
+
+# Needs root and podman (system-deps); see deploy/README.md, "The image".
+image: system-deps
+	$(PYTHON) scripts/image.py build
+
+test-image: install image
+	$(BIN)/python -m pytest tests/image --durations=10
 
 # Every benchmark, one after the other (see README, "Tests and benchmarks"; simcluster_list
 # and binpack_plan run at 1x and 5x their size, 5 runs each). Not tests: they print

@@ -179,7 +179,9 @@ USE_TZ = True
 # Every time the panel shows carries its zone ("2026-11-24 20:15:03 UTC"): config/formats/en.
 FORMAT_MODULE_PATH = ["config.formats"]
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# The image collects them at build time outside VAR_DIR (STATIC_ROOT=/app/static), since the
+# manifests mount an empty, writable volume over VAR_DIR.
+STATIC_ROOT = Path(environ.Env().str("STATIC_ROOT", default=str(VAR_DIR / "static")))
 
 # LOG_FORMAT=json: one JSON object per line (config/logformat.py); default human text.
 LOG_FORMAT = env.str("LOG_FORMAT", default="text").lower()

@@ -17,6 +17,12 @@ have ip || missing="$missing iproute2"
 have openssl || missing="$missing openssl"
 have setpriv || have unshare || missing="$missing util-linux"
 have chromedriver || ls /usr/lib/chromium/chromedriver >/dev/null 2>&1 || missing="$missing chromium-driver"
+# the product's image: podman with runc (see deploy/README.md), debootstrap for its base where
+# no registry serves one, docker-compose to check docker-compose.yml
+have podman || missing="$missing podman"
+have runc || missing="$missing runc"
+have debootstrap || missing="$missing debootstrap"
+have docker-compose || missing="$missing docker-compose"
 
 if [ -z "$missing" ]; then
     exit 0
