@@ -22,6 +22,7 @@ from clusters.errors import KubeError
 from clusters.selectors import cluster_find, clusters_all
 from clusters.snapshot import gc_paused
 from config import clock
+from config.actors import actor_describe
 from orgs.selectors import org_counts
 from pruning.selectors import prune_runs_recent
 
@@ -171,15 +172,18 @@ def dashboard(request, cluster: str):
         context.update(_data_age(read, now))
     except KubeError as exc:
         context["error"] = str(exc)
-    orgs = org_counts(cluster=cluster_row)
-    jobs = DefragJob.objects.filter(cluster=cluster_row)
+    orgs = org_counts(cluster=cluster_row, now=now)
+    jobs = DefragJob.objects.filter(cluster=cluster_row).select_related("requested_by")
     context.update({
         "orgs_total": orgs["total"],
         "orgs_dormant": orgs["dormant"],
         "orgs_protected": orgs["protected"],
         "orgs_drifting": orgs["drifting"],
-        "jobs_running": list(jobs.filter(state__in=RUNNING_STATES)),
-        "jobs_recent": list(jobs.exclude(state__in=RUNNING_STATES)[:RECENT]),
+        # Who asked, as the job list names them (a user, or cli:<os user>@<host> for the CLI).
+        "jobs_running": [(j, actor_describe(j.requested_by, j.requested_by_label))
+                         for j in jobs.filter(state__in=RUNNING_STATES)],
+        "jobs_recent": [(j, actor_describe(j.requested_by, j.requested_by_label))
+                        for j in jobs.exclude(state__in=RUNNING_STATES)[:RECENT]],
         "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
     })
     status = 502 if "error" in context else 200

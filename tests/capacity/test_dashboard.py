@@ -472,3 +472,26 @@ def test_a_refresh_queued_before_the_row_was_pointed_elsewhere_reads_nothing(
     page = client.get("/capacity/clusters/west/gpu-map/").content.decode()
     assert node_names(page) == ["other-1"]                            # the page reads the new server itself
     assert data_age(page).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:19 UTC)")
+
+
+def test_protected_orgs_count_exempt_and_snoozed_and_a_cli_job_names_its_shell(sim_cluster_factory, client, staff):
+    """Scale to zero turned off, exempt, snoozed: three orgs kept warm; a snooze that ended
+    is not one. A job started from the CLI is asked by cli:<os user>@<host>, as the job list says."""
+    handle = sim_cluster_factory(objects(), name="sim")
+    now = clock.now()
+    for slug, fields in (("off", {"scale_to_zero_allowed": False}), ("exempt", {"exempt": True}),
+                         ("snoozed", {"snoozed_until": now + timedelta(hours=3)}),
+                         ("ended", {"snoozed_until": now - timedelta(hours=3)}), ("plain", {})):
+        Org.objects.create(slug=slug, cluster=handle.cluster, namespace=slug, last_activity_at=now, **fields)
+    DefragJob.objects.create(cluster=handle.cluster, node_name="h1", state=JobState.FAILED, created_at=now,
+                             requested_by_label="cli:root@ops-host")
+    DefragJob.objects.create(cluster=handle.cluster, node_name="h2", state=JobState.WAITING, created_at=now,
+                             requested_by=staff, requested_by_label="cli:root@ops-host")
+
+    html = client.get("/capacity/clusters/sim/").content.decode()
+    orgs = re.sub(r"<[^>]+>", "", re.search(r'<p id="orgs">(.*?)</p>', html, re.S).group(1))
+    assert orgs == "0 dormant of 5; 3 protected from scale to zero (turned off, exempt or snoozed); 0 with drift."
+    asked = {row[1]: row[3] for row in cells(html, "jobs")}
+    assert asked == {"h1": "cli:root@ops-host", "h2": "ops via cli:root@ops-host"}
+    listed = client.get("/admin/capacity/defragjob/").content.decode()
+    assert "cli:root@ops-host" in listed
