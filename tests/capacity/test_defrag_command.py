@@ -37,13 +37,15 @@ def test_defrag_yes_runs_to_safe_and_exits_0(running, capsys):
     assert kube.node_cordoned(node)
 
 
-def test_answering_no_changes_nothing_and_exits_2(running, monkeypatch):
+def test_answering_no_says_nothing_was_done_and_exits_1_as_other_refusals(running, monkeypatch, capsys):
     handle, kube = running
     node = kube.node_with_pods()
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     with pytest.raises(SystemExit) as exited:
         call_command("defrag", node, "--cluster", "sim")
-    assert exited.value.code == 2
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == (f"Not confirmed: nothing was done (node {node} was not cordoned and "
+                                               "no defrag job was created).")
     assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
 
 
@@ -53,9 +55,10 @@ def test_no_terminal_and_no_answer_is_a_no_said_in_one_line(running, monkeypatch
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO(""))      # input closed: a script, cron
     with pytest.raises(SystemExit) as exited:
         call_command("defrag", node, "--cluster", "sim")
-    assert exited.value.code == 2
-    assert capsys.readouterr().err.strip() == "no answer: standard input is closed; add --yes to confirm without a " \
-                                              "terminal"
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "no answer: standard input is closed; add --yes to confirm without a terminal",
+        f"Not confirmed: nothing was done (node {node} was not cordoned and no defrag job was created)."]
     assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
 
 
