@@ -288,7 +288,9 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                    if any(d.method == planning.M_KNATIVE_MIN_SCALE for d in plan.to_prune) else INITIAL_SCALE_UNKNOWN)
     except (PrometheusError, KubeError) as exc:
         blamed = _filter_refused(exc, params)
-        run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(blamed or exc)]
+        # Missing data is neither a refusal nor worth a retry of this pass: it says what it is.
+        why = str(exc) if isinstance(exc, reads.NoSamples) else describe_failure(blamed or exc)
+        run.status, run.errors = PruneRun.Status.FAILED, [why]
         _finish(run, started, kube_gateway, calls_before)
         if blamed is not None:
             raise blamed from None
@@ -373,7 +375,8 @@ def _count(run: PruneRun, rows: list[PruneDecision] | None = None) -> None:
 
 def _finish(run: PruneRun, started: float, gateway: kube.KubeGateway, calls_before: int) -> None:
     """Record the outcome and release the lease, unless the reconcile took the run over."""
-    run.duration_seconds = time.perf_counter() - started
+    # Milliseconds are all a run's length says; the panel shows the number as it is kept.
+    run.duration_seconds = round(time.perf_counter() - started, 3)
     run.kube_api_calls = gateway.calls_total() - calls_before
     fields = {f: getattr(run, f) for f in ("status", "errors", "duration_seconds", "kube_api_calls", "pods_seen",
                                            "busy_pods", "idle_candidates", "planned", "acted", "failed",

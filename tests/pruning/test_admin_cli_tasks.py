@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 import json
 
 import pytest
@@ -282,3 +283,45 @@ def test_a_model_its_org_keeps_asleep_is_reported_kept_asleep_not_failed(tmp_pat
                                        "by their org's dormancy (restore them once the org is awake)")
         decision.refresh_from_db()
         assert decision.restore == "" and decision.restorable
+
+
+def test_a_prune_with_no_samples_for_now_says_the_data_is_missing_and_scales_nothing(
+        world, settings, tmp_path, admin_client):
+    """The product's clock two hours ahead of the GPU data (as the demo clock can be, or a
+    scrape outage): the run fails saying Prometheus had no samples, in the CLI and on the
+    run's page, and no workload is scaled (not "0 GPU pods seen" as if the cluster had none)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    offset = tmp_path / "offset"
+    offset.write_text(str((world.now() + timedelta(hours=2) - timezone.now()).total_seconds()))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+    out = io.StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("prune", "--cluster", "sim", "-r", "scale-down", stdout=out)
+    message = str(refused.value)
+    assert message.startswith("no data: Prometheus had no samples of GPU utilization")
+    assert "the end of the 30-minute window" in message and "nothing was scaled" in message
+    assert "GPU pods seen" not in out.getvalue()
+    assert replicas(world) == 2
+    run = PruneRun.objects.get()
+    assert run.status == "failed" and run.errors == [message] and not run.decisions.exists()
+    page = admin_client.get(f"/admin/pruning/prunerun/{run.pk}/change/").content.decode()
+    assert "no data: Prometheus had no samples of GPU utilization" in page
+
+
+def test_gpus_reporting_with_no_pod_on_them_are_no_missing_data(world):
+    """A namespace filter no GPU pod matches: the census counts none, but the GPUs report,
+    so the dry run is an ordinary one of 0 GPU pods."""
+    out = io.StringIO()
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-n", "nobody-here", stdout=out)
+    assert "0 GPU pods seen" in out.getvalue()
+    assert PruneRun.objects.get().status == "succeeded"
+
+
+def test_a_runs_duration_reads_in_milliseconds_on_the_run_list(world, admin_client):
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), stdout=io.StringIO())
+    listing = admin_client.get("/admin/pruning/prunerun/").content.decode()
+    shown = re.search(r'<td class="field-duration_seconds">([^<]*)</td>', listing).group(1)
+    assert re.fullmatch(r"\d+(\.\d{1,3})?", shown), shown   # not 0.12345678901234567
