@@ -24,7 +24,7 @@ from config.actors import acting_as, cli_label
 
 from capacity.defrag.models import AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
-from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
+from capacity.selectors import defrag_job_live_for_node, defrag_job_progress, node_without_gpus
 from capacity.defrag.services import (
     POLL_RANGE,
     TIMEOUT_RANGE,
@@ -194,6 +194,9 @@ class Command(BaseCommand):
                     wanted = JobState.ABORTED
             else:
                 plan = defrag_discover(cluster=cluster_row, node_name=node)
+                no_gpus = node_without_gpus(cluster=cluster_row, node_name=node)
+                if no_gpus:
+                    raise CommandError(no_gpus)
                 if not self.as_json:
                     self.stdout.write("\n".join(plan.report_lines()) + "\n")
                 if not self._confirm(yes, "Proceed with defrag?"):
