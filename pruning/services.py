@@ -577,11 +577,12 @@ def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRu
         return True
     if outcome == actions.NOT_APPLIED:
         _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
-                      error=f"{cause}; the owner still holds {state}: nothing was changed")
+                      error=f"{cause}; the owner still holds {actions.state_text(state)}: nothing was changed")
         return True
     _save_outcome(d, result=PruneDecision.Result.FAILED,
-                  error=f"{cause}; the owner now holds {state}, neither what it had ({d.restore_state}) nor "
-                        f"what the prune set ({d.applied_state}): left as found")
+                  error=f"{cause}; the owner now holds {actions.state_text(state)}, neither what it had "
+                        f"({actions.state_text(d.restore_state)}) nor what the prune set "
+                        f"({actions.state_text(d.applied_state)}): left as found")
     return True
 
 
@@ -738,8 +739,9 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
     decision.error = "" if restored else f"not restored, nothing was written: {why_not}"
     # A pynode its org keeps asleep keeps its "0": the owner's values went to the org's record.
     record = actions.owner_record(decision.restore_state) if asleep else None
-    done = (f"the pruner's min-scale 0 is withdrawn, but {asleep}: the owner's values {record} are recorded for "
-            "that wake" if asleep else f"restored to {decision.restore_state}")
+    done = (f"the pruner's min-scale 0 is withdrawn, but {asleep}: the owner's values "
+            f"({actions.state_text({'annotations': record})}) are recorded for that wake" if asleep
+            else f"restored to {actions.state_text(decision.restore_state)}")
     if restored:
         try:
             kube_gateway.create_event(owner, reason="GPUIdleRestored", component=EVENT_COMPONENT, now=now,

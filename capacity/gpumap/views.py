@@ -15,7 +15,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
 from django.core.paginator import Paginator
 from django.http import Http404
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils.safestring import mark_safe
 
 from clusters.errors import KubeError
@@ -126,8 +126,12 @@ def gpu_map(request, cluster: str):
         return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
     view = read.value
     if pool is not None and not view.rows:
+        # The cluster was read: the pool matches no node. Name the pools there are (the whole
+        # reading is the one just drawn or cached, not read again).
+        pools = sorted(fragmentation_recent(cluster=cluster_row, now=now).value.pools)
         return render(request, "capacity/gpu_map.html", {
-            "cluster": cluster_row, "error": f"no GPU node in pool {pool!r} on {cluster_row.name}"}, status=404)
+            "cluster": cluster_row, "pool": pool, "pool_choices": pools,
+            "no_pool": f"no GPU node in pool {pool!r} on {cluster_row.name}: the pool matches no node"}, status=404)
     # The page's context holds what the page shows, not the whole reading: Django's template
     # rendering leaves its context in a reference cycle, kept until the cyclic collector runs,
     # and a reading of 5,000 nodes is tens of thousands of objects for it to walk then. The
@@ -155,6 +159,16 @@ def gpu_map(request, cluster: str):
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
         "text_x": LABEL_WIDTH + width * CELL + 8,
     })
+
+
+@staff_member_required
+def home(request):
+    """The admin's "View site": the default cluster's dashboard (else the first cluster's, by
+    name), or the admin's home page, which lists the clusters, when none is registered."""
+    row = cluster_find(name=settings.DEFAULT_CLUSTER_NAME) or clusters_all().first()
+    if row is None:
+        return redirect("admin:index")
+    return redirect("capacity:dashboard", cluster=row.name)
 
 
 @cluster_contents_required

@@ -184,8 +184,13 @@ def test_gpu_map_pages_a_big_fleet_and_keeps_the_pool_filter(sim_cluster_factory
     pool = client.get("/capacity/clusters/sim/gpu-map/?pool=a10g").content.decode()
     assert pool.count('class="node"') == 1 and 'id="map-pages"' not in pool
     unknown = client.get("/capacity/clusters/sim/gpu-map/?pool=a10q")
-    assert unknown.status_code == 404 and "no GPU node in pool &#x27;a10q&#x27; on sim" in unknown.content.decode()
-    assert "No node to empty" not in unknown.content.decode()
+    unknown_html = unknown.content.decode()
+    assert unknown.status_code == 404
+    assert "no GPU node in pool &#x27;a10q&#x27; on sim: the pool matches no node." in unknown_html
+    assert "Cannot read the cluster" not in unknown_html
+    pools = re.sub(r"<[^>]+>", "", re.search(r"<p>Pools of sim: (.*?)</p>", unknown_html, re.S).group(1))
+    assert pools.split(";")[0] == "a10g, h100"
+    assert "No node to empty" not in unknown_html
 
 
 
@@ -495,3 +500,13 @@ def test_protected_orgs_count_exempt_and_snoozed_and_a_cli_job_names_its_shell(s
     assert asked == {"h1": "cli:root@ops-host", "h2": "ops via cli:root@ops-host"}
     listed = client.get("/admin/capacity/defragjob/").content.decode()
     assert "cli:root@ops-host" in listed
+
+
+def test_the_admins_view_site_link_opens_the_dashboard(sim_cluster_factory, client, staff):
+    sim_cluster_factory(objects(), name="sim")
+    index = client.get("/admin/").content.decode()
+    link = re.search(r'<a href="([^"]+)">View site</a>', index).group(1)
+    page = client.get(link, follow=True)
+    assert page.status_code == 200
+    assert page.redirect_chain[-1][0] == "/capacity/clusters/sim/"
+    assert '<p id="orgs">' in page.content.decode()

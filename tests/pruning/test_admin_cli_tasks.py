@@ -207,7 +207,7 @@ def test_the_restore_first_shows_what_it_does_and_writes_nothing_until_confirmed
     assert page.status_code == 200 and "Restore what the pruner scaled to zero? (2 selected)" in html
     assert "restoring starts GPU pods again" in html
     restored = html[html.index('id="restore-restored"'):html.index('id="restore-left"')]
-    assert "Deployment team-a/web: back to" in restored and "replicas" in restored
+    assert "<li>Deployment team-a/web: back to replicas 2</li>" in restored        # words, not a dict
     left = html[html.index('id="restore-left"'):]
     assert f"{skipped}: never scaled to zero by a prune, nothing to restore" in left
     assert f'name="_selected_action" value="{acted.pk}"' in html and 'name="confirm" value="yes"' in html
@@ -217,6 +217,9 @@ def test_the_restore_first_shows_what_it_does_and_writes_nothing_until_confirmed
     admin_client.post(DECISIONS, {**form, "confirm": "yes"})
     acted.refresh_from_db()
     assert acted.restore == "restored" and replicas(world) == 2
+    restored_events = [e.message for e in k8s.CoreV1Api(world.api).list_namespaced_event("team-a").items
+                       if e.reason == "GPUIdleRestored"]
+    assert restored_events == [f"restored to replicas 2 by admin (prune run {run.pk})"]
     again = admin_client.post(DECISIONS, form).content.decode()     # now there is nothing to restore
     assert "Deployment team-a/web: already restored by admin" in again and 'name="confirm"' not in again
 
