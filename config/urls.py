@@ -21,5 +21,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("capacity/", include("capacity.urls")),
     path("savings/", include("savings.urls")),
+    path("pruning/", include("pruning.urls")),
     path("api/orgs/", include("orgs.urls")),
 ]

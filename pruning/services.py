@@ -332,6 +332,58 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     return run
 
 
+@dataclass(frozen=True)
+class DryRunStarted:
+    """A dry run an operator started from the panel: its run (None when none was recorded,
+    e.g. no Prometheus to ask) and, when it failed, why."""
+    run: PruneRun | None
+    error: str = ""
+
+    def summary(self) -> str:
+        """What it found, in the words the panel shows."""
+        run = self.run
+        if run is None:
+            return f"Dry run not started: {self.error}"
+        if self.error:
+            return f"Dry run #{run.pk} on {run.cluster.name} failed: {self.error}"
+        would = list(run.decisions.filter(decision=PruneDecision.Decision.PRUNE)
+                     .values_list("namespace", "pod", "owner_kind", "owner_name"))
+        named = "; ".join(f"{ns}/{pod} → {kind} {name}" for ns, pod, kind, name in would[:5]) \
+            + (f"; … and {len(would) - 5} more" if len(would) > 5 else "")
+        return (f"Dry run #{run.pk} on {run.cluster.name}: {run.pods_seen} GPU pod(s) seen, {run.busy_pods} busy, "
+                f"{run.idle_candidates} looked idle over {run.parameters['window_seconds'] // 60} min (each pod "
+                f"looked at once it ran {run.parameters['window_seconds'] // 60} min + "
+                f"{run.parameters['grace_seconds']} s of grace), {len(would)} would be scaled to zero"
+                + (f": {named}" if would else "") + ". Nothing was changed.")
+
+
+def prune_dry_run_start(*, cluster, actor, now: datetime, window_minutes: int | None = None,
+                        grace_seconds: int | None = None) -> DryRunStarted:
+    """A dry run of the pruner on `cluster` now, started by `actor` (a panel user): the
+    settings' parameters, a window and grace given by the operator instead. It changes no
+    workload; the audit records who asked and what it found. Bad parameters raise
+    PruneParamError before anything is recorded."""
+    params = PruneParams.from_settings(run_mode=PruneRun.Mode.DRY_RUN,
+                                       window_seconds=None if window_minutes is None else window_minutes * 60,
+                                       grace_seconds=grace_seconds)
+    label = actor.get_username()
+    run, error = None, ""
+    try:
+        prometheus = prometheus_for(cluster=cluster)
+        run = prune_run_execute(kube_gateway=kube.gateway_for(cluster), prometheus=prometheus, params=params,
+                                now=now, cluster=cluster, actor=label)
+    except (PrometheusError, KubeError) as exc:
+        error = str(exc)
+        # The run, when one was recorded before the failure, says the same on its page.
+        run = PruneRun.objects.filter(cluster=cluster, actor=label, evaluated_at=now).order_by("-pk").first()
+    started = DryRunStarted(run=run, error=error)
+    audit(app="pruning", action="prune_dry_run", at=now, actor=actor, cause="operator, from the panel",
+          target=f"Cluster/{cluster.name}", cluster=cluster, subject=("prune_run", run.pk) if run else None,
+          new={"window_minutes": params.window_seconds // 60, "grace_seconds": params.grace_seconds,
+               "outcome": started.summary()})
+    return started
+
+
 class FilterRefused(PrometheusError):
     """Prometheus refused a run's query over one of its regular-expression filters;
     `field` names the run parameter (the CLI maps it to its flag)."""

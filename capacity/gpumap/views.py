@@ -53,6 +53,7 @@ CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
 # button is shown only to who holds it, the others read what it needs.
 START_PERMISSION = "capacity.add_defragjob"
 RETURN_PERMISSION = "capacity.return_to_service_defragjob"
+DRY_RUN_PERMISSION = "pruning.add_prunerun"   # pruning/views.py's dry run, started from the dashboard
 
 
 def cluster_contents_required(view):
@@ -199,6 +200,8 @@ def dashboard(request, cluster: str):
         "jobs_recent": [(j, actor_describe(j.requested_by, j.requested_by_label))
                         for j in jobs.exclude(state__in=RUNNING_STATES)[:RECENT]],
         "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
+        "may_dry_run": request.user.has_perm(DRY_RUN_PERMISSION),
+        "prune_window_minutes": settings.PRUNER_DURATION_MINUTES, "prune_grace_seconds": settings.PRUNER_GRACE_SECONDS,
     })
     status = 502 if "error" in context else 200
     return render(request, "capacity/dashboard.html", context, status=status)

@@ -328,3 +328,47 @@ def test_a_runs_duration_reads_in_milliseconds_on_the_run_list(world, admin_clie
     listing = admin_client.get("/admin/pruning/prunerun/").content.decode()
     shown = re.search(r'<td class="field-duration_seconds">([^<]*)</td>', listing).group(1)
     assert re.fullmatch(r"\d+(\.\d{1,3})?", shown), shown   # not 0.12345678901234567
+
+
+def test_the_dashboard_starts_a_dry_run_that_says_what_it_found_is_audited_and_changes_nothing(
+        world, settings, tmp_path, admin_client):
+    from audit.models import AuditEntry
+
+    clock_at_the_cluster(world, settings, tmp_path)
+    dashboard = admin_client.get("/capacity/clusters/sim/").content.decode()
+    assert 'action="/pruning/clusters/sim/dry-run/"' in dashboard and "Dry run a prune now" in dashboard
+
+    page = admin_client.post("/pruning/clusters/sim/dry-run/", {"window_minutes": "30", "grace_seconds": "300"},
+                             follow=True)
+    run = PruneRun.objects.get()
+    assert page.redirect_chain[-1][0] == f"/admin/pruning/prunerun/{run.pk}/change/"
+    said = [str(m) for m in page.context["messages"]]
+    pod = run.decisions.get(decision="prune").pod
+    assert said == [f"Dry run #{run.pk} on sim: 3 GPU pod(s) seen, 1 busy, 2 looked idle over 30 min (each pod "
+                    f"looked at once it ran 30 min + 300 s of grace), 1 would be scaled to zero: team-a/{pod} → "
+                    f"Deployment web. Nothing was changed."]
+    assert (run.mode, run.actor, run.status) == ("dry-run", "admin", "succeeded")
+    assert replicas(world) == 2
+    entry = AuditEntry.objects.get(app="pruning", action="prune_dry_run")
+    assert (entry.actor.username, entry.target, entry.new["outcome"]) == ("admin", "Cluster/sim", said[0])
+
+
+def test_a_dry_run_from_the_panel_with_bad_input_or_no_data_says_why(world, settings, tmp_path, admin_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    page = admin_client.post("/pruning/clusters/sim/dry-run/", {"window_minutes": "ten"}, follow=True)
+    assert [str(m) for m in page.context["messages"]] == [
+        "Dry run not started, nothing recorded: the idle window (minutes) must be a whole number, got 'ten'"]
+    assert not PruneRun.objects.exists()
+
+    offset = tmp_path / "offset"
+    offset.write_text(str((world.now() + timedelta(hours=2) - timezone.now()).total_seconds()))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+    page = admin_client.post("/pruning/clusters/sim/dry-run/", {}, follow=True)
+    run = PruneRun.objects.get()
+    said = [str(m) for m in page.context["messages"]]
+    assert len(said) == 1 and said[0].startswith(
+        f"Dry run #{run.pk} on sim failed: no data: Prometheus had no samples of GPU utilization")
+    assert run.status == "failed" and replicas(world) == 2
