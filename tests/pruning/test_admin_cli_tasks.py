@@ -372,3 +372,6 @@ def test_a_dry_run_from_the_panel_with_bad_input_or_no_data_says_why(world, sett
     assert len(said) == 1 and said[0].startswith(
         f"Dry run #{run.pk} on sim failed: no data: Prometheus had no samples of GPU utilization")
     assert run.status == "failed" and replicas(world) == 2
+    runs = admin_client.get("/capacity/clusters/sim/").content.decode()
+    row = re.search(rf'<a href="/admin/pruning/prunerun/{run.pk}/change/">#{run.pk}</a>.*?</tr>', runs, re.S).group(0)
+    assert "failed<br>" in row and "no data: Prometheus had no samples of GPU utilization" in row
