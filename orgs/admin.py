@@ -139,7 +139,7 @@ class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     @admin.display(description="drift")
     def has_drift(self, org: Org) -> str:
         if org.last_error:
-            return format_html("<strong>⚠ error</strong>")
+            return format_html("<strong>{}</strong>", "⚠ error")
         if org.drift:
             return format_html("<strong>⚠ drift: {} part(s)</strong>", len(org.drift))
         return "none"

@@ -149,7 +149,7 @@ class SavingsReport:
 
     def shown(self) -> Shown:
         """The figures a page or a CSV shows: rows rounded once, totals summed from them."""
-        return shown(self)
+        return figures_shown(self)
 
     def chart_config(self) -> dict:
         """A Chart.js stacked bar config: GPU-hours per UTC day, one dataset per mechanism,
@@ -187,7 +187,7 @@ class Shown:
         return sum(self.totals.values(), Decimal(0))
 
 
-def shown(report: SavingsReport) -> Shown:
+def figures_shown(report: SavingsReport) -> Shown:
     rows = [(row, Decimal(repr(row.gpu_hours)).quantize(SHOWN, rounding=ROUND_HALF_UP)) for row in report.rows]
     rows = [(row, hours) for row, hours in rows if hours > 0]
     zero = Decimal("0.00")
