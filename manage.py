@@ -67,6 +67,11 @@ def demo_env_apply(environ, stderr) -> bool:
     return True
 
 
+def _deployment_settings(environ) -> list[str]:
+    """The product's settings the shell gives (DJANGO_SETTINGS_MODULE aside): a deployment's."""
+    return [k for k in environ if (k.startswith("DJANGO_") and k != "DJANGO_SETTINGS_MODULE") or k == "DATABASE_URL"]
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     demo = demo_env_apply(os.environ, sys.stderr)
@@ -76,9 +81,15 @@ def main() -> None:
     try:
         settings.INSTALLED_APPS  # loads the settings: a missing variable is one line, not a traceback
     except ImproperlyConfigured as exc:
-        hint = "" if demo else (f" (no demo runs here: `make demo` writes {demo_env_path(os.environ)}, "
-                                "which manage.py uses while the demo runs)")
-        sys.exit(f"manage.py: ImproperlyConfigured: {exc}{hint}")
+        if not demo and not _deployment_settings(os.environ):
+            # A plain shell, neither beside a demo nor given a deployment's settings: lead with
+            # that, and with what works (the settings' own hint, DJANGO_DEBUG=1, only leads
+            # to a refused database connection).
+            sys.exit(f"manage.py: no demo is running (no {demo_env_path(os.environ)}) and DJANGO_SECRET_KEY is "
+                     "not set, so there are no settings to run with. Start the demo with `make demo` in the "
+                     "repository (it prints the panel's address and password) and run this command again from "
+                     "any shell; for a deployment, set its environment (DJANGO_SECRET_KEY, DATABASE_URL, ...).")
+        sys.exit(f"manage.py: ImproperlyConfigured: {exc}")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

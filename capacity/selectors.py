@@ -13,6 +13,25 @@ if TYPE_CHECKING:
     from clusters.models import Cluster
 
 
+def node_without_gpus(*, cluster: Cluster, node_name: str) -> str:
+    """Why `node_name` is no node to defrag when it has no GPU (no allocatable
+    nvidia.com/gpu): a CPU node's pods hold no GPU, and its report would list them as
+    "0x unknown GPUs". "" for a GPU node, or one that cannot be read (the defrag report
+    says why then)."""
+    from clusters import kube
+    from clusters.errors import KubeError
+    from clusters.snapshot import NodeView
+
+    try:
+        node = NodeView.from_object(kube.gateway_for(cluster).get(kube.NODES, node_name))
+    except KubeError:
+        return ""
+    if node.gpus_allocatable > 0:
+        return ""
+    return (f"node {node_name!r} has no GPUs (no allocatable nvidia.com/gpu): defrag empties GPU nodes, "
+            f"so there is nothing to defrag on it; nothing was done")
+
+
 def defrag_jobs_live_by_node(*, cluster: Cluster) -> dict[str, int]:
     """node name → id of the live job holding it."""
     return dict(DefragJob.objects.filter(cluster=cluster, state__in=LIVE_STATES).values_list("node_name", "pk"))

@@ -8,6 +8,8 @@ from config.observability import metrics_view
 admin.site.index_template = "admin/gpu_index.html"
 # The product's name in the header, the browser tab and the home page (not "Django administration").
 admin.site.site_header = admin.site.site_title = admin.site.index_title = "GPU capacity"
+# "View site" leads to the default cluster's dashboard (capacity.gpumap.views.home); "/" is no page.
+admin.site.site_url = "/capacity/"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -19,5 +21,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("capacity/", include("capacity.urls")),
     path("savings/", include("savings.urls")),
+    path("pruning/", include("pruning.urls")),
     path("api/orgs/", include("orgs.urls")),
 ]

@@ -53,11 +53,13 @@ class DemoInputError(ValueError):
 
 
 def duration_parse(text: str) -> float:
-    """`90s`, `30m`, `25h`, `2d`, `1h30m` or a plain number of seconds -> seconds."""
+    """`90s`, `30m`, `25h`, `2d` or `1h30m` -> seconds. A number without a unit is refused:
+    `25` read as seconds when 25 hours were meant moves the demo's clocks almost nowhere."""
     raw = str(text).strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", raw):
-        seconds = float(raw)
-    elif _DURATION.fullmatch(raw):
+        raise DemoInputError(f"duration {text!r} has no unit: write {raw}s, {raw}m, {raw}h or {raw}d "
+                             f"(seconds, minutes, hours, days)")
+    if _DURATION.fullmatch(raw):
         seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(raw))
     else:
         raise DemoInputError(f"duration {text!r} is not a duration: write 90s, 30m, 25h, 2d or 1h30m")

@@ -115,7 +115,8 @@ class WorkloadExemptionInline(admin.TabularInline):
 
 @admin.register(Org)
 class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
-    list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "exemption_state",
+    # Words, not Django's boolean icons: its red ✖ would mark the normal states (active, no drift).
+    list_display = ("slug", "cluster", "namespace", "dormancy", "scale_to_zero", "exemption_state",
                     "last_activity_at", "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
     list_filter = ("dormant", "scale_to_zero_allowed", ExemptionFilter, "applied", "cluster")
     search_fields = ("slug", "namespace")
@@ -127,9 +128,21 @@ class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now",
                "exempt_or_snooze", "end_exemption"]
 
-    @admin.display(boolean=True, description="drift")
-    def has_drift(self, org: Org) -> bool:
-        return bool(org.drift or org.last_error)
+    @admin.display(description="dormant", ordering="dormant")
+    def dormancy(self, org: Org) -> str:
+        return "dormant" if org.dormant else "active"
+
+    @admin.display(description="scale to zero", ordering="scale_to_zero_allowed")
+    def scale_to_zero(self, org: Org) -> str:
+        return "allowed" if org.scale_to_zero_allowed else "turned off"
+
+    @admin.display(description="drift")
+    def has_drift(self, org: Org) -> str:
+        if org.last_error:
+            return format_html("<strong>{}</strong>", "⚠ error")
+        if org.drift:
+            return format_html("<strong>⚠ drift: {} part(s)</strong>", len(org.drift))
+        return "none"
 
     @admin.display(description="exempt / snoozed")
     def exemption_state(self, org: Org) -> str:

@@ -24,11 +24,12 @@ def orgs_of_cluster(*, cluster) -> list[Org]:
     return list(Org.objects.filter(cluster=cluster))
 
 
-def org_counts(*, cluster) -> dict[str, int]:
-    """How many orgs the cluster has: in all, dormant, never scaled to zero, drifting."""
+def org_counts(*, cluster, now: datetime) -> dict[str, int]:
+    """How many orgs the cluster has: in all, dormant, protected from scale to zero at `now`
+    (turned off, exempt, or snoozed: what `orgs_exempt_from_scale_to_zero` lists), drifting."""
     orgs = Org.objects.filter(cluster=cluster)
     return {"total": orgs.count(), "dormant": orgs.filter(dormant=True).count(),
-            "protected": orgs.filter(scale_to_zero_allowed=False).count(),
+            "protected": orgs.filter(_protected_at(now)).count(),
             "drifting": orgs.exclude(drift=[]).count()}
 
 
@@ -81,11 +82,15 @@ class ExemptOrgRow:
     why: str = ""
 
 
+def _protected_at(now: datetime) -> Q:
+    """Orgs kept warm at `now`: scale to zero turned off, exempt, or snoozed."""
+    return Q(scale_to_zero_allowed=False) | Q(exempt=True) | Q(snoozed_until__gt=now)
+
+
 def orgs_exempt_from_scale_to_zero(*, cluster, now: datetime) -> list[ExemptOrgRow]:
     """Orgs whose workloads are kept warm whatever their activity, and why: scale to zero
     turned off, or an operator's exemption or snooze still in force at `now`."""
-    rows = Org.objects.filter(cluster=cluster).filter(
-        Q(scale_to_zero_allowed=False) | Q(exempt=True) | Q(snoozed_until__gt=now)).order_by("slug")
+    rows = Org.objects.filter(cluster=cluster).filter(_protected_at(now)).order_by("slug")
     out = []
     for org in rows:
         reasons = [] if org.scale_to_zero_allowed else ["scale to zero turned off"]

@@ -52,6 +52,23 @@ def sets_initial_scale(state: dict | None) -> bool:
     return any(key in (INITIAL_SCALE, INITIAL_SCALE_LEGACY) for key in (state or {}).get("templateAnnotations") or ())
 
 
+def state_text(state: dict | None) -> str:
+    """A restore or applied state as an operator reads it, in a message or an Event:
+    "replicas 2", "template annotation autoscaling.knative.dev/min-scale=1", "minReplicas
+    unset", never a Python dict."""
+    if not state:
+        return "nothing recorded"
+    words = {"annotations": "annotation", "templateAnnotations": "template annotation"}
+    parts = []
+    for key, value in state.items():
+        if isinstance(value, dict):
+            parts += [f"{words.get(key, key)} {name}{' unset' if v is None else f'={v}'}"
+                      for name, v in value.items()]
+        else:
+            parts.append(f"{key} {'unset' if value is None else value}")
+    return ", ".join(parts) or "nothing recorded"
+
+
 def recorded_keys(state: dict | None) -> tuple[str, ...]:
     """The template annotations a Knative Service's recorded state holds (min-scale alone
     in a run recorded before initial-scale was written)."""
@@ -240,10 +257,11 @@ def restore(gateway: kube.KubeGateway, *, kind: str, namespace: str, name: str, 
                                 f"{_uid(obj)}): it is another workload"), ""
         state = current_state(method, obj, keys=recorded_keys(applied_state))
         if state != applied_state:
-            return obj, False, f"it now holds {state}, not what the prune set ({applied_state})", ""
+            return obj, False, (f"it now holds {state_text(state)}, not what the prune set "
+                                f"({state_text(applied_state)})"), ""
         asleep = kept_asleep(obj) if kept_asleep is not None else ""
         if asleep and method != M_KNATIVE_MIN_SCALE:
-            return obj, False, (f"{asleep}; giving it back {restore_state} now would start its GPU pods, so "
+            return obj, False, (f"{asleep}; giving it back {state_text(restore_state)} now would start its GPU pods, so "
                                 "restore it once the org is awake"), asleep
         try:
             if asleep:

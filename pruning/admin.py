@@ -9,10 +9,11 @@ from django.utils.html import format_html, format_html_join
 from clusters.errors import KubeError, PrometheusError
 from clusters.kube import gateway_for
 from config import clock
-from config.admin_display import JsonAsTablesMixin, json_table
+from config.admin_display import JsonAsTablesMixin
 from config.admin_lookups import ListFiltersCheckedMixin
 
 from . import selectors, services
+from .actions import state_text
 from .charts import CHART_JS, sparkline
 from .models import PruneDecision, PruneRun
 from .planning import M_KNATIVE_MIN_SCALE
@@ -173,7 +174,7 @@ class PruneDecisionAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.Model
         cluster = decision.run.cluster
         if cluster is None:
             return "left", f"{workload}: its prune run has no cluster, it cannot be restored"
-        back = format_html("{}: back to {}", workload, json_table(decision.restore_state))
+        back = f"{workload}: back to {state_text(decision.restore_state)}"
         try:
             asleep = selectors.restore_kept_asleep(decision, now=now)
         except KubeError as exc:

@@ -226,6 +226,13 @@ class IdleQuery:
                     parts.append(f"count by ({ns_label}) (group by ({ns_label}, {pod_label}) ({present}))")
         return " or ".join(parts)
 
+    def presence_promql(self) -> str:
+        """How many GPU utilization series (any pod, or none) have a sample at the evaluation
+        time: sent only when the census found no GPU pod, to tell a cluster whose GPUs carry
+        no pod from data that is missing (a scrape outage, a time ahead of the data). No
+        filter applies: filters that match no GPU are no missing data."""
+        return f"count({{__name__=~{promql_string(GR_ENGINE + '|' + GPU_UTIL)}}})"
+
     def followup_promql(self, pods) -> str:
         """Every GPU of the candidate `pods` [(namespace, pod)]: peaks, gaps, power."""
         pods = list(pods)

@@ -22,10 +22,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from clusters import kube
-from clusters.errors import Invalid, NotFound
+from clusters.errors import Invalid, NotFound, PrometheusError
 from clusters.labels import ISVC_LABEL, KNATIVE_SERVICE_LABEL
 from clusters.snapshot import POD_LIST, PodView, asks_nvidia_device, gc_paused
 from config.threads import SharedThreads
@@ -34,7 +34,7 @@ from .planning import (
     ClusterView, ObjectView, PruneSettings, counts_for_owner, owner_selector, pod_counts_for_owner, pods_to_look_up,
     resolve_owner, selector_matches, selector_text,
 )
-from .query import IdleAnswer, IdleQuery, parse_candidates, parse_census, parse_followup
+from .query import GPU_UTIL, GR_ENGINE, IdleAnswer, IdleQuery, parse_candidates, parse_census, parse_followup
 from .selectors import kserve_stop_supported, object_view
 
 # The cost model, in units of one GET of one object. Measured on the simulated cluster at
@@ -112,11 +112,28 @@ class Candidates:
     sent: tuple[str, ...]
 
 
+class NoSamples(PrometheusError):
+    """Prometheus holds no GPU utilization sample at the evaluation time: the data is
+    missing, which is not a cluster without GPU pods. No plan is made from it."""
+
+
 def candidates_read(prometheus, query: IdleQuery, *, at: datetime) -> Candidates:
-    """The candidates and the census, sent at once (`query_many`)."""
+    """The candidates and the census, sent at once (`query_many`). A census of no GPU pod is
+    checked against every GPU series (`presence_promql`): when none has a sample either,
+    `NoSamples` says so, rather than a run planning from an empty reading as if the
+    cluster had no GPUs."""
     first, census = query.candidates_promql(), query.census_promql()
     candidates, counted = prometheus.query_many([first, census], at=at)
     seen, per_ns = parse_census(counted)
+    if not seen:
+        presence = query.presence_promql()
+        if not sum(float(s.value) for s in prometheus.query(presence, at=at)):
+            raise NoSamples(
+                f"no data: Prometheus had no samples of GPU utilization ({GR_ENGINE} or {GPU_UTIL}) at "
+                f"{at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, the end of the {query.window_seconds // 60}-"
+                f"minute window (and Prometheus' lookback before it, 5 minutes by default): the GPU data is missing, so no plan was "
+                f"made and nothing was scaled. Is the DCGM exporter scraped, and is the evaluation time (the demo "
+                f"clock, or --at) not ahead of the data?")
     return Candidates(frozenset(parse_candidates(candidates, label_scheme=query.label_scheme)), seen, per_ns,
                       (first, census))
 

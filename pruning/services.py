@@ -282,7 +282,9 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
                    if any(d.method == planning.M_KNATIVE_MIN_SCALE for d in plan.to_prune) else INITIAL_SCALE_UNKNOWN)
     except (PrometheusError, KubeError) as exc:
         blamed = _filter_refused(exc, params)
-        run.status, run.errors = PruneRun.Status.FAILED, [describe_failure(blamed or exc)]
+        # Missing data is neither a refusal nor worth a retry of this pass: it says what it is.
+        why = str(exc) if isinstance(exc, reads.NoSamples) else describe_failure(blamed or exc)
+        run.status, run.errors = PruneRun.Status.FAILED, [why]
         _finish(run, started, kube_gateway, calls_before)
         if blamed is not None:
             raise blamed from None
@@ -322,6 +324,58 @@ def prune_run_execute(*, kube_gateway: kube.KubeGateway, prometheus: PrometheusG
     run.status = PruneRun.Status.PARTIAL if run.failed or unsettled else PruneRun.Status.SUCCEEDED
     _finish(run, started, kube_gateway, calls_before)
     return run
+
+
+@dataclass(frozen=True)
+class DryRunStarted:
+    """A dry run an operator started from the panel: its run (None when none was recorded,
+    e.g. no Prometheus to ask) and, when it failed, why."""
+    run: PruneRun | None
+    error: str = ""
+
+    def summary(self) -> str:
+        """What it found, in the words the panel shows."""
+        run = self.run
+        if run is None:
+            return f"Dry run not started: {self.error}"
+        if self.error:
+            return f"Dry run #{run.pk} on {run.cluster.name} failed: {self.error}"
+        would = list(run.decisions.filter(decision=PruneDecision.Decision.PRUNE)
+                     .values_list("namespace", "pod", "owner_kind", "owner_name"))
+        named = "; ".join(f"{ns}/{pod} → {kind} {name}" for ns, pod, kind, name in would[:5]) \
+            + (f"; … and {len(would) - 5} more" if len(would) > 5 else "")
+        return (f"Dry run #{run.pk} on {run.cluster.name}: {run.pods_seen} GPU pod(s) seen, {run.busy_pods} busy, "
+                f"{run.idle_candidates} looked idle over {run.parameters['window_seconds'] // 60} min (each pod "
+                f"looked at once it ran {run.parameters['window_seconds'] // 60} min + "
+                f"{run.parameters['grace_seconds']} s of grace), {len(would)} would be scaled to zero"
+                + (f": {named}" if would else "") + ". Nothing was changed.")
+
+
+def prune_dry_run_start(*, cluster, actor, now: datetime, window_minutes: int | None = None,
+                        grace_seconds: int | None = None) -> DryRunStarted:
+    """A dry run of the pruner on `cluster` now, started by `actor` (a panel user): the
+    settings' parameters, a window and grace given by the operator instead. It changes no
+    workload; the audit records who asked and what it found. Bad parameters raise
+    PruneParamError before anything is recorded."""
+    params = PruneParams.from_settings(run_mode=PruneRun.Mode.DRY_RUN,
+                                       window_seconds=None if window_minutes is None else window_minutes * 60,
+                                       grace_seconds=grace_seconds)
+    label = actor.get_username()
+    run, error = None, ""
+    try:
+        prometheus = prometheus_for(cluster=cluster)
+        run = prune_run_execute(kube_gateway=kube.gateway_for(cluster), prometheus=prometheus, params=params,
+                                now=now, cluster=cluster, actor=label)
+    except (PrometheusError, KubeError) as exc:
+        error = str(exc)
+        # The run, when one was recorded before the failure, says the same on its page.
+        run = PruneRun.objects.filter(cluster=cluster, actor=label, evaluated_at=now).order_by("-pk").first()
+    started = DryRunStarted(run=run, error=error)
+    audit(app="pruning", action="prune_dry_run", at=now, actor=actor, cause="operator, from the panel",
+          target=f"Cluster/{cluster.name}", cluster=cluster, subject=("prune_run", run.pk) if run else None,
+          new={"window_minutes": params.window_seconds // 60, "grace_seconds": params.grace_seconds,
+               "outcome": started.summary()})
+    return started
 
 
 class FilterRefused(PrometheusError):
@@ -367,7 +421,8 @@ def _count(run: PruneRun, rows: list[PruneDecision] | None = None) -> None:
 
 def _finish(run: PruneRun, started: float, gateway: kube.KubeGateway, calls_before: int) -> None:
     """Record the outcome and release the lease, unless the reconcile took the run over."""
-    run.duration_seconds = time.perf_counter() - started
+    # Milliseconds are all a run's length says; the panel shows the number as it is kept.
+    run.duration_seconds = round(time.perf_counter() - started, 3)
     run.kube_api_calls = gateway.calls_total() - calls_before
     fields = {f: getattr(run, f) for f in ("status", "errors", "duration_seconds", "kube_api_calls", "pods_seen",
                                            "busy_pods", "idle_candidates", "planned", "acted", "failed",
@@ -568,11 +623,12 @@ def decision_settle(gateway: kube.KubeGateway, d: PruneDecision, *, run: PruneRu
         return True
     if outcome == actions.NOT_APPLIED:
         _save_outcome(d, result=PruneDecision.Result.FAILED, restore_state=None,
-                      error=f"{cause}; the owner still holds {state}: nothing was changed")
+                      error=f"{cause}; the owner still holds {actions.state_text(state)}: nothing was changed")
         return True
     _save_outcome(d, result=PruneDecision.Result.FAILED,
-                  error=f"{cause}; the owner now holds {state}, neither what it had ({d.restore_state}) nor "
-                        f"what the prune set ({d.applied_state}): left as found")
+                  error=f"{cause}; the owner now holds {actions.state_text(state)}, neither what it had "
+                        f"({actions.state_text(d.restore_state)}) nor what the prune set "
+                        f"({actions.state_text(d.applied_state)}): left as found")
     return True
 
 
@@ -729,8 +785,9 @@ def prune_decision_restore(*, kube_gateway: kube.KubeGateway, decision: PruneDec
     decision.error = "" if restored else f"not restored, nothing was written: {why_not}"
     # A pynode its org keeps asleep keeps its "0": the owner's values went to the org's record.
     record = actions.owner_record(decision.restore_state) if asleep else None
-    done = (f"the pruner's min-scale 0 is withdrawn, but {asleep}: the owner's values {record} are recorded for "
-            "that wake" if asleep else f"restored to {decision.restore_state}")
+    done = (f"the pruner's min-scale 0 is withdrawn, but {asleep}: the owner's values "
+            f"({actions.state_text({'annotations': record})}) are recorded for that wake" if asleep
+            else f"restored to {actions.state_text(decision.restore_state)}")
     if restored:
         try:
             kube_gateway.create_event(owner, reason="GPUIdleRestored", component=EVENT_COMPONENT, now=now,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from datetime import date, datetime, time, timedelta, timezone
 DORMANCY, PRUNING, DRAIN, BINPACK = "dormancy", "pruning", "defrag/drain", "binpack"
 MECHANISMS = (DORMANCY, PRUNING, DRAIN, BINPACK)
 NO_ORG = "(whole nodes)"   # a drained node's GPUs belong to no one org
+# What a page or a CSV shows, in GPU-hours: 0.01 GPU-hour is 36 GPU-seconds. Each row is
+# rounded to it once, and every total shown is the exact sum of rounded rows.
+SHOWN = Decimal("0.01")
 DAYS_MAX = 366             # the longest window a page or an export may ask for
 
 MECHANISM_BASIS = {
@@ -143,14 +147,20 @@ class SavingsReport:
     def total_gpu_hours(self) -> float:
         return sum(self.totals.values())
 
+    def shown(self) -> Shown:
+        """The figures a page or a CSV shows: rows rounded once, totals summed from them."""
+        return figures_shown(self)
+
     def chart_config(self) -> dict:
-        """A Chart.js stacked bar config: GPU-hours per UTC day, one dataset per mechanism."""
+        """A Chart.js stacked bar config: GPU-hours per UTC day, one dataset per mechanism,
+        from the rounded rows, so the bars add up to the totals beside them."""
         colours = {DORMANCY: "#3b7dd8", PRUNING: "#e07b39", DRAIN: "#3fa34d", BINPACK: "#9a9a9a"}
+        figures = self.shown()
         return {
             "type": "bar",
             "data": {"labels": [d.isoformat() for d in self.days],
                      "datasets": [{"label": m if m != BINPACK else f"{m} (not measured)",
-                                   "data": [round(self.by_day[d][m], 2) for d in self.days],
+                                   "data": [float(figures.by_day[d][m]) for d in self.days],
                                    "backgroundColor": colours[m]} for m in MECHANISMS]},
             "options": {"responsive": True, "maintainAspectRatio": False, "animation": False,
                         "plugins": {"title": {"display": True, "text": "GPU-hours freed per day, by mechanism"}},
@@ -158,6 +168,38 @@ class SavingsReport:
                                    "y": {"stacked": True, "beginAtZero": True,
                                          "title": {"display": True, "text": "GPU-hours freed"}}}},
         }
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A report's figures as shown, in GPU-hours rounded to SHOWN. Only `rows` are rounded;
+    every other figure is their exact sum, so a total equals the sum of what is shown beside
+    it (a headline of 0.0 against a bar of 0.02, or 1.9 against rows of 0.7 + 0.7 + 0.6,
+    cannot happen). Rows that round to 0 are left out of all of them."""
+
+    rows: list[tuple[Row, Decimal]]
+    by_day: dict[date, dict[str, Decimal]]
+    by_org: dict[str, dict[str, Decimal]]       # biggest total first
+    totals: dict[str, Decimal]
+
+    @property
+    def total(self) -> Decimal:
+        return sum(self.totals.values(), Decimal(0))
+
+
+def figures_shown(report: SavingsReport) -> Shown:
+    rows = [(row, Decimal(repr(row.gpu_hours)).quantize(SHOWN, rounding=ROUND_HALF_UP)) for row in report.rows]
+    rows = [(row, hours) for row, hours in rows if hours > 0]
+    zero = Decimal("0.00")
+    by_day = {d: {m: zero for m in MECHANISMS} for d in report.days}
+    by_org: dict[str, dict[str, Decimal]] = {}
+    totals = {m: zero for m in MECHANISMS}
+    for row, hours in rows:
+        by_day[row.day][row.mechanism] += hours
+        by_org.setdefault(row.org, {m: zero for m in MECHANISMS})[row.mechanism] += hours
+        totals[row.mechanism] += hours
+    return Shown(rows=rows, by_day=by_day, totals=totals,
+                 by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))))
 
 
 def window(*, now: datetime, days: object) -> tuple[datetime, list[date]]:

@@ -43,14 +43,15 @@ def savings_page(request, cluster: str):
     row, report, error = _report(request, cluster)
     if error is not None:
         return error
-    per_org = [{"org": org, "cells": [round(hours[m], 1) for m in MECHANISMS],
-                "total": round(sum(hours.values()), 1)} for org, hours in report.by_org.items()]
-    mechanisms = [{"name": m, "hours": round(report.totals[m], 1), "basis": MECHANISM_BASIS[m],
+    figures = report.shown()
+    per_org = [{"org": org, "cells": [hours[m] for m in MECHANISMS], "total": sum(hours.values())}
+               for org, hours in figures.by_org.items()]
+    mechanisms = [{"name": m, "hours": figures.totals[m], "basis": MECHANISM_BASIS[m],
                    "measured": m != BINPACK} for m in MECHANISMS]
     return render(request, "savings/savings.html", {
         "title": f"Savings — {row.name}", "cluster": row, "clusters": clusters_all(),
         "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,
-        "per_org": per_org, "total": round(report.total_gpu_hours, 1), "chart": report.chart_config(),
+        "per_org": per_org, "total": figures.total, "chart": report.chart_config(),
         "day_choices": (7, 14, 30, 90)})
 
 
@@ -64,6 +65,7 @@ def savings_csv(request, cluster: str):
     response["Content-Disposition"] = f'attachment; filename="savings-{row.name}-{first}-to-{last}.csv"'
     writer = csv.writer(response)
     writer.writerow(["day_utc", "org", "mechanism", "gpu_hours"])
-    for r in report.rows:
-        writer.writerow([r.day.isoformat(), r.org, r.mechanism, f"{r.gpu_hours:.3f}"])
+    # The rows as the page rounds them: they add up to its totals.
+    for r, hours in report.shown().rows:
+        writer.writerow([r.day.isoformat(), r.org, r.mechanism, f"{hours}"])
     return response

@@ -5,7 +5,8 @@
    and that no other demo runs from the same folder, before touching anything;
 1. starts from a clean state — the SQLite database, Prometheus data, the clock offset
    and queued Celery messages of an earlier demo are removed — unless DEMO_KEEP=1;
-2. the demo simulated cluster (simcluster/scenarios/demo.yaml, real-time clock),
+2. the demo simulated cluster (simcluster/scenarios/demo.yaml, or the scenario file
+   DEMO_SCENARIO names, e.g. simcluster/scenarios/demo-initial-scale-1.yaml; real-time clock),
    writing var/kubeconfig;
 3. migrations on SQLite (var/db.sqlite3), the demo operator account, the orgs of the
    cluster (sync_orgs);
@@ -220,6 +221,10 @@ def main() -> int:
     prometheus_port = port_setting("DEMO_PROMETHEUS_PORT", 9090)
     sim_port = port_setting("DEMO_SIMCLUSTER_PORT", 0, allow_zero=True)
     keep = os.environ.get("DEMO_KEEP", "") not in ("", "0")
+    scenario = os.environ.get("DEMO_SCENARIO") or "simcluster/scenarios/demo.yaml"
+    if not (ROOT / scenario).is_file():
+        raise DemoError(f"DEMO_SCENARIO: no scenario file {scenario!r} (relative to {ROOT}); "
+                        "e.g. simcluster/scenarios/demo-initial-scale-1.yaml")
     # IMPORTANT: before anything is removed or started — a second demo must not harm the first.
     ports_check([("web", "DEMO_WEB_PORT", web_port), ("simulated cluster", "DEMO_SIMCLUSTER_PORT", sim_port)]
                 + ([("Prometheus", "DEMO_PROMETHEUS_PORT", prometheus_port)] if prometheus else []))
@@ -281,7 +286,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        sim = start("simcluster", PY, "-m", "simcluster", "serve", "--scenario", "simcluster/scenarios/demo.yaml",
+        sim = start("simcluster", PY, "-m", "simcluster", "serve", "--scenario", scenario,
                     "--speed", "1", "--port", str(sim_port), "--kubeconfig-out", str(kubeconfig))
         wait_for(kubeconfig, sim, 60)
         sim_url = cluster_url(kubeconfig)

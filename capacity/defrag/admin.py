@@ -22,6 +22,7 @@ from config.admin_lookups import ListFiltersCheckedMixin
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag import services
 from capacity.defrag.planning import seconds_text
+from capacity.selectors import node_without_gpus
 
 
 class DefragStartForm(forms.Form):
@@ -140,6 +141,10 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
             plan = services.defrag_discover(cluster=cluster, node_name=node_name)
         except (services.DefragError, KubeError) as exc:
             messages.error(request, f"Cannot defrag {node_name!r}: {exc}")
+            return HttpResponseRedirect(reverse("admin:capacity_defragjob_changelist"))
+        no_gpus = node_without_gpus(cluster=cluster, node_name=node_name)
+        if no_gpus:
+            messages.error(request, f"Cannot defrag {node_name!r}: {no_gpus}")
             return HttpResponseRedirect(reverse("admin:capacity_defragjob_changelist"))
         shown = request.POST.get("report") if request.method == "POST" else None
         if request.method == "POST" and request.POST.get("confirm") == "yes" and shown != plan.fingerprint:

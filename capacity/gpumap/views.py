@@ -15,13 +15,14 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
 from django.core.paginator import Paginator
 from django.http import Http404
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils.safestring import mark_safe
 
 from clusters.errors import KubeError
 from clusters.selectors import cluster_find, clusters_all
 from clusters.snapshot import gc_paused
 from config import clock
+from config.actors import actor_describe
 from orgs.selectors import org_counts
 from pruning.selectors import prune_runs_recent
 
@@ -52,6 +53,7 @@ CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
 # button is shown only to who holds it, the others read what it needs.
 START_PERMISSION = "capacity.add_defragjob"
 RETURN_PERMISSION = "capacity.return_to_service_defragjob"
+DRY_RUN_PERMISSION = "pruning.add_prunerun"   # pruning/views.py's dry run, started from the dashboard
 
 
 def cluster_contents_required(view):
@@ -125,8 +127,12 @@ def gpu_map(request, cluster: str):
         return render(request, "capacity/gpu_map.html", {"cluster": cluster_row, "error": str(exc)}, status=502)
     view = read.value
     if pool is not None and not view.rows:
+        # The cluster was read: the pool matches no node. Name the pools there are (the whole
+        # reading is the one just drawn or cached, not read again).
+        pools = sorted(fragmentation_recent(cluster=cluster_row, now=now).value.pools)
         return render(request, "capacity/gpu_map.html", {
-            "cluster": cluster_row, "error": f"no GPU node in pool {pool!r} on {cluster_row.name}"}, status=404)
+            "cluster": cluster_row, "pool": pool, "pool_choices": pools,
+            "no_pool": f"no GPU node in pool {pool!r} on {cluster_row.name}: the pool matches no node"}, status=404)
     # The page's context holds what the page shows, not the whole reading: Django's template
     # rendering leaves its context in a reference cycle, kept until the cyclic collector runs,
     # and a reading of 5,000 nodes is tens of thousands of objects for it to walk then. The
@@ -156,6 +162,16 @@ def gpu_map(request, cluster: str):
     })
 
 
+@staff_member_required
+def home(request):
+    """The admin's "View site": the default cluster's dashboard (else the first cluster's, by
+    name), or the admin's home page, which lists the clusters, when none is registered."""
+    row = cluster_find(name=settings.DEFAULT_CLUSTER_NAME) or clusters_all().first()
+    if row is None:
+        return redirect("admin:index")
+    return redirect("capacity:dashboard", cluster=row.name)
+
+
 @cluster_contents_required
 @collector_paused
 def dashboard(request, cluster: str):
@@ -171,16 +187,21 @@ def dashboard(request, cluster: str):
         context.update(_data_age(read, now))
     except KubeError as exc:
         context["error"] = str(exc)
-    orgs = org_counts(cluster=cluster_row)
-    jobs = DefragJob.objects.filter(cluster=cluster_row)
+    orgs = org_counts(cluster=cluster_row, now=now)
+    jobs = DefragJob.objects.filter(cluster=cluster_row).select_related("requested_by")
     context.update({
         "orgs_total": orgs["total"],
         "orgs_dormant": orgs["dormant"],
         "orgs_protected": orgs["protected"],
         "orgs_drifting": orgs["drifting"],
-        "jobs_running": list(jobs.filter(state__in=RUNNING_STATES)),
-        "jobs_recent": list(jobs.exclude(state__in=RUNNING_STATES)[:RECENT]),
+        # Who asked, as the job list names them (a user, or cli:<os user>@<host> for the CLI).
+        "jobs_running": [(j, actor_describe(j.requested_by, j.requested_by_label))
+                         for j in jobs.filter(state__in=RUNNING_STATES)],
+        "jobs_recent": [(j, actor_describe(j.requested_by, j.requested_by_label))
+                        for j in jobs.exclude(state__in=RUNNING_STATES)[:RECENT]],
         "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
+        "may_dry_run": request.user.has_perm(DRY_RUN_PERMISSION),
+        "prune_window_minutes": settings.PRUNER_DURATION_MINUTES, "prune_grace_seconds": settings.PRUNER_GRACE_SECONDS,
     })
     status = 502 if "error" in context else 200
     return render(request, "capacity/dashboard.html", context, status=status)

@@ -184,8 +184,13 @@ def test_gpu_map_pages_a_big_fleet_and_keeps_the_pool_filter(sim_cluster_factory
     pool = client.get("/capacity/clusters/sim/gpu-map/?pool=a10g").content.decode()
     assert pool.count('class="node"') == 1 and 'id="map-pages"' not in pool
     unknown = client.get("/capacity/clusters/sim/gpu-map/?pool=a10q")
-    assert unknown.status_code == 404 and "no GPU node in pool &#x27;a10q&#x27; on sim" in unknown.content.decode()
-    assert "No node to empty" not in unknown.content.decode()
+    unknown_html = unknown.content.decode()
+    assert unknown.status_code == 404
+    assert "no GPU node in pool &#x27;a10q&#x27; on sim: the pool matches no node." in unknown_html
+    assert "Cannot read the cluster" not in unknown_html
+    pools = re.sub(r"<[^>]+>", "", re.search(r"<p>Pools of sim: (.*?)</p>", unknown_html, re.S).group(1))
+    assert pools.split(";")[0] == "a10g, h100"
+    assert "No node to empty" not in unknown_html
 
 
 
@@ -472,3 +477,36 @@ def test_a_refresh_queued_before_the_row_was_pointed_elsewhere_reads_nothing(
     page = client.get("/capacity/clusters/west/gpu-map/").content.decode()
     assert node_names(page) == ["other-1"]                            # the page reads the new server itself
     assert data_age(page).startswith("Nodes and pods as of 0 s ago (2026-03-02 14:05:19 UTC)")
+
+
+def test_protected_orgs_count_exempt_and_snoozed_and_a_cli_job_names_its_shell(sim_cluster_factory, client, staff):
+    """Scale to zero turned off, exempt, snoozed: three orgs kept warm; a snooze that ended
+    is not one. A job started from the CLI is asked by cli:<os user>@<host>, as the job list says."""
+    handle = sim_cluster_factory(objects(), name="sim")
+    now = clock.now()
+    for slug, fields in (("off", {"scale_to_zero_allowed": False}), ("exempt", {"exempt": True}),
+                         ("snoozed", {"snoozed_until": now + timedelta(hours=3)}),
+                         ("ended", {"snoozed_until": now - timedelta(hours=3)}), ("plain", {})):
+        Org.objects.create(slug=slug, cluster=handle.cluster, namespace=slug, last_activity_at=now, **fields)
+    DefragJob.objects.create(cluster=handle.cluster, node_name="h1", state=JobState.FAILED, created_at=now,
+                             requested_by_label="cli:root@ops-host")
+    DefragJob.objects.create(cluster=handle.cluster, node_name="h2", state=JobState.WAITING, created_at=now,
+                             requested_by=staff, requested_by_label="cli:root@ops-host")
+
+    html = client.get("/capacity/clusters/sim/").content.decode()
+    orgs = re.sub(r"<[^>]+>", "", re.search(r'<p id="orgs">(.*?)</p>', html, re.S).group(1))
+    assert orgs == "0 dormant of 5; 3 protected from scale to zero (turned off, exempt or snoozed); 0 with drift."
+    asked = {row[1]: row[3] for row in cells(html, "jobs")}
+    assert asked == {"h1": "cli:root@ops-host", "h2": "ops via cli:root@ops-host"}
+    listed = client.get("/admin/capacity/defragjob/").content.decode()
+    assert "cli:root@ops-host" in listed
+
+
+def test_the_admins_view_site_link_opens_the_dashboard(sim_cluster_factory, client, staff):
+    sim_cluster_factory(objects(), name="sim")
+    index = client.get("/admin/").content.decode()
+    link = re.search(r'<a href="([^"]+)">View site</a>', index).group(1)
+    page = client.get(link, follow=True)
+    assert page.status_code == 200
+    assert page.redirect_chain[-1][0] == "/capacity/clusters/sim/"
+    assert '<p id="orgs">' in page.content.decode()

@@ -37,13 +37,15 @@ def test_defrag_yes_runs_to_safe_and_exits_0(running, capsys):
     assert kube.node_cordoned(node)
 
 
-def test_answering_no_changes_nothing_and_exits_2(running, monkeypatch):
+def test_answering_no_says_nothing_was_done_and_exits_1_as_other_refusals(running, monkeypatch, capsys):
     handle, kube = running
     node = kube.node_with_pods()
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     with pytest.raises(SystemExit) as exited:
         call_command("defrag", node, "--cluster", "sim")
-    assert exited.value.code == 2
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == (f"Not confirmed: nothing was done (node {node} was not cordoned and "
+                                               "no defrag job was created).")
     assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
 
 
@@ -53,9 +55,10 @@ def test_no_terminal_and_no_answer_is_a_no_said_in_one_line(running, monkeypatch
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO(""))      # input closed: a script, cron
     with pytest.raises(SystemExit) as exited:
         call_command("defrag", node, "--cluster", "sim")
-    assert exited.value.code == 2
-    assert capsys.readouterr().err.strip() == "no answer: standard input is closed; add --yes to confirm without a " \
-                                              "terminal"
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "no answer: standard input is closed; add --yes to confirm without a terminal",
+        f"Not confirmed: nothing was done (node {node} was not cordoned and no defrag job was created)."]
     assert not kube.node_cordoned(node) and not DefragJob.objects.exists()
 
 
@@ -104,3 +107,24 @@ def test_a_node_name_no_node_can_have_is_refused_in_one_plain_line_before_any_re
         "part starting and ending with a letter or digit\n")
     assert [r for r in caplog.records if r.name == "simcluster.http"] == []   # node n1 was never read
     assert not Kube(handle.kubeconfig_path).node_cordoned("n1")
+
+
+def test_a_node_without_gpus_is_no_defrag_candidate_and_nothing_is_done(sim_cluster_factory, client,
+                                                                        django_user_model):
+    """A CPU node (no allocatable nvidia.com/gpu): the CLI and the panel's start page say it has
+    no GPUs, instead of a report of "0x unknown GPUs" and a confirmation; nothing is cordoned."""
+    from defrag_builders import make_node
+
+    cpu = make_node("cpu-1", gpus=0, product="", pool="cpu")
+    handle = sim_cluster_factory(scenario(cpu, nodes=1), name="sim")
+    kube = Kube(handle.kubeconfig_path)
+    with pytest.raises(CommandError) as refused:
+        call_command("defrag", "cpu-1", "--cluster", "sim", "--yes")
+    assert str(refused.value) == ("node 'cpu-1' has no GPUs (no allocatable nvidia.com/gpu): defrag empties GPU "
+                                  "nodes, so there is nothing to defrag on it; nothing was done")
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+    page = client.get("/admin/capacity/defragjob/start/", {"cluster": "sim", "node": "cpu-1"}, follow=True)
+    html = page.content.decode()
+    assert "Cannot defrag &#x27;cpu-1&#x27;: node &#x27;cpu-1&#x27; has no GPUs" in html
+    assert "Proceed with defrag" not in html
+    assert not kube.node_cordoned("cpu-1") and not DefragJob.objects.exists()

@@ -206,7 +206,7 @@ def test_advancing_the_clock_lets_an_org_idle_25h_turn_dormant(running):
 
     moved = manage(running.var_dir, "demo_clock", "advance", "25h")
     assert moved.returncode == 0, moved.stderr
-    assert "moved the product's clock and the simulated cluster's 25h forward" in moved.stdout
+    assert "moved the product's clock and the simulated cluster's forward by 1d1h (90000 seconds)" in moved.stdout
     shown = manage(running.var_dir, "demo_clock", "show")
     product = re.search(r"product now:\s+(\S+ \S+) UTC \(wall clock \+1d1h\)", shown.stdout)
     cluster = re.search(r"simulated cluster now:\s+(\S+ \S+) UTC", shown.stdout)
@@ -230,7 +230,9 @@ def test_without_a_demo_or_settings_a_command_fails_in_one_line(tmp_path):
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
-    assert "DJANGO_SECRET_KEY is not set" in lines[0] and "make demo" in lines[0]
+    assert lines[0].startswith(f"manage.py: no demo is running (no {tmp_path / 'demo.env'}) and DJANGO_SECRET_KEY "
+                               "is not set"), lines[0]
+    assert "Start the demo with `make demo`" in lines[0] and "DJANGO_DEBUG" not in lines[0]
 
 
 def test_an_env_file_left_by_a_dead_demo_is_ignored(tmp_path):
@@ -271,7 +273,7 @@ def test_demo_clock_rejects_a_bad_duration_naming_it(tmp_path, text):
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("25h", 90000), ("2d", 172800),
-                                               ("1h30m", 5400), ("45", 45), ("1.5h", 5400)])
+                                               ("1h30m", 5400), ("1.5h", 5400)])
 def test_duration_parse(text, seconds):
     assert duration_parse(text) == seconds
     assert duration_parse(duration_text(seconds)) == seconds
@@ -281,3 +283,12 @@ def test_duration_parse(text, seconds):
 def test_duration_parse_refuses(text):
     with pytest.raises(DemoInputError, match="duration"):
         duration_parse(text)
+
+
+def test_demo_clock_advance_without_a_unit_is_refused_and_moves_nothing(tmp_path):
+    """`advance 25` once moved the clocks 25 seconds, silently: now it names the units."""
+    offset = tmp_path / "clock-offset"
+    done = manage(tmp_path, "demo_clock", "advance", "25", DJANGO_DEBUG="1", CLOCK_OFFSET_FILE=str(offset))
+    assert done.returncode == 1
+    assert "duration '25' has no unit: write 25s, 25m, 25h or 25d" in done.stderr
+    assert not offset.exists()

@@ -1,6 +1,7 @@
 """Admin flows: each action behind its own permission, each leaving an audit record."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -211,3 +212,24 @@ def test_an_org_added_in_the_panel_counts_as_active_from_then_and_turns_dormant_
     a_day_idle = registered + settings.ORGS_DORMANT_AFTER + timedelta(minutes=1)
     assert "newco" in services.dormancy_sweep(now=a_day_idle).switched
     assert Org.objects.get(slug="newco").dormant
+
+
+def test_the_org_list_says_its_states_in_words_with_no_red_mark_for_normal_ones(client, cluster):
+    """An active org without drift reads "active", "allowed", "none": no boolean icon (Django's
+    red ✖) stands for a normal state; drift is the one marked."""
+    make_idle("acme")
+    services.dormancy_sweep(now=clock.now())
+    Org.objects.filter(slug="acme").update(drift=[{"workload": "ksvc org-a/llama"}])
+    client.force_login(operator())
+    html = client.get(CHANGELIST).content.decode()
+    assert "icon-no.svg" not in html and "icon-yes.svg" not in html.split('id="result_list"')[1]
+    table = html.split('id="result_list"')[1].split("</table>")[0]
+    rows = {}
+    for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table.split("<tbody>")[1], re.S):
+        texts = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+        rows[next(t for t in texts if t)] = texts   # the slug: the first column with text
+    assert "dormant" in rows["acme"] and "⚠ drift: 1 part(s)" in rows["acme"]
+    others = [texts for slug, texts in rows.items() if slug != "acme"]
+    assert others
+    for texts in others:
+        assert {"active", "allowed", "none"} <= set(texts), texts

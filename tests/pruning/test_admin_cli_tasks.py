@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 import json
 
 import pytest
@@ -206,7 +207,7 @@ def test_the_restore_first_shows_what_it_does_and_writes_nothing_until_confirmed
     assert page.status_code == 200 and "Restore what the pruner scaled to zero? (2 selected)" in html
     assert "restoring starts GPU pods again" in html
     restored = html[html.index('id="restore-restored"'):html.index('id="restore-left"')]
-    assert "Deployment team-a/web: back to" in restored and "replicas" in restored
+    assert "<li>Deployment team-a/web: back to replicas 2</li>" in restored        # words, not a dict
     left = html[html.index('id="restore-left"'):]
     assert f"{skipped}: never scaled to zero by a prune, nothing to restore" in left
     assert f'name="_selected_action" value="{acted.pk}"' in html and 'name="confirm" value="yes"' in html
@@ -216,6 +217,9 @@ def test_the_restore_first_shows_what_it_does_and_writes_nothing_until_confirmed
     admin_client.post(DECISIONS, {**form, "confirm": "yes"})
     acted.refresh_from_db()
     assert acted.restore == "restored" and replicas(world) == 2
+    restored_events = [e.message for e in k8s.CoreV1Api(world.api).list_namespaced_event("team-a").items
+                       if e.reason == "GPUIdleRestored"]
+    assert restored_events == [f"restored to replicas 2 by admin (prune run {run.pk})"]
     again = admin_client.post(DECISIONS, form).content.decode()     # now there is nothing to restore
     assert "Deployment team-a/web: already restored by admin" in again and 'name="confirm"' not in again
 
@@ -282,3 +286,92 @@ def test_a_model_its_org_keeps_asleep_is_reported_kept_asleep_not_failed(tmp_pat
                                        "by their org's dormancy (restore them once the org is awake)")
         decision.refresh_from_db()
         assert decision.restore == "" and decision.restorable
+
+
+def test_a_prune_with_no_samples_for_now_says_the_data_is_missing_and_scales_nothing(
+        world, settings, tmp_path, admin_client):
+    """The product's clock two hours ahead of the GPU data (as the demo clock can be, or a
+    scrape outage): the run fails saying Prometheus had no samples, in the CLI and on the
+    run's page, and no workload is scaled (not "0 GPU pods seen" as if the cluster had none)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    offset = tmp_path / "offset"
+    offset.write_text(str((world.now() + timedelta(hours=2) - timezone.now()).total_seconds()))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+    out = io.StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("prune", "--cluster", "sim", "-r", "scale-down", stdout=out)
+    message = str(refused.value)
+    assert message.startswith("no data: Prometheus had no samples of GPU utilization")
+    assert "the end of the 30-minute window" in message and "nothing was scaled" in message
+    assert "GPU pods seen" not in out.getvalue()
+    assert replicas(world) == 2
+    run = PruneRun.objects.get()
+    assert run.status == "failed" and run.errors == [message] and not run.decisions.exists()
+    page = admin_client.get(f"/admin/pruning/prunerun/{run.pk}/change/").content.decode()
+    assert "no data: Prometheus had no samples of GPU utilization" in page
+
+
+def test_gpus_reporting_with_no_pod_on_them_are_no_missing_data(world):
+    """A namespace filter no GPU pod matches: the census counts none, but the GPUs report,
+    so the dry run is an ordinary one of 0 GPU pods."""
+    out = io.StringIO()
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), "-n", "nobody-here", stdout=out)
+    assert "0 GPU pods seen" in out.getvalue()
+    assert PruneRun.objects.get().status == "succeeded"
+
+
+def test_a_runs_duration_reads_in_milliseconds_on_the_run_list(world, admin_client):
+    call_command("prune", "--cluster", "sim", "--at", world.now().isoformat(), stdout=io.StringIO())
+    listing = admin_client.get("/admin/pruning/prunerun/").content.decode()
+    shown = re.search(r'<td class="field-duration_seconds">([^<]*)</td>', listing).group(1)
+    assert re.fullmatch(r"\d+(\.\d{1,3})?", shown), shown   # not 0.12345678901234567
+
+
+def test_the_dashboard_starts_a_dry_run_that_says_what_it_found_is_audited_and_changes_nothing(
+        world, settings, tmp_path, admin_client):
+    from audit.models import AuditEntry
+
+    clock_at_the_cluster(world, settings, tmp_path)
+    dashboard = admin_client.get("/capacity/clusters/sim/").content.decode()
+    assert 'action="/pruning/clusters/sim/dry-run/"' in dashboard and "Dry run a prune now" in dashboard
+
+    page = admin_client.post("/pruning/clusters/sim/dry-run/", {"window_minutes": "30", "grace_seconds": "300"},
+                             follow=True)
+    run = PruneRun.objects.get()
+    assert page.redirect_chain[-1][0] == f"/admin/pruning/prunerun/{run.pk}/change/"
+    said = [str(m) for m in page.context["messages"]]
+    pod = run.decisions.get(decision="prune").pod
+    assert said == [f"Dry run #{run.pk} on sim: 3 GPU pod(s) seen, 1 busy, 2 looked idle over 30 min (each pod "
+                    f"looked at once it ran 30 min + 300 s of grace), 1 would be scaled to zero: team-a/{pod} → "
+                    f"Deployment web. Nothing was changed."]
+    assert (run.mode, run.actor, run.status) == ("dry-run", "admin", "succeeded")
+    assert replicas(world) == 2
+    entry = AuditEntry.objects.get(app="pruning", action="prune_dry_run")
+    assert (entry.actor.username, entry.target, entry.new["outcome"]) == ("admin", "Cluster/sim", said[0])
+
+
+def test_a_dry_run_from_the_panel_with_bad_input_or_no_data_says_why(world, settings, tmp_path, admin_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    page = admin_client.post("/pruning/clusters/sim/dry-run/", {"window_minutes": "ten"}, follow=True)
+    assert [str(m) for m in page.context["messages"]] == [
+        "Dry run not started, nothing recorded: the idle window (minutes) must be a whole number, got 'ten'"]
+    assert not PruneRun.objects.exists()
+
+    offset = tmp_path / "offset"
+    offset.write_text(str((world.now() + timedelta(hours=2) - timezone.now()).total_seconds()))
+    settings.CLOCK_OFFSET_FILE = str(offset)
+    page = admin_client.post("/pruning/clusters/sim/dry-run/", {}, follow=True)
+    run = PruneRun.objects.get()
+    said = [str(m) for m in page.context["messages"]]
+    assert len(said) == 1 and said[0].startswith(
+        f"Dry run #{run.pk} on sim failed: no data: Prometheus had no samples of GPU utilization")
+    assert run.status == "failed" and replicas(world) == 2
+    runs = admin_client.get("/capacity/clusters/sim/").content.decode()
+    row = re.search(rf'<a href="/admin/pruning/prunerun/{run.pk}/change/">#{run.pk}</a>.*?</tr>', runs, re.S).group(0)
+    assert "failed<br>" in row and "no data: Prometheus had no samples of GPU utilization" in row

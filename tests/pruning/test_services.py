@@ -408,7 +408,7 @@ def test_restore_does_not_overwrite_a_scale_made_between_its_read_and_its_write(
         d = prune_decision_restore(kube_gateway=gateway, decision=d, actor="alice", now=world.now())
     finally:
         gateway.close()
-    assert gateway.raced and d.restore == "changed" and "{'replicas': 1}" in d.error
+    assert gateway.raced and d.restore == "changed" and "it now holds replicas 1, not what the prune set (replicas 0)" in d.error
     assert apps.read_namespaced_deployment_scale("web", "team-a").spec.replicas == 1   # the owner's, not 2
 
 

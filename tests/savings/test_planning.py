@@ -210,3 +210,27 @@ def test_window_is_whole_utc_days_ending_today():
     start, days = window(now=NOW, days="3")
     assert start == datetime(2026, 3, 8, tzinfo=timezone.utc)
     assert days == [date(2026, 3, 8), date(2026, 3, 9), date(2026, 3, 10)]
+
+
+def _pruned_for(org: str, *, day: int, minutes: float) -> PruneAction:
+    start = at(day, 10)
+    return PruneAction(org=org, subject=f"Deployment {org}/idle", gpus=1, acted_at=start,
+                       restored_at=start + timedelta(minutes=minutes))
+
+
+@pytest.mark.parametrize(("actions", "rows", "total"), [
+    # Three 40-minute prunes (0.667 each): rows of 0.67, a total of 2.01, not a 2.0 beside them.
+    ([_pruned_for(o, day=9, minutes=40) for o in ("a", "b", "c")], ["0.67", "0.67", "0.67"], "2.01"),
+    # 72 GPU-seconds: 0.02 on the row, the chart and the total (not 0.0 beside a bar of 0.02).
+    ([_pruned_for("a", day=9, minutes=1.2)], ["0.02"], "0.02"),
+    # 18 GPU-seconds round to 0.01 once, on its row; the total is that row, not a rounding of its own.
+    ([_pruned_for("a", day=9, minutes=0.3), _pruned_for("b", day=9, minutes=0.3)], ["0.01", "0.01"], "0.02"),
+])
+def test_every_figure_shown_is_the_sum_of_the_rows_shown_rounded_once(actions, rows, total):
+    from decimal import Decimal
+
+    figures = savings_plan(Facts(prune_actions=tuple(actions)), now=NOW, days=7).shown()
+    assert sorted(str(hours) for _, hours in figures.rows) == rows
+    assert str(figures.total) == total
+    assert figures.totals[PRUNING] == figures.total == sum(sum(d.values()) for d in figures.by_day.values())
+    assert figures.total == sum((sum(o.values()) for o in figures.by_org.values()), Decimal(0))

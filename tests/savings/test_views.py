@@ -6,7 +6,8 @@ import csv
 import io
 import json
 import re
-from datetime import timedelta
+from datetime import datetime, time, timedelta, timezone
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -223,7 +224,7 @@ def test_a_model_pruned_while_its_org_sleeps_is_counted_once(sim_cluster_factory
     assert _hours(rows, "acme", "dormancy") == pytest.approx(8.0, abs=0.01)   # 1 × 2 GPUs × 4 h
     assert _hours(rows, "acme", "pruning") == pytest.approx(1.0, abs=0.01)    # 2 GPUs × the last 30 min
     html = client.get(PAGE).content.decode()
-    assert re.search(r'id="savings-total">9\.0<', html)
+    assert re.search(r'id="savings-total">9\.00<', html)
     assert "counted once, under dormancy" in html
 
 
@@ -267,7 +268,7 @@ def test_dormancy_stops_counting_when_the_org_wakes_without_a_raise(sim_cluster_
     rows = _rows(client.get(CSV, {"days": "7"}))
     assert _hours(rows, "acme", "dormancy") == pytest.approx(10.0, abs=0.01)
     html = client.get(PAGE).content.decode()
-    assert re.search(r'id="savings-total">10\.0<', html)
+    assert re.search(r'id="savings-total">10\.00<', html)
     assert "or its org woke or had scale to zero turned off" in html
 
 
@@ -289,4 +290,64 @@ def test_a_pynode_the_pruner_still_holds_after_its_org_woke_counts_under_pruning
     rows = _rows(client.get(CSV, {"days": "7"}))
     assert _hours(rows, "acme", "dormancy") == pytest.approx(4.0, abs=0.01)   # 2 GPUs × 2 h asleep
     assert _hours(rows, "acme", "pruning") == pytest.approx(4.0, abs=0.01)    # 2 GPUs × (1 h before + 1 h after)
-    assert re.search(r'id="savings-total">8\.0<', client.get(PAGE).content.decode())
+    assert re.search(r'id="savings-total">8\.00<', client.get(PAGE).content.decode())
+
+
+def _pruned(handle, *, namespace, pod, acted_at, seconds):
+    """One 1-GPU pod of `namespace` the pruner scaled down at `acted_at` for `seconds`."""
+    run = PruneRun.objects.create(cluster=handle.cluster, mode=PruneRun.Mode.SCALE_DOWN, status="succeeded",
+                                  evaluated_at=acted_at)
+    PruneDecision.objects.create(run=run, namespace=namespace, pod=pod, owner_kind="Deployment", owner_name=pod,
+                                 gpus=["GPU-1"], decision="prune", reason="idle", method="scale",
+                                 result="succeeded", acted_at=acted_at, restore="restored",
+                                 restored_at=acted_at + timedelta(seconds=seconds))
+
+
+def _shown_figures(html: str) -> dict:
+    """What the page shows: the headline, the mechanism cells, the per-org totals, the chart."""
+    config = json.loads(re.search(r'<script id="savings-chart-config" type="application/json">(.*?)</script>',
+                                  html, re.S).group(1))
+    orgs = re.search(r'<table id="savings-orgs">.*?</table>', html, re.S).group(0)
+    return {"headline": Decimal(re.search(r'id="savings-total">([^<]*)<', html).group(1)),
+            "mechanisms": {m: Decimal(h) for m, h in re.findall(
+                r'<tr data-mechanism="([^"]+)"><td>[^<]*</td>\s*<td class="num">([0-9.]+)</td>', html)},
+            "org_totals": [Decimal(t) for t in re.findall(r'<td class="num">([0-9.]+)</td></tr>', orgs)],
+            "chart": [Decimal(repr(v)) for d in config["data"]["datasets"] for v in d["data"]]}
+
+
+def test_every_total_on_the_page_and_in_the_csv_is_the_sum_of_the_rows_shown(
+        sim_cluster_factory, client, django_user_model):
+    """Three orgs' pods pruned 40 min each (0.667 GPU-hours, shown 0.67) and one for 72 s
+    (0.02): the headline is 2.03, the sum of the rows, not 2.0 beside rows of 0.7 or 0.0
+    beside a bar of 0.02."""
+    handle = sim_cluster_factory(model_scenario(), name="sim")
+    handle.advance(60)
+    now = clock.now()
+    yesterday_noon = datetime.combine(now.astimezone(timezone.utc).date(), time(12), tzinfo=timezone.utc) \
+        - timedelta(days=1)
+    for namespace in ("org-a", "org-b", "org-c"):
+        _pruned(handle, namespace=namespace, pod=f"idle-{namespace}", acted_at=yesterday_noon, seconds=40 * 60)
+    _pruned(handle, namespace="org-a", pod="blip", acted_at=yesterday_noon - timedelta(days=1), seconds=72)
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+
+    figures = _shown_figures(client.get(PAGE, {"days": "7"}).content.decode())
+    assert figures["headline"] == Decimal("2.03")
+    assert figures["mechanisms"] == {"dormancy": 0, "pruning": Decimal("2.03"), "defrag/drain": 0}
+    assert sorted(figures["org_totals"]) == [Decimal("0.67"), Decimal("0.67"), Decimal("0.69")]
+    assert sum(figures["org_totals"]) == figures["headline"] == sum(figures["chart"])
+    rows = _rows(client.get(CSV, {"days": "7"}))
+    assert sorted(r["gpu_hours"] for r in rows) == ["0.02", "0.67", "0.67", "0.67"]
+    assert sum(Decimal(r["gpu_hours"]) for r in rows) == figures["headline"]
+
+
+def test_a_total_below_a_tenth_of_a_gpu_hour_is_shown_as_the_bar_beside_it(
+        sim_cluster_factory, client, django_user_model):
+    """One pod pruned for 72 s: 0.02 GPU-hours on the headline, the pruning row and the bar."""
+    handle = sim_cluster_factory(model_scenario(), name="sim")
+    handle.advance(60)
+    noon = datetime.combine(clock.now().astimezone(timezone.utc).date(), time(12), tzinfo=timezone.utc)
+    _pruned(handle, namespace="org-a", pod="blip", acted_at=noon - timedelta(days=1), seconds=72)
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+
+    figures = _shown_figures(client.get(PAGE).content.decode())
+    assert figures["headline"] == figures["mechanisms"]["pruning"] == sum(figures["chart"]) == Decimal("0.02")

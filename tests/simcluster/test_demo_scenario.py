@@ -101,3 +101,47 @@ def test_after_idle_models_scale_to_zero_the_h100_pool_is_fragmented(demo):
     assert sum(free.values()) >= 8
     assert max(free.values()) < 8
     assert sum(1 for n in free.values() if 6 <= n < 8) >= 2    # nodes holding one or two small pods
+
+
+def _switch_pynode_to_zero(api, control, namespace: str) -> list:
+    """What the org switch writes to a pynode where the cluster allows it (min-scale and
+    initial-scale "0"), then the pods of the Revision that write makes, 10 s later."""
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    custom.patch_namespaced_custom_object(
+        "serving.knative.dev", "v1", namespace, "services", "pynode",
+        {"spec": {"template": {"metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "0",
+                                                            "autoscaling.knative.dev/initial-scale": "0"}}}}})
+    control.advance(10)
+    return core.list_namespaced_pod(namespace, label_selector="serving.knative.dev/revision=pynode-00002").items
+
+
+def test_the_demo_knative_allows_a_zero_initial_scale_so_a_dormancy_switch_starts_no_pod(demo):
+    """As the README recommends: config-autoscaler allows a zero initial scale, the product
+    reads it so, and a switched pynode's new Revision starts no pod (25 → 48 pods before)."""
+    from clusters.knative import initial_scale_from_config
+
+    _, api, control, _ = demo
+    config = client.CoreV1Api(api).read_namespaced_config_map("config-autoscaler", "knative-serving").data
+    assert config == {"allow-zero-initial-scale": "true"}
+    assert initial_scale_from_config(config=config).zero_allowed
+    assert _switch_pynode_to_zero(api, control, "org-hooli") == []
+
+
+def test_the_other_scenario_is_the_same_cluster_with_knatives_defaults_and_shows_why():
+    """demo-initial-scale-1.yaml differs only in an empty config-autoscaler: there the same
+    switch starts a pynode pod for nothing (Knative ignores initial-scale "0")."""
+    import yaml
+
+    other = DEMO.with_name("demo-initial-scale-1.yaml")
+    ours, theirs = (list(yaml.safe_load_all(p.read_text())) for p in (DEMO, other))
+    differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
+    assert len(ours) == len(theirs) and len(differ) == 1
+    (a, b), = differ
+    assert (a["kind"], a["metadata"]["name"], a["data"], b["data"]) == (
+        "ConfigMap", "config-autoscaler", {"allow-zero-initial-scale": "true"}, {})
+    with running_cluster(str(other)) as url:
+        api = client.ApiClient(client.Configuration(host=url))
+        control = SimControl(url)
+        control.advance(60)
+        assert len(_switch_pynode_to_zero(api, control, "org-hooli")) == 1
+        api.close()

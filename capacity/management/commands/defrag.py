@@ -25,7 +25,7 @@ from config.actors import acting_as, cli_label
 from capacity.defrag.models import AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
 from capacity.defrag.selectors import defrag_job_log_after
-from capacity.selectors import defrag_job_live_for_node, defrag_job_progress
+from capacity.selectors import defrag_job_live_for_node, defrag_job_progress, node_without_gpus
 from capacity.defrag.services import (
     POLL_RANGE,
     TIMEOUT_RANGE,
@@ -44,7 +44,9 @@ from capacity.defrag.services import (
 )
 
 EXIT_NOT_SAFE = 1
-EXIT_REFUSED = 2
+# Not confirmed (answered no, or no answer): 1, as every other command of the product exits
+# when it refuses (a CommandError), after saying that nothing was done.
+EXIT_REFUSED = 1
 # What a user named with --as must be allowed to do for each action (the panel asks the same).
 PERMISSIONS = {"start": "capacity.add_defragjob", "drain": "capacity.drain_defragjob",
                "abort": "capacity.change_defragjob", "return": "capacity.return_to_service_defragjob"}
@@ -137,7 +139,7 @@ class Command(BaseCommand):
 
     def _return_to_service(self, cluster_row, node: str, actor, yes: bool):
         if not self._confirm(yes, f"Return node {node} to service (uncordon it)?"):
-            self.stdout.write("Nothing changed.")
+            self._declined(f"node {node} stays cordoned")
             sys.exit(EXIT_REFUSED)
         try:
             done = node_return_to_service(cluster=cluster_row, node=node, actor=actor, enqueue=False)
@@ -175,6 +177,7 @@ class Command(BaseCommand):
                 if drain:
                     if not self._confirm(yes, f"Drain node {node}: evict {job.orphans.filter(state='orphaned').count()}"
                                               f" orphaned pod(s){' and delete the Node' if delete_node else ''}?"):
+                        self._declined(f"no pod of node {node} was evicted; defrag job #{job.pk} is unchanged")
                         return self._exit(job, EXIT_REFUSED)
                     job = defrag_job_drain(job=job, actor=actor, delete_node=delete_node, enqueue=False)
                     wanted = JobState.DRAINED
@@ -184,15 +187,20 @@ class Command(BaseCommand):
                     if delete_orphans and not self._confirm(
                             yes, f"Delete the orphans of node {node} even where their revision is not back to "
                                  f"scale (capacity drops)?"):
+                        self._declined(f"defrag job #{job.pk} of node {node} is not aborted and no orphan deleted")
                         return self._exit(job, EXIT_REFUSED)
                     job = defrag_job_abort(job=job, actor=actor, orphans=choice, poll_interval_seconds=poll_interval,
                                            enqueue=False)
                     wanted = JobState.ABORTED
             else:
                 plan = defrag_discover(cluster=cluster_row, node_name=node)
+                no_gpus = node_without_gpus(cluster=cluster_row, node_name=node)
+                if no_gpus:
+                    raise CommandError(no_gpus)
                 if not self.as_json:
                     self.stdout.write("\n".join(plan.report_lines()) + "\n")
                 if not self._confirm(yes, "Proceed with defrag?"):
+                    self._declined(f"node {node} was not cordoned and no defrag job was created")
                     return self._exit(None, EXIT_REFUSED)
                 job = defrag_job_start(cluster=cluster_row, node_name=node, plan=plan, actor=actor,
                                        timeout_seconds=timeout, poll_interval_seconds=poll_interval, enqueue=False)
@@ -215,6 +223,10 @@ class Command(BaseCommand):
             self.stderr.write("\nno answer: standard input is closed; add --yes to confirm without a terminal")
             return False
         return answer in ("y", "yes")
+
+    def _declined(self, what: str) -> None:
+        """Says that nothing was done, and what stays as it was (on stderr: --json keeps stdout)."""
+        self.stderr.write(f"Not confirmed: nothing was done ({what}).")
 
     def _run(self, job: DefragJob) -> DefragJob:
         """Step the job in this process until it rests, printing the new log lines.

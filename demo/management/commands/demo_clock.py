@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from clusters.errors import KubeError
 from demo.services import (DemoInputError, DemoRefused, demo_clock_advance, demo_clocks_read,
-                           demo_cluster_require, duration_parse, offset_in_words)
+                           demo_cluster_require, duration_parse, duration_text, offset_in_words)
 
 
 class Command(BaseCommand):
@@ -15,7 +15,7 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("show", help="print both clocks and the offset")
         advance = sub.add_parser("advance", help="move both clocks forward")
-        advance.add_argument("duration", help="90s, 30m, 25h, 2d, 1h30m or seconds")
+        advance.add_argument("duration", help="90s, 30m, 25h, 2d or 1h30m (a unit is required)")
 
     def handle(self, *args, action, **options):
         try:
@@ -29,7 +29,8 @@ class Command(BaseCommand):
         except (DemoRefused, DemoInputError, KubeError) as exc:
             raise CommandError(str(exc)) from None
         if seconds is not None:
-            self.stdout.write(f"moved the product's clock and the simulated cluster's {options['duration']} forward")
+            self.stdout.write(f"moved the product's clock and the simulated cluster's forward by "
+                              f"{duration_text(seconds)} ({seconds:g} seconds)")
         self.stdout.write(f"product now:           {clocks.product_now:%Y-%m-%d %H:%M:%S} UTC "
                           f"({offset_in_words(clocks.offset_seconds)})")
         self.stdout.write(f"simulated cluster now: {clocks.cluster_now:%Y-%m-%d %H:%M:%S} UTC")
