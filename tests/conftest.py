@@ -249,6 +249,12 @@ def sim_cluster(request, sim_cluster_factory) -> SimClusterHandle:
     return sim_cluster_factory(scenario)
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--all-tiers", action="store_true", dest="all_tiers",
+                     help="also run tests/realcluster and tests/image (root; build the real tier and the "
+                          "image first, as make test does)")
+
+
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "scenario(yaml): the scenario the sim_cluster fixture starts")
 

@@ -7,8 +7,9 @@ host's loopback (`--network=host`): a simulated cluster, `migrate`, gunicorn, a 
 worker per queue and beat, each with the command, the read-only root filesystem and the
 writable volumes its manifest in deploy/ gives it (an emptyDir is a tmpfs here).
 
-These tests run only when asked for by path (`pytest tests/image`, `make test-image`): a
-plain `pytest tests` deselects them, since they need root, podman and the image build.
+These tests run only when asked for by path (`pytest tests/image`, `make test-image`) or
+with `--all-tiers` (`make test`): a plain `pytest tests` deselects them, since they need
+root, podman and the image build (tests/tiers.py).
 """
 from __future__ import annotations
 
@@ -26,16 +27,11 @@ import yaml
 from containers import (DEPLOY, IMAGE, POLL_LIMIT_S, Podman, empty_dirs, free_port, manifest_container, sql,
                         wait_for)
 
+from tests.tiers import tier_collect
+
 def pytest_collection_modifyitems(config, items) -> None:
-    here = Path(__file__).parent
-    base = Path(config.invocation_params.dir)
-    asked = any((base / str(arg).split("::")[0]).resolve().is_relative_to(here) for arg in config.args)
-    if asked:
-        return
-    mine = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
-    if mine:
-        config.hook.pytest_deselected(items=mine)
-        items[:] = [item for item in items if item not in mine]
+    # A module's containers are started once: its tests stay in one process.
+    tier_collect(config, items, Path(__file__).parent, lambda item: f"image-{item.module.__name__}")
 
 
 @pytest.fixture(scope="session")

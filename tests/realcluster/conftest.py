@@ -8,8 +8,9 @@ which `make test-real` runs first) on this directory's
 scenario and stops it at the end of the session. `sim_tier` serves the same scenario on
 simcluster with a manual clock. Tests share each cluster and take a namespace of their own.
 
-These tests run only when asked for by path (`pytest tests/realcluster`, `make test-real`):
-a plain `pytest tests` deselects them, since the real tier needs root, Go and a build.
+These tests run only when asked for by path (`pytest tests/realcluster`, `make test-real`)
+or with `--all-tiers` (`make test`): a plain `pytest tests` deselects them, since the real
+tier needs root, Go and a build (tests/tiers.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import tier_collect
+
 from .backends import Backend
 
 SCENARIO = Path(__file__).with_name("scenario.yaml")
@@ -36,15 +39,8 @@ READY_LINE = re.compile(r"realcluster ready in ([\d.]+) s at (\S+); kubeconfig (
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    here = Path(__file__).parent
-    base = Path(config.invocation_params.dir)
-    asked = any((base / str(arg).split("::")[0]).resolve().is_relative_to(here) for arg in config.args)
-    if asked:
-        return
-    mine = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
-    if mine:
-        config.hook.pytest_deselected(items=mine)
-        items[:] = [item for item in items if item not in mine]
+    # One control plane per run: every test of the tier goes to the same process.
+    tier_collect(config, items, Path(__file__).parent, lambda item: "realcluster")
 
 
 @pytest.fixture(scope="session")
