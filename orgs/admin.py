@@ -14,9 +14,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from config import clock
-from config.admin_display import JsonAsTablesMixin, actor_display
+from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, actor_display
 from config.admin_lookups import ListFiltersCheckedMixin
-from orgs import planning, services
+from config.admin_records import RetireInsteadOfDeleteMixin
+from orgs import planning, retirement, services, tokens
 from orgs.models import ActivityToken, DormancySwitch, Org, WorkloadExemption
 
 SNOOZE_CHOICES = (("24h", "snooze for 24 hours"), ("7d", "snooze for 7 days"),
@@ -77,16 +78,13 @@ def _hold_text(hold, now) -> str:
     return hold.describe(now)
 
 
-class DormancySwitchInline(JsonAsTablesMixin, admin.TabularInline):
+class DormancySwitchInline(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.TabularInline):
     model = DormancySwitch
     extra = 0
     can_delete = False
     fields = ("at", "direction", "cause", "by", "patched", "errors", "applied_at")
     readonly_fields = fields
     ordering = ("-at", "-id")
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
     by = actor_display("actor", "actor_label", "by")
 
@@ -113,8 +111,16 @@ class WorkloadExemptionInline(admin.TabularInline):
     set_by = actor_display("created_by", "actor_label", "set by")
 
 
+def _org_retire(*, obj: Org, actor, now) -> str:
+    return retirement.org_retire(org=obj, actor=actor, now=now).describe()
+
+
+def _org_delete(*, obj: Org, actor, now) -> None:
+    retirement.org_delete(org=obj, actor=actor, now=now)
+
+
 @admin.register(Org)
-class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
+class OrgAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "exemption_state",
                     "last_activity_at", "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
     list_filter = ("dormant", "scale_to_zero_allowed", ExemptionFilter, "applied", "cluster")
@@ -126,6 +132,8 @@ class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     inlines = [WorkloadExemptionInline, DormancySwitchInline]
     actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now",
                "exempt_or_snooze", "end_exemption"]
+    retire_service = _org_retire
+    delete_service = _org_delete
 
     @admin.display(boolean=True, description="drift")
     def has_drift(self, org: Org) -> bool:
@@ -371,3 +379,14 @@ class ActivityTokenAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def save_model(self, request, obj, form, change) -> None:
+        if "active" in form.changed_data:
+            tokens.activity_token_active_set(token=obj, active=obj.active, actor=request.user, now=clock.now())
+
+    def delete_model(self, request, obj) -> None:
+        tokens.activity_token_delete(token=obj, actor=request.user, now=clock.now())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for token in queryset.select_related("user"):
+            self.delete_model(request, token)
