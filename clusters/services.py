@@ -62,6 +62,10 @@ def cluster_resolve(*, name: str | None = None) -> Cluster:
         return Cluster.objects.get(name=name)
     except Cluster.DoesNotExist:
         known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
+        retired = Cluster.all_objects.filter(name=name).exclude(retired_at=None).order_by("-retired_at").first()
+        if retired is not None:
+            raise Cluster.DoesNotExist(f"cluster {name!r} is retired (since {retired.retired_at:%Y-%m-%d %H:%M} UTC): "
+                                       f"no act reaches it (in service: {known})") from None
         raise Cluster.DoesNotExist(f"no cluster named {name!r} (known: {known})") from None
 
 

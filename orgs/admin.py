@@ -13,11 +13,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from clusters.selectors import clusters_all
 from config import clock
 from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, actor_display
 from config.admin_lookups import ListFiltersCheckedMixin
 from config.admin_records import RetireInsteadOfDeleteMixin
-from orgs import planning, retirement, services, tokens
+from orgs import planning, retirement, selectors, services, tokens
 from orgs.models import ActivityToken, DormancySwitch, Org, WorkloadExemption
 
 SNOOZE_CHOICES = (("24h", "snooze for 24 hours"), ("7d", "snooze for 7 days"),
@@ -119,6 +120,31 @@ def _org_delete(*, obj: Org, actor, now) -> None:
     retirement.org_delete(org=obj, actor=actor, now=now)
 
 
+class OrgForm(forms.ModelForm):
+    """An org is registered for a namespace the cluster has: the namespace is read first."""
+
+    class Meta:
+        model = Org
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "cluster" in self.fields:
+            self.fields["cluster"].queryset = clusters_all()   # in service: none that is retired
+
+    def clean(self):
+        data = super().clean()
+        cluster, namespace = data.get("cluster"), data.get("namespace")
+        if cluster is None or not namespace or self.errors or not {"cluster", "namespace"} & set(self.changed_data):
+            return data
+        presence = selectors.namespace_presence(cluster=cluster, namespace=namespace)
+        if presence.found is not True:
+            self.add_error("namespace" if presence.found is False else None,
+                           f"{presence.said}: nothing was saved. An org is registered for a namespace of its "
+                           "cluster (create the namespace first, or check its name).")
+        return data
+
+
 @admin.register(Org)
 class OrgAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("slug", "cluster", "namespace", "dormant", "scale_to_zero_allowed", "exemption_state",
@@ -134,6 +160,7 @@ class OrgAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTables
                "exempt_or_snooze", "end_exemption"]
     retire_service = _org_retire
     delete_service = _org_delete
+    form = OrgForm
 
     @admin.display(boolean=True, description="drift")
     def has_drift(self, org: Org) -> bool:
@@ -305,12 +332,34 @@ class OrgAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTables
 
 
 class WorkloadExemptionForm(HoldFormMixin, forms.ModelForm):
+    not_deployed_yet = forms.BooleanField(
+        required=False, label="Not deployed yet",
+        help_text="Hold a workload that is not on the cluster yet: the hold applies when one of this name appears. "
+                  "Otherwise the workload is read first, and a name the cluster does not have is refused.")
+
     class Meta:
         model = WorkloadExemption
         fields = ("org", "kind", "name")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "org" in self.fields:
+            self.fields["org"].queryset = Org.objects.all()   # orgs in service: none that is retired
+
     def validate_unique(self) -> None:
         """Setting it again replaces the earlier exemption or snooze of the same workload."""
+
+    def clean(self):
+        data = super().clean()
+        org, kind, name = data.get("org"), data.get("kind"), (data.get("name") or "").strip()
+        if org is None or not kind or not name or self.errors or data.get("not_deployed_yet"):
+            return data
+        presence = selectors.workload_presence(org=org, kind=kind, name=name)
+        if presence.found is not True:
+            self.add_error("name" if presence.found is False else None,
+                           f"{presence.said}: nothing was exempted or snoozed. Check the name, or tick “Not "
+                           "deployed yet” to hold it until it appears.")
+        return data
 
 
 @admin.register(WorkloadExemption)
@@ -322,7 +371,7 @@ class WorkloadExemptionAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     list_display = ("org", "kind", "name", "state", "set_by", "created_at")
     list_filter = ("kind", "org__cluster")
     search_fields = ("org__slug", "name", "reason")
-    fields = ("org", "kind", "name", "hold", "until_time", "reason")
+    fields = ("org", "kind", "name", "not_deployed_yet", "hold", "until_time", "reason")
     autocomplete_fields = ("org",)
 
     state = workload_exemption_state
@@ -354,10 +403,11 @@ class WorkloadExemptionAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
         data = form.cleaned_data
         outcome = services.workload_hold_set(org=data["org"], kind=data["kind"], name=data["name"],
                                              until=data["until"], reason=data["reason"], actor=request.user,
-                                             now=clock.now())
+                                             now=clock.now(), not_deployed_yet=data["not_deployed_yet"])
         saved = WorkloadExemption.objects.get(org=data["org"], kind=data["kind"], name=data["name"])
         obj.pk, obj.created_at = saved.pk, saved.created_at
-        level = messages.WARNING if outcome.applied is not None and not outcome.applied.complete else messages.INFO
+        level = messages.WARNING if outcome.waiting or (outcome.applied is not None and not outcome.applied.complete) \
+            else messages.INFO
         self.message_user(request, outcome.describe(), level)
 
     def delete_model(self, request, obj) -> None:

@@ -9,7 +9,8 @@ from datetime import datetime
 from django.db.models import Q
 
 from clusters import discovery, kube
-from clusters.labels import GPU_RESOURCE
+from clusters.errors import KubeError, NotFound
+from clusters.labels import COMPONENT_LABEL, GPU_RESOURCE, PYNODE_COMPONENT
 from audit.selectors import entries_filter
 from orgs import planning
 from orgs.models import DormancySwitch, Org, ScaleToZero, WorkloadExemption
@@ -215,3 +216,46 @@ def org_keeps_at_zero(*, cluster, workload: dict, now: datetime) -> str:
     since = f" since {org.dormant_since:%Y-%m-%d %H:%M} UTC" if org.dormant_since else ""
     workload = f"{kind} {org.namespace}/{meta.get('name', '')}"
     return f"org {org.slug} is dormant{since}: it keeps {workload} at zero until it wakes"
+
+
+# How each kind of hold names its workload on the cluster: the resource, and the words.
+_HELD_KINDS = {"inferenceservice": (kube.INFERENCESERVICES, "model (InferenceService)"),
+               "pynode": (kube.KNATIVE_SERVICES, "pynode (Knative Service)")}
+
+
+@dataclass(frozen=True)
+class Presence:
+    """Whether what an act names is on the cluster now: True, False (not there, or not such a
+    workload), or None (the cluster could not be read); `said` names it and why."""
+
+    found: bool | None
+    said: str
+
+
+def workload_presence(*, org: Org, kind: str, name: str) -> Presence:
+    """Read the workload `kind`/`name` in the org's namespace (one GET)."""
+    resource, words = _HELD_KINDS[kind]
+    where = f"namespace {org.namespace} on cluster {org.cluster.name}"
+    try:
+        found = kube.gateway_for(org.cluster).get(resource, name, namespace=org.namespace)
+    except NotFound:
+        return Presence(False, f"no {words} named {name!r} in {where}")
+    except KubeError as exc:
+        return Presence(None, f"whether {words} {org.namespace}/{name} exists could not be read ({exc})")
+    labels = (found.get("metadata") or {}).get("labels") or {}
+    if kind == "pynode" and labels.get(COMPONENT_LABEL) != PYNODE_COMPONENT:
+        return Presence(False, f"Knative Service {org.namespace}/{name} in {where} is not a pynode (no "
+                                       f"label {COMPONENT_LABEL}={PYNODE_COMPONENT})")
+    return Presence(True, f"{words} {org.namespace}/{name}")
+
+
+def namespace_presence(*, cluster, namespace: str) -> Presence:
+    """Read the namespace an org is registered for (one GET)."""
+    try:
+        kube.gateway_for(cluster).get(kube.NAMESPACES, namespace)
+    except NotFound:
+        return Presence(False, f"no namespace {namespace!r} on cluster {cluster.name}")
+    except KubeError as exc:
+        return Presence(None, f"whether namespace {namespace!r} exists on cluster {cluster.name} could not be read "
+                              f"({exc})")
+    return Presence(True, f"namespace {namespace} on cluster {cluster.name}")
