@@ -63,13 +63,67 @@ def _in_service_only(func):
     return act
 
 
-class RetireInsteadOfDeleteMixin:
+class DeleteOnlyUnnamedMixin:
+    """A ModelAdmin whose rows are deleted only when no record names them: otherwise no Delete
+    button, and a delete asked anyway (the delete page, "Delete selected") is refused in one
+    line that ends with `instead`. Subclasses set `delete_service(obj, actor, now)`, which
+    deletes and audits (and raises `RecordsKept`)."""
+
+    delete_service = None
+    instead = "retire it instead"
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and records_naming(obj):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def _may_delete(self, request) -> bool:
+        return super().has_delete_permission(request, None)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        obj = self.get_object(request, unquote(object_id))
+        if obj is not None and self._may_delete(request):
+            kept = records_naming(obj)
+            if kept:
+                self.message_user(request, records_kept_message(obj, kept, instead=self.instead), messages.ERROR)
+                return HttpResponseRedirect(reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change",
+                                                    args=[obj.pk]))
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request, obj) -> None:
+        type(self).delete_service(obj=obj, actor=request.user, now=clock.now())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if "delete_selected" in actions:
+            func, name, description = actions["delete_selected"]
+            actions["delete_selected"] = (type(self).delete_selected_unnamed, name, description)
+        return actions
+
+    def delete_selected_unnamed(self, request, queryset):
+        """Django's delete (its confirmation page, then `delete_queryset`), only when no
+        selected row is named by a record; otherwise nothing is deleted and each kept row
+        is said in one line."""
+        refused = [records_kept_message(obj, kept, instead=self.instead)
+                   for obj in queryset if (kept := records_naming(obj))]
+        if refused:
+            for line in refused:
+                self.message_user(request, line, messages.ERROR)
+            self.message_user(request, "nothing was deleted", messages.ERROR)
+            return None
+        return delete_selected(self, request, queryset)
+
+
+class RetireInsteadOfDeleteMixin(DeleteOnlyUnnamedMixin):
     """For a ModelAdmin of a `config.records.Retirable` model. Subclasses set
     `retire_service(obj, actor, now) -> str` (what was done, in words) and
     `delete_service(obj, actor, now)` (raises `RecordsKept`)."""
 
     retire_service = None
-    delete_service = None
     retired_fields = ("retired_at", "retired", "records")
 
     # --- what the pages show ------------------------------------------------------------------
@@ -107,55 +161,23 @@ class RetireInsteadOfDeleteMixin:
             return False   # kept as it was when it was retired
         return super().has_change_permission(request, obj)
 
-    # --- delete: only what nothing names --------------------------------------------------------
+    # --- delete: only what nothing names; retire instead ----------------------------------------
     def has_delete_permission(self, request, obj=None) -> bool:
-        if obj is not None and (obj.retired_at is not None or records_naming(obj)):
-            return False   # the page offers "Retire…" instead
+        if obj is not None and obj.retired_at is not None:
+            return False
         return super().has_delete_permission(request, obj)
 
     def _may_delete_or_retire(self, request) -> bool:
-        return super().has_delete_permission(request, None)
-
-    def delete_view(self, request, object_id, extra_context=None):
-        obj = self.get_object(request, unquote(object_id))
-        if obj is not None and self._may_delete_or_retire(request):
-            kept = records_naming(obj)
-            if kept:
-                self.message_user(request, records_kept_message(obj, kept), messages.ERROR)
-                return HttpResponseRedirect(reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change",
-                                                    args=[obj.pk]))
-        return super().delete_view(request, object_id, extra_context)
-
-    def delete_model(self, request, obj) -> None:
-        type(self).delete_service(obj=obj, actor=request.user, now=clock.now())
-
-    def delete_queryset(self, request, queryset) -> None:
-        for obj in queryset:
-            self.delete_model(request, obj)
+        return self._may_delete(request)
 
     def get_actions(self, request):
-        actions = {name: (_in_service_only(func), name, description)
+        actions = {name: (func if name == "delete_selected" else _in_service_only(func), name, description)
                    for name, (func, name, description) in super().get_actions(request).items()}
-        if "delete_selected" in actions:
-            func, name, description = actions["delete_selected"]
-            actions["delete_selected"] = (type(self).delete_selected_unnamed, name, description)
         if self._may_delete_or_retire(request):
             actions["retire_selected"] = (type(self).retire_selected, "retire_selected",
                                           f"Retire selected {self.model._meta.verbose_name_plural} (gone: kept with "
                                           "their history)…")
         return actions
-
-    def delete_selected_unnamed(self, request, queryset):
-        """Django's delete (its confirmation page, then `delete_queryset`), only when no
-        selected row is named by a record; otherwise nothing is deleted and each kept row
-        is said in one line."""
-        refused = [records_kept_message(obj, kept) for obj in queryset if (kept := records_naming(obj))]
-        if refused:
-            for line in refused:
-                self.message_user(request, line, messages.ERROR)
-            self.message_user(request, "nothing was deleted", messages.ERROR)
-            return None
-        return delete_selected(self, request, queryset)
 
     # --- retire -----------------------------------------------------------------------------------
     def get_urls(self):

@@ -65,9 +65,10 @@ def records_naming(obj: models.Model) -> list[tuple[int, str]]:
     return sorted(found, key=lambda item: item[1])
 
 
-def records_kept_message(obj: models.Model, records: list[tuple[int, str]]) -> str:
-    """The one line a refused delete says: what names the row, and to retire it instead."""
+def records_kept_message(obj: models.Model, records: list[tuple[int, str]], *,
+                         instead: str = "retire it instead") -> str:
+    """The one line a refused delete says: what names the row, and what to do instead."""
     what = type(obj)._meta.verbose_name
     listed = [f"{count} {name}" for count, name in records]
     names = listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
-    return f"{what} {obj} kept: {names} name it, and deleting it would lose them; retire it instead"
+    return f"{what} {obj} kept: {names} name it, and deleting it would lose them; {instead}"

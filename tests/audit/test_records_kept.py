@@ -134,3 +134,21 @@ def test_no_cascade_takes_history_away_with_a_cluster_or_an_org(history):
         Org.all_objects.get(pk=history["org"].pk).delete()
     assert {DormancySwitch, AuditEntry} <= {type(obj) for obj in org_refused.value.protected_objects}
     assert all(_all_rows(history).values())
+
+
+def test_a_user_who_acted_is_kept_and_one_no_record_names_is_deleted_audited(operator, history, django_user_model):
+    ops = django_user_model.objects.create_user("ops")
+    AuditEntry.objects.create(at=AT, app="orgs", action="org_exempt", actor=ops, org=history["org"])
+    response = operator.post(reverse("admin:auth_user_delete", args=[ops.pk]), {"post": "yes"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == [
+        "user ops kept: 1 audit entry name it, and deleting it would lose them; deactivate it instead (untick Active)"]
+    response = operator.post(reverse("admin:auth_user_changelist"),
+                             {"action": "delete_selected", "_selected_action": [ops.pk], "post": "yes"}, follow=True)
+    assert [str(m) for m in response.context["messages"]][-1] == "nothing was deleted"
+    assert AuditEntry.objects.get(action="org_exempt").actor == ops
+
+    spare = django_user_model.objects.create_user("spare")
+    operator.post(reverse("admin:auth_user_delete", args=[spare.pk]), {"post": "yes"})
+    assert not django_user_model.objects.filter(pk=spare.pk).exists()
+    entry = AuditEntry.objects.get(action="user_deleted")
+    assert (entry.target, entry.actor.get_username()) == ("User/spare", "operator")
