@@ -16,6 +16,10 @@ from clusters.selectors import cluster_find, cluster_names, clusters_all, cluste
 from config import clock
 from orgs import services as orgs
 from orgs.models import Org
+from capacity.binpack.tasks import binpack_all_clusters
+from capacity.runbook.tasks import registry_sync_all_clusters
+from clusters.fanout import cluster_for_task
+from clusters.tasks import discovery_refresh_all
 from pruning import tasks as pruning_tasks
 from pruning.models import PruneRun
 
@@ -64,6 +68,9 @@ def test_deleting_a_cluster_with_history_is_refused_in_one_line_and_changes_noth
 
 
 def test_retire_keeps_the_cluster_and_its_orgs_audited_and_out_of_what_acts(operator, east):
+    # In service, the periodic jobs queue their work for it (to the tests' in-memory broker).
+    assert pruning_tasks.prune_all_clusters() == 1 and binpack_all_clusters() == 1
+    assert orgs.dormancy_sweep(now=clock.now(), dry_run=True).switched == ("acme",)
     confirm = operator.get(reverse("admin:clusters_cluster_retire", args=[east.pk]))
     said = confirm.content.decode()
     assert "Their orgs in service are retired with them." in said
@@ -85,6 +92,8 @@ def test_retire_keeps_the_cluster_and_its_orgs_audited_and_out_of_what_acts(oper
     assert list(clusters_all()) == [] and cluster_names() == [] and list(clusters_with_orgs()) == []
     assert cluster_find(name="east") is None
     assert pruning_tasks.prune_all_clusters() == 0     # no prune enqueued for it
+    assert binpack_all_clusters() == 0 and registry_sync_all_clusters() == 0 and discovery_refresh_all() == 0
+    assert cluster_for_task(east.pk, job="binpack") is None   # a task queued before the retire does nothing
     assert orgs.dormancy_sweep(now=clock.now(), dry_run=True).switched == ()   # acme was idle for days
     changelist = operator.get(reverse("admin:clusters_cluster_changelist"))
     assert list(changelist.context["cl"].result_list) == []
