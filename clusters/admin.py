@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import admin
 
 from clusters import services
@@ -5,6 +6,20 @@ from clusters.models import Cluster
 from config.admin_display import JsonAsTablesMixin
 from config.admin_lookups import ListFiltersCheckedMixin
 from config.admin_records import RetireInsteadOfDeleteMixin
+
+
+class ClusterForm(forms.ModelForm):
+    class Meta:
+        model = Cluster
+        fields = "__all__"
+
+    def clean_name(self):
+        # The uniqueness among clusters in service is a conditional constraint on a column the
+        # form does not show (retired_at), which Django's form validation skips: checked here.
+        name = self.cleaned_data["name"]
+        if Cluster.objects.filter(name=name).exclude(pk=self.instance.pk).exists():
+            raise forms.ValidationError("A cluster in service already has this name.")
+        return name
 
 
 def _cluster_retire(*, obj: Cluster, actor, now) -> str:
@@ -22,6 +37,7 @@ class ClusterAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTa
     """Clusters in service; one that is gone is retired (kept with its history), and only a
     cluster no record names may be deleted."""
 
+    form = ClusterForm
     retire_service = _cluster_retire
     delete_service = _cluster_delete
     list_display = ("name", "kubeconfig_path", "kube_context", "in_cluster", "prometheus_url",

@@ -48,8 +48,9 @@ class Cluster(Retirable):
 
     class Meta:
         ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["name"], condition=models.Q(retired_at__isnull=True),
-                                               name="clusters_one_in_service_per_name")]
+        constraints = [models.UniqueConstraint(
+            fields=["name"], condition=models.Q(retired_at__isnull=True), name="clusters_one_in_service_per_name",
+            violation_error_message="A cluster in service already has this name.")]
 
     def __str__(self) -> str:
         return f"{self.name} (retired)" if self.retired else self.name

@@ -132,9 +132,20 @@ class OrgForm(forms.ModelForm):
         if "cluster" in self.fields:
             self.fields["cluster"].queryset = clusters_all()   # in service: none that is retired
 
+    def clean_slug(self):
+        # Unique among orgs in service: a conditional constraint on a column the form does
+        # not show (retired_at), which Django's form validation skips; checked here.
+        slug = self.cleaned_data["slug"]
+        if Org.objects.filter(slug=slug).exclude(pk=self.instance.pk).exists():
+            raise forms.ValidationError("An org in service already has this slug.")
+        return slug
+
     def clean(self):
         data = super().clean()
         cluster, namespace = data.get("cluster"), data.get("namespace")
+        if cluster is not None and namespace and \
+                Org.objects.filter(cluster=cluster, namespace=namespace).exclude(pk=self.instance.pk).exists():
+            self.add_error("namespace", "An org in service already has this namespace on this cluster.")
         if cluster is None or not namespace or self.errors or not {"cluster", "namespace"} & set(self.changed_data):
             return data
         presence = selectors.namespace_presence(cluster=cluster, namespace=namespace)

@@ -59,9 +59,12 @@ class Org(Retirable):
         ordering = ["slug"]
         constraints = [
             models.UniqueConstraint(fields=["cluster", "namespace"], condition=models.Q(retired_at__isnull=True),
-                                    name="orgs_org_one_org_per_namespace"),
+                                    name="orgs_org_one_org_per_namespace",
+                                    violation_error_message="An org in service already has this namespace on this "
+                                                            "cluster."),
             models.UniqueConstraint(fields=["slug"], condition=models.Q(retired_at__isnull=True),
-                                    name="orgs_org_one_in_service_per_slug"),
+                                    name="orgs_org_one_in_service_per_slug",
+                                    violation_error_message="An org in service already has this slug."),
         ]
         indexes = [models.Index(fields=["dormant", "scale_to_zero_allowed", "last_activity_at"],
                                 name="orgs_org_sweep")]

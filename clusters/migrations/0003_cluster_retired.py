@@ -42,6 +42,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='cluster',
-            constraint=models.UniqueConstraint(condition=models.Q(('retired_at__isnull', True)), fields=('name',), name='clusters_one_in_service_per_name'),
+            constraint=models.UniqueConstraint(condition=models.Q(('retired_at__isnull', True)), fields=('name',), name='clusters_one_in_service_per_name', violation_error_message='A cluster in service already has this name.'),
         ),
     ]

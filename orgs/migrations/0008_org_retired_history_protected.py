@@ -57,10 +57,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='org',
-            constraint=models.UniqueConstraint(condition=models.Q(('retired_at__isnull', True)), fields=('cluster', 'namespace'), name='orgs_org_one_org_per_namespace'),
+            constraint=models.UniqueConstraint(condition=models.Q(('retired_at__isnull', True)), fields=('cluster', 'namespace'), name='orgs_org_one_org_per_namespace', violation_error_message='An org in service already has this namespace on this cluster.'),
         ),
         migrations.AddConstraint(
             model_name='org',
-            constraint=models.UniqueConstraint(condition=models.Q(('retired_at__isnull', True)), fields=('slug',), name='orgs_org_one_in_service_per_slug'),
+            constraint=models.UniqueConstraint(condition=models.Q(('retired_at__isnull', True)), fields=('slug',), name='orgs_org_one_in_service_per_slug', violation_error_message='An org in service already has this slug.'),
         ),
     ]

@@ -117,8 +117,16 @@ def test_retiring_twice_or_acting_on_a_retired_cluster_changes_nothing(operator,
 
 
 def test_a_cluster_a_new_row_of_the_same_name_replaces_is_kept_apart(operator, east):
+    def add():
+        return operator.post(reverse("admin:clusters_cluster_add"), {"name": "east", "kubeconfig_path": "/other",
+                                                                     "prometheus_verify_tls": "on"})
+
+    refused = add()
+    assert refused.context["adminform"].form.errors["name"] == ["A cluster in service already has this name."]
     operator.post(reverse("admin:clusters_cluster_retire", args=[east.pk]), {"confirm": "yes"})
-    fresh = Cluster.objects.create(name="east", kubeconfig_path="/other")
+    assert add().status_code == 302
+    fresh = Cluster.objects.get(name="east")
+    assert fresh.pk != east.pk and fresh.kubeconfig_path == "/other"
     assert cluster_find(name="east") == fresh
     assert cluster_find(name="east", retired=True) == fresh
 

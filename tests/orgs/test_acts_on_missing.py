@@ -143,3 +143,15 @@ def test_commands_naming_a_retired_org_or_cluster_say_it_is_retired(db):
     Cluster.objects.filter(pk=east.pk).update(retired_at=clock.now())
     with pytest.raises(CommandError, match="cluster 'east' is retired .since .*: no act reaches it"):
         call_command("sync_orgs", "--cluster", "east", stdout=StringIO())
+
+
+def test_a_slug_or_namespace_in_service_is_refused_and_freed_by_retiring_its_org(cluster, operator):
+    pk = cluster.cluster.pk
+    form = _org_form(operator, slug="acme", namespace="acme", cluster_pk=pk).context["adminform"].form
+    assert form.errors["slug"] == ["An org in service already has this slug."]
+    assert form.errors["namespace"] == ["An org in service already has this namespace on this cluster."]
+    old = Org.objects.get(slug="acme")
+    org_retire(org=old, actor=operator.user, now=clock.now())
+    _org_form(operator, slug="acme", namespace="acme", cluster_pk=pk)
+    assert Org.objects.get(slug="acme").pk != old.pk
+    assert Org.all_objects.filter(slug="acme").count() == 2
