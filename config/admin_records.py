@@ -1,9 +1,10 @@
-"""The admin of a cluster or an org: retired, never deleted with its history.
+"""Admin for rows that records name: a cluster or an org (retired, never deleted with its
+history) and a panel account (deactivated).
 
-A row that records name (see `config.records`) has no Delete button; its page offers
-"Retire…" instead, and a delete asked anyway (the delete page's address, the list's
-"Delete selected" action) is refused in one line that says what names it, changing nothing.
-A row nothing names may still be deleted; both retire and delete are audited by the
+A row that records name (see `config.records`) has no Delete button (a cluster's or org's
+page offers "Retire…" instead), and a delete asked anyway (the delete page's address, the
+list's "Delete selected" action) is refused in one line that says what names it, changing
+nothing. A row nothing names may still be deleted; retire and delete are audited by the
 services each admin names (`retire_service`, `delete_service`)."""
 from __future__ import annotations
 
@@ -91,7 +92,10 @@ class DeleteOnlyUnnamedMixin:
         return super().delete_view(request, object_id, extra_context)
 
     def delete_model(self, request, obj) -> None:
-        type(self).delete_service(obj=obj, actor=request.user, now=clock.now())
+        try:
+            type(self).delete_service(obj=obj, actor=request.user, now=clock.now())
+        except RecordsKept as exc:   # a record named it since the page was shown
+            self.message_user(request, str(exc), messages.ERROR)
 
     def delete_queryset(self, request, queryset) -> None:
         for obj in queryset:
