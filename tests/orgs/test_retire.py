@@ -16,6 +16,7 @@ from clusters.models import Cluster
 from config import clock
 from orgs import services
 from orgs.models import ActivityToken, DormancySwitch, Org
+from orgs.retirement import org_retire
 from orgs.tokens import activity_token_issue
 
 AT = datetime(2026, 3, 24, 12, 0, tzinfo=UTC)
@@ -123,3 +124,12 @@ def test_a_token_is_revoked_and_deleted_through_the_admin_each_audited(operator,
     assert not ActivityToken.objects.filter(pk=token.pk).exists()
     deleted = AuditEntry.objects.get(action="activity_token_delete")
     assert (deleted.actor, deleted.old["caller"], deleted.old["user"]) == (operator.user, "model-gateway", "gateway")
+
+
+def test_an_apply_queued_before_the_org_was_retired_does_nothing(acme):
+    from orgs.tasks import org_scale_to_zero_apply
+
+    assert org_retire(org=acme, actor=None, now=clock.now()).retired
+    entries = AuditEntry.objects.count()
+    assert org_scale_to_zero_apply.run(acme.pk) == {"org": acme.pk, "skipped": "no longer in service"}
+    assert AuditEntry.objects.count() == entries and Org.all_objects.get(pk=acme.pk).reconciled_at is None
