@@ -59,4 +59,5 @@ class ClusterAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTa
     search_fields = ("name",)
 
     def retire_also(self, objs) -> str:
-        return "Their orgs in service are retired with them."
+        return ("Their orgs in service are retired with them, and a defrag job still open on them is no longer "
+                "stepped.")

@@ -17,6 +17,8 @@ from config import clock
 from orgs import services as orgs
 from orgs.models import Org
 from capacity.binpack.tasks import binpack_all_clusters
+from capacity.defrag.models import DefragJob, JobState
+from capacity.defrag.tasks import defrag_jobs_resume
 from capacity.runbook.tasks import registry_sync_all_clusters
 from clusters.fanout import cluster_for_task
 from clusters.tasks import discovery_refresh_all
@@ -69,12 +71,14 @@ def test_deleting_a_cluster_with_history_is_refused_in_one_line_and_changes_noth
 
 def test_retire_keeps_the_cluster_and_its_orgs_audited_and_out_of_what_acts(operator, east):
     # In service, the periodic jobs queue their work for it (to the tests' in-memory broker).
-    assert pruning_tasks.prune_all_clusters() == 1 and binpack_all_clusters() == 1
+    DefragJob.objects.create(cluster=east, node_name="gpu-1", state=JobState.WAITING, created_at=AT)
+    assert pruning_tasks.prune_all_clusters() == 1 and binpack_all_clusters() == 1 and defrag_jobs_resume() == 1
     assert orgs.dormancy_sweep(now=clock.now(), dry_run=True).switched == ("acme",)
     confirm = operator.get(reverse("admin:clusters_cluster_retire", args=[east.pk]))
     said = confirm.content.decode()
-    assert "Their orgs in service are retired with them." in said
-    assert "<li>east: 2 audit entries, 1 org, 3 prune runs</li>" in said
+    assert "Their orgs in service are retired with them, and a defrag job still open on them is no longer " \
+           "stepped." in said
+    assert "<li>east: 2 audit entries, 1 defrag job, 1 org, 3 prune runs</li>" in said
     assert Cluster.objects.filter(pk=east.pk).exists()     # the page changes nothing
     response = operator.post(reverse("admin:clusters_cluster_retire", args=[east.pk]), {"confirm": "yes"},
                              follow=True)
@@ -93,6 +97,7 @@ def test_retire_keeps_the_cluster_and_its_orgs_audited_and_out_of_what_acts(oper
     assert cluster_find(name="east") is None
     assert pruning_tasks.prune_all_clusters() == 0     # no prune enqueued for it
     assert binpack_all_clusters() == 0 and registry_sync_all_clusters() == 0 and discovery_refresh_all() == 0
+    assert defrag_jobs_resume() == 0    # its open defrag job is no longer stepped
     assert cluster_for_task(east.pk, job="binpack") is None   # a task queued before the retire does nothing
     assert orgs.dormancy_sweep(now=clock.now(), dry_run=True).switched == ()   # acme was idle for days
     changelist = operator.get(reverse("admin:clusters_cluster_changelist"))
