@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from clusters import discovery, kube
 from clusters.errors import KubeError, NotFound
@@ -43,7 +43,10 @@ def org_enabled_since(*, org: Org) -> datetime | None:
 
 
 def org_slugs_by_namespace(*, cluster) -> dict[str, str]:
-    return dict(Org.objects.filter(cluster=cluster).values_list("namespace", "slug"))
+    """The org of each namespace of the cluster, for history: retired orgs too, the org in
+    service winning over one retired from the same namespace (the last row read wins)."""
+    rows = Org.all_objects.filter(cluster=cluster).order_by(F("retired_at").asc(nulls_last=True))
+    return dict(rows.values_list("namespace", "slug"))
 
 
 def scale_to_zero_floor_changes(*, cluster, until: datetime) -> Iterator[tuple[str, str, datetime, str, str]]:

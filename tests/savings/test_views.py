@@ -290,3 +290,14 @@ def test_a_pynode_the_pruner_still_holds_after_its_org_woke_counts_under_pruning
     assert _hours(rows, "acme", "dormancy") == pytest.approx(4.0, abs=0.01)   # 2 GPUs × 2 h asleep
     assert _hours(rows, "acme", "pruning") == pytest.approx(4.0, abs=0.01)    # 2 GPUs × (1 h before + 1 h after)
     assert re.search(r'id="savings-total">8\.0<', client.get(PAGE).content.decode())
+
+
+def test_a_retired_orgs_savings_stay_on_the_page_and_in_the_csv(world, client, django_user_model):
+    from orgs.retirement import org_retire
+
+    for slug in ("acme", "beta"):
+        org_retire(org=Org.objects.get(slug=slug), actor=None, now=clock.now())
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+    rows = _rows(client.get(CSV, {"days": "7"}))
+    assert _hours(rows, "acme", "dormancy") == pytest.approx(6.0, abs=0.01)
+    assert _hours(rows, "beta", "pruning") == pytest.approx(6.0, abs=0.01)
