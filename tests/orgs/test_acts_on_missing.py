@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from audit.models import AuditEntry
+from capacity.defrag.models import DefragJob
 from clusters.models import Cluster
 from config import clock
 from orgs import services
@@ -155,3 +156,17 @@ def test_a_slug_or_namespace_in_service_is_refused_and_freed_by_retiring_its_org
     _org_form(operator, slug="acme", namespace="acme", cluster_pk=pk)
     assert Org.objects.get(slug="acme").pk != old.pk
     assert Org.all_objects.filter(slug="acme").count() == 2
+
+
+def test_defrag_and_binpack_name_the_node_or_pod_the_cluster_does_not_have(sim_cluster, operator):
+    with pytest.raises(CommandError) as refused:
+        call_command("defrag", "gpu-node-9", "--yes", stdout=StringIO(), stderr=StringIO())
+    assert "gpu-node-9" in str(refused.value) and "not found" in str(refused.value).lower()
+    response = operator.get(reverse("admin:capacity_defragjob_start"), {"cluster": "default", "node": "gpu-node-9"},
+                            follow=True)
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    assert said and said[0].startswith("Cannot defrag 'gpu-node-9':")
+    out = StringIO()
+    call_command("binpack", "--dry-run", "--explain", "default/nosuch", stdout=out)
+    assert "why default/nosuch: no such pod: default/nosuch is not in the cluster's reading" in out.getvalue()
+    assert not DefragJob.objects.exists()
