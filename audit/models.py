@@ -28,9 +28,9 @@ class AuditEntry(models.Model):
                              help_text="Why it was done, where the action alone does not say.")
     target = models.CharField(max_length=300, blank=True, default="", db_default="",
                               help_text="What it was done to (Node/name, Pod ns/name, Org/slug).")
-    cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.SET_NULL,
+    cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="+", help_text="The cluster acted on, if one.")
-    org = models.ForeignKey("orgs.Org", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    org = models.ForeignKey("orgs.Org", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
                             help_text="The org it was done to, if one.")
     subject_type = models.CharField(max_length=40, blank=True, default="", db_default="",
                                     help_text="The kind of record the entry belongs to (defrag_job, runbook_action…).")

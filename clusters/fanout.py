@@ -1,6 +1,6 @@
 """The shape every periodic job of the product shares: beat fires one task that queues one
 task per cluster (so one slow cluster delays no other's), and each per-cluster task finds
-its cluster again, which may have been removed in between. Used by the apps' tasks only."""
+its cluster again, which may have been removed or retired in between. Used by the apps' tasks only."""
 from __future__ import annotations
 
 import logging
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def clusters_fan_out(task: Task, cluster_ids: Iterable[int] | None = None) -> int:
-    """Queue `task(cluster_id)` once per cluster (every registered cluster unless given the
+    """Queue `task(cluster_id)` once per cluster (every cluster in service unless given the
     ids); the number queued."""
     ids = list(clusters_all().values_list("pk", flat=True) if cluster_ids is None else cluster_ids)
     for pk in ids:
@@ -28,8 +28,8 @@ def clusters_fan_out(task: Task, cluster_ids: Iterable[int] | None = None) -> in
 
 def cluster_for_task(cluster_id: int, *, job: str) -> Cluster | None:
     """The cluster a queued per-cluster task is for, or None (logged, naming the job) when it
-    was removed after the task was queued."""
+    was removed or retired after the task was queued."""
     cluster = cluster_find(pk=cluster_id)
     if cluster is None:
-        log.warning("%s: cluster %s no longer exists", job, cluster_id)
+        log.warning("%s: cluster %s no longer exists or was retired", job, cluster_id)
     return cluster

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from django.db import models
 
+from config.records import Retirable
 
-class Cluster(models.Model):
-    name = models.SlugField(max_length=63, unique=True,
-                            help_text="Short name every operation uses to name its cluster.")
+
+class Cluster(Retirable):
+    name = models.SlugField(max_length=63,
+                            help_text="Short name every operation uses to name its cluster (unique among the "
+                                      "clusters in service; a retired cluster keeps its name).")
     kubeconfig_path = models.CharField(max_length=500, blank=True,
                                        help_text="Path to a kubeconfig file on the control plane's hosts.")
     kube_context = models.CharField(max_length=200, blank=True,
@@ -45,9 +48,12 @@ class Cluster(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [models.UniqueConstraint(
+            fields=["name"], condition=models.Q(retired_at__isnull=True), name="clusters_one_in_service_per_name",
+            violation_error_message="A cluster in service already has this name.")]
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.name} (retired)" if self.retired else self.name
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError

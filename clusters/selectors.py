@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from clusters import kube
 from clusters.errors import KubeError, NotFound
@@ -25,25 +25,27 @@ SNAPSHOT_PAGE_SIZE = 1000
 
 
 def clusters_all() -> QuerySet[Cluster]:
-    """Every registered cluster, by name."""
+    """Every cluster in service (not retired), by name."""
     return Cluster.objects.order_by("name")
 
 
 def clusters_with_orgs() -> QuerySet[Cluster]:
-    """The clusters at least one org runs on."""
-    return Cluster.objects.filter(orgs__isnull=False).distinct()
+    """The clusters in service at least one org in service runs on."""
+    return Cluster.objects.filter(orgs__isnull=False, orgs__retired_at__isnull=True).distinct()
 
 
 def cluster_names() -> list[str]:
-    """The name of every registered cluster, in name order (one query)."""
+    """The name of every cluster in service, in name order (one query)."""
     return list(Cluster.objects.order_by("name").values_list("name", flat=True))
 
 
-def cluster_find(*, name: str | None = None, pk: int | None = None) -> Cluster | None:
-    """The cluster with this name or id, or None."""
+def cluster_find(*, name: str | None = None, pk: int | None = None, retired: bool = False) -> Cluster | None:
+    """The cluster in service with this name or id, or None. With `retired` (a history page),
+    a retired cluster too: by name, the one in service first, else the latest retired."""
+    rows = Cluster.all_objects if retired else Cluster.objects
     if pk is not None:
-        return Cluster.objects.filter(pk=pk).first()
-    return Cluster.objects.filter(name=name).first()
+        return rows.filter(pk=pk).first()
+    return rows.filter(name=name).order_by(F("retired_at").desc(nulls_first=True), "-pk").first()
 
 
 def snapshot_take(gateway: kube.KubeGateway, *, now: datetime, namespace: str | None = None,

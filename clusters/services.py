@@ -1,11 +1,16 @@
 """Writes for the cluster registry and the beat schedules."""
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import transaction
 
+from audit.services import audit
 from clusters import kube
 from clusters.models import Cluster
+from config.actors import actor_label_current
+from config.records import RecordsKept, records_kept_message, records_naming
 from config.schedule import SCHEDULES
 
 _CONNECTION = ("kubeconfig_path", "kube_context", "in_cluster")   # what the gateway is built from
@@ -57,6 +62,10 @@ def cluster_resolve(*, name: str | None = None) -> Cluster:
         return Cluster.objects.get(name=name)
     except Cluster.DoesNotExist:
         known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
+        retired = Cluster.all_objects.filter(name=name).exclude(retired_at=None).order_by("-retired_at").first()
+        if retired is not None:
+            raise Cluster.DoesNotExist(f"cluster {name!r} is retired (since {retired.retired_at:%Y-%m-%d %H:%M} UTC): "
+                                       f"no act reaches it (in service: {known})") from None
         raise Cluster.DoesNotExist(f"no cluster named {name!r} (known: {known})") from None
 
 
@@ -91,3 +100,48 @@ def schedules_install(*, using: str = "default") -> list[str]:
                 description=periodic.description, priority=periodic.priority)
             created.append(periodic.name)
     return created
+
+
+def _connection(cluster: Cluster) -> dict:
+    return {"name": cluster.name, "kubeconfig_path": cluster.kubeconfig_path, "kube_context": cluster.kube_context,
+            "in_cluster": cluster.in_cluster, "prometheus_url": cluster.prometheus_url}
+
+
+def cluster_retire(*, cluster: Cluster, actor, now: datetime, cause: str = "") -> list[str]:
+    """Retire a cluster that is gone: kept with its history, out of every list and periodic
+    job that acts; its orgs in service are retired with it (each audited). Nothing is sent
+    to the cluster. Returns the slugs of the orgs retired with it; an already retired
+    cluster is left as it is ([])."""
+    with transaction.atomic():
+        locked = Cluster.all_objects.select_for_update().get(pk=cluster.pk)
+        if locked.retired:
+            return []
+        label = "" if actor is not None else actor_label_current()
+        Cluster.all_objects.filter(pk=cluster.pk).update(retired_at=now, retired_by=actor, retired_by_label=label)
+        audit(app="clusters", action="cluster_retired", at=now, actor=actor, cause=cause or "retired by an operator",
+              target=f"Cluster/{locked.name}", cluster=locked, subject=("cluster", locked.pk),
+              old={"retired_at": None}, new={"retired_at": now.isoformat()})
+        orgs = list(locked.orgs.filter(retired_at__isnull=True).order_by("slug"))
+        for org in orgs:
+            type(org).all_objects.filter(pk=org.pk).update(retired_at=now, retired_by=actor, retired_by_label=label)
+            audit(app="orgs", action="org_retired", at=now, actor=actor, cause=f"its cluster {locked.name} was retired",
+                  target=f"Org/{org.slug}", org=org, subject=("org", org.pk),
+                  old={"retired_at": None}, new={"retired_at": now.isoformat()})
+    cluster.retired_at, cluster.retired_by, cluster.retired_by_label = now, actor, label
+    return [org.slug for org in orgs]
+
+
+def cluster_delete(*, cluster: Cluster, actor, now: datetime) -> None:
+    """Delete a cluster row nothing names (registered by mistake, never used), audited.
+    Raises `RecordsKept` saying what names it otherwise: such a cluster is retired instead."""
+    with transaction.atomic():
+        locked = Cluster.all_objects.select_for_update().get(pk=cluster.pk)
+        kept = records_naming(locked)
+        if kept:
+            raise RecordsKept(records_kept_message(locked, kept))
+        old = _connection(locked)
+        pk = locked.pk
+        locked.delete()
+        # The entry names the cluster by text only: a foreign key would name a row that is gone.
+        audit(app="clusters", action="cluster_deleted", at=now, actor=actor, cause="it named no record",
+              target=f"Cluster/{old['name']}", subject=("cluster", pk), old=old, new={})

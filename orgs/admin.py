@@ -13,10 +13,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from clusters.selectors import clusters_all
 from config import clock
-from config.admin_display import JsonAsTablesMixin, actor_display
+from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, actor_display
 from config.admin_lookups import ListFiltersCheckedMixin
-from orgs import planning, services
+from config.admin_records import RetireInsteadOfDeleteMixin
+from orgs import planning, retirement, selectors, services, tokens
 from orgs.models import ActivityToken, DormancySwitch, Org, WorkloadExemption
 
 SNOOZE_CHOICES = (("24h", "snooze for 24 hours"), ("7d", "snooze for 7 days"),
@@ -77,16 +79,13 @@ def _hold_text(hold, now) -> str:
     return hold.describe(now)
 
 
-class DormancySwitchInline(JsonAsTablesMixin, admin.TabularInline):
+class DormancySwitchInline(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.TabularInline):
     model = DormancySwitch
     extra = 0
     can_delete = False
     fields = ("at", "direction", "cause", "by", "patched", "errors", "applied_at")
     readonly_fields = fields
     ordering = ("-at", "-id")
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
 
     by = actor_display("actor", "actor_label", "by")
 
@@ -113,8 +112,52 @@ class WorkloadExemptionInline(admin.TabularInline):
     set_by = actor_display("created_by", "actor_label", "set by")
 
 
+def _org_retire(*, obj: Org, actor, now) -> str:
+    return retirement.org_retire(org=obj, actor=actor, now=now).describe()
+
+
+def _org_delete(*, obj: Org, actor, now) -> None:
+    retirement.org_delete(org=obj, actor=actor, now=now)
+
+
+class OrgForm(forms.ModelForm):
+    """An org is registered for a namespace the cluster has: the namespace is read first."""
+
+    class Meta:
+        model = Org
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "cluster" in self.fields:
+            self.fields["cluster"].queryset = clusters_all()   # in service: none that is retired
+
+    def clean_slug(self):
+        # Unique among orgs in service: a conditional constraint on a column the form does
+        # not show (retired_at), which Django's form validation skips; checked here.
+        slug = self.cleaned_data["slug"]
+        if Org.objects.filter(slug=slug).exclude(pk=self.instance.pk).exists():
+            raise forms.ValidationError("An org in service already has this slug.")
+        return slug
+
+    def clean(self):
+        data = super().clean()
+        cluster, namespace = data.get("cluster"), data.get("namespace")
+        if cluster is not None and namespace and \
+                Org.objects.filter(cluster=cluster, namespace=namespace).exclude(pk=self.instance.pk).exists():
+            self.add_error("namespace", "An org in service already has this namespace on this cluster.")
+        if cluster is None or not namespace or self.errors or not {"cluster", "namespace"} & set(self.changed_data):
+            return data
+        presence = selectors.namespace_presence(cluster=cluster, namespace=namespace)
+        if presence.found is not True:
+            self.add_error("namespace" if presence.found is False else None,
+                           f"{presence.said}: nothing was saved. An org is registered for a namespace of its "
+                           "cluster (create the namespace first, or check its name).")
+        return data
+
+
 @admin.register(Org)
-class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
+class OrgAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     # Words, not Django's boolean icons: its red ✖ would mark the normal states (active, no drift).
     list_display = ("slug", "cluster", "namespace", "dormancy", "scale_to_zero", "exemption_state",
                     "last_activity_at", "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
@@ -127,6 +170,9 @@ class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
     inlines = [WorkloadExemptionInline, DormancySwitchInline]
     actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now",
                "exempt_or_snooze", "end_exemption"]
+    retire_service = _org_retire
+    delete_service = _org_delete
+    form = OrgForm
 
     @admin.display(description="dormant", ordering="dormant")
     def dormancy(self, org: Org) -> str:
@@ -310,12 +356,34 @@ class OrgAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
 
 
 class WorkloadExemptionForm(HoldFormMixin, forms.ModelForm):
+    not_deployed_yet = forms.BooleanField(
+        required=False, label="Not deployed yet",
+        help_text="Hold a workload that is not on the cluster yet: the hold applies when one of this name appears. "
+                  "Otherwise the workload is read first, and a name the cluster does not have is refused.")
+
     class Meta:
         model = WorkloadExemption
         fields = ("org", "kind", "name")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "org" in self.fields:
+            self.fields["org"].queryset = Org.objects.all()   # orgs in service: none that is retired
+
     def validate_unique(self) -> None:
         """Setting it again replaces the earlier exemption or snooze of the same workload."""
+
+    def clean(self):
+        data = super().clean()
+        org, kind, name = data.get("org"), data.get("kind"), (data.get("name") or "").strip()
+        if org is None or not kind or not name or self.errors or data.get("not_deployed_yet"):
+            return data
+        presence = selectors.workload_presence(org=org, kind=kind, name=name)
+        if presence.found is not True:
+            self.add_error("name" if presence.found is False else None,
+                           f"{presence.said}: nothing was exempted or snoozed. Check the name, or tick “Not "
+                           "deployed yet” to hold it until it appears.")
+        return data
 
 
 @admin.register(WorkloadExemption)
@@ -327,7 +395,7 @@ class WorkloadExemptionAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     list_display = ("org", "kind", "name", "state", "set_by", "created_at")
     list_filter = ("kind", "org__cluster")
     search_fields = ("org__slug", "name", "reason")
-    fields = ("org", "kind", "name", "hold", "until_time", "reason")
+    fields = ("org", "kind", "name", "not_deployed_yet", "hold", "until_time", "reason")
     autocomplete_fields = ("org",)
 
     state = workload_exemption_state
@@ -359,10 +427,11 @@ class WorkloadExemptionAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
         data = form.cleaned_data
         outcome = services.workload_hold_set(org=data["org"], kind=data["kind"], name=data["name"],
                                              until=data["until"], reason=data["reason"], actor=request.user,
-                                             now=clock.now())
+                                             now=clock.now(), not_deployed_yet=data["not_deployed_yet"])
         saved = WorkloadExemption.objects.get(org=data["org"], kind=data["kind"], name=data["name"])
         obj.pk, obj.created_at = saved.pk, saved.created_at
-        level = messages.WARNING if outcome.applied is not None and not outcome.applied.complete else messages.INFO
+        level = messages.WARNING if outcome.waiting or (outcome.applied is not None and not outcome.applied.complete) \
+            else messages.INFO
         self.message_user(request, outcome.describe(), level)
 
     def delete_model(self, request, obj) -> None:
@@ -384,3 +453,14 @@ class ActivityTokenAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def save_model(self, request, obj, form, change) -> None:
+        if "active" in form.changed_data:
+            tokens.activity_token_active_set(token=obj, active=obj.active, actor=request.user, now=clock.now())
+
+    def delete_model(self, request, obj) -> None:
+        tokens.activity_token_delete(token=obj, actor=request.user, now=clock.now())
+
+    def delete_queryset(self, request, queryset) -> None:
+        for token in queryset.select_related("user"):
+            self.delete_model(request, token)

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from config import clock
+from config.records import Retirable
 from config.actors import actor_label_current
 from orgs.planning import Hold
 
@@ -14,8 +15,9 @@ class ScaleToZero(models.TextChoices):
     DISABLED = "disabled", "disabled (min-scale ≥ 1)"
 
 
-class Org(models.Model):
-    slug = models.SlugField(max_length=63, unique=True, help_text="The org's short name, as in capacity.io/org=<slug>.")
+class Org(Retirable):
+    slug = models.SlugField(max_length=63, help_text="The org's short name, as in capacity.io/org=<slug> (unique "
+                                                     "among the orgs in service; a retired org keeps its slug).")
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="orgs",
                                 help_text="The cluster the org's namespace lives in.")
     namespace = models.CharField(max_length=63, help_text="Kubernetes namespace of the org's pynodes and models.")
@@ -60,7 +62,13 @@ class Org(models.Model):
     class Meta:
         ordering = ["slug"]
         constraints = [
-            models.UniqueConstraint(fields=["cluster", "namespace"], name="orgs_org_one_org_per_namespace"),
+            models.UniqueConstraint(fields=["cluster", "namespace"], condition=models.Q(retired_at__isnull=True),
+                                    name="orgs_org_one_org_per_namespace",
+                                    violation_error_message="An org in service already has this namespace on this "
+                                                            "cluster."),
+            models.UniqueConstraint(fields=["slug"], condition=models.Q(retired_at__isnull=True),
+                                    name="orgs_org_one_in_service_per_slug",
+                                    violation_error_message="An org in service already has this slug."),
         ]
         indexes = [models.Index(fields=["dormant", "scale_to_zero_allowed", "last_activity_at"],
                                 name="orgs_org_sweep")]
@@ -74,7 +82,7 @@ class Org(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.slug
+        return f"{self.slug} (retired)" if self.retired else self.slug
 
     @property
     def wanted(self) -> str:
@@ -98,7 +106,7 @@ class WorkloadExemption(models.Model):
         MODEL = "inferenceservice", "model (InferenceService)"
         PYNODE = "pynode", "pynode (Knative Service)"
 
-    org = models.ForeignKey(Org, on_delete=models.CASCADE, related_name="exemptions",
+    org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="exemptions",
                             help_text="The org whose namespace holds the workload.")
     kind = models.CharField(max_length=20, choices=Kind.choices, help_text="Which kind of workload.")
     name = models.CharField(max_length=253, help_text="The workload's name in the org's namespace.")
@@ -133,7 +141,7 @@ class DormancySwitch(models.Model):
         ACTIVITY = "activity", "activity"
         ADMIN = "admin", "operator"
 
-    org = models.ForeignKey(Org, on_delete=models.CASCADE, related_name="switches", help_text="The org that switched.")
+    org = models.ForeignKey(Org, on_delete=models.PROTECT, related_name="switches", help_text="The org that switched.")
     at = models.DateTimeField(db_index=True, help_text="When the switch happened.")
     direction = models.CharField(max_length=8, choices=Direction.choices, help_text="Which way it switched.")
     cause = models.CharField(max_length=8, choices=Cause.choices, help_text="What made it switch.")

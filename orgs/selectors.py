@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from clusters import discovery, kube
-from clusters.labels import GPU_RESOURCE
+from clusters.errors import KubeError, NotFound
+from clusters.labels import COMPONENT_LABEL, GPU_RESOURCE, PYNODE_COMPONENT
 from audit.selectors import entries_filter
 from orgs import planning
 from orgs.models import DormancySwitch, Org, ScaleToZero, WorkloadExemption
@@ -43,7 +44,10 @@ def org_enabled_since(*, org: Org) -> datetime | None:
 
 
 def org_slugs_by_namespace(*, cluster) -> dict[str, str]:
-    return dict(Org.objects.filter(cluster=cluster).values_list("namespace", "slug"))
+    """The org of each namespace of the cluster, for history: retired orgs too, the org in
+    service winning over one retired from the same namespace (the last row read wins)."""
+    rows = Org.all_objects.filter(cluster=cluster).order_by(F("retired_at").asc(nulls_last=True))
+    return dict(rows.values_list("namespace", "slug"))
 
 
 def scale_to_zero_floor_changes(*, cluster, until: datetime) -> Iterator[tuple[str, str, datetime, str, str]]:
@@ -220,3 +224,46 @@ def org_keeps_at_zero(*, cluster, workload: dict, now: datetime) -> str:
     since = f" since {org.dormant_since:%Y-%m-%d %H:%M} UTC" if org.dormant_since else ""
     workload = f"{kind} {org.namespace}/{meta.get('name', '')}"
     return f"org {org.slug} is dormant{since}: it keeps {workload} at zero until it wakes"
+
+
+# How each kind of hold names its workload on the cluster: the resource, and the words.
+_HELD_KINDS = {"inferenceservice": (kube.INFERENCESERVICES, "model (InferenceService)"),
+               "pynode": (kube.KNATIVE_SERVICES, "pynode (Knative Service)")}
+
+
+@dataclass(frozen=True)
+class Presence:
+    """Whether what an act names is on the cluster now: True, False (not there, or not such a
+    workload), or None (the cluster could not be read); `said` names it and why."""
+
+    found: bool | None
+    said: str
+
+
+def workload_presence(*, org: Org, kind: str, name: str) -> Presence:
+    """Read the workload `kind`/`name` in the org's namespace (one GET)."""
+    resource, words = _HELD_KINDS[kind]
+    where = f"namespace {org.namespace} on cluster {org.cluster.name}"
+    try:
+        found = kube.gateway_for(org.cluster).get(resource, name, namespace=org.namespace)
+    except NotFound:
+        return Presence(False, f"no {words} named {name!r} in {where}")
+    except KubeError as exc:
+        return Presence(None, f"whether {words} {org.namespace}/{name} exists could not be read ({exc})")
+    labels = (found.get("metadata") or {}).get("labels") or {}
+    if kind == "pynode" and labels.get(COMPONENT_LABEL) != PYNODE_COMPONENT:
+        return Presence(False, f"Knative Service {org.namespace}/{name} in {where} is not a pynode (no "
+                                       f"label {COMPONENT_LABEL}={PYNODE_COMPONENT})")
+    return Presence(True, f"{words} {org.namespace}/{name}")
+
+
+def namespace_presence(*, cluster, namespace: str) -> Presence:
+    """Read the namespace an org is registered for (one GET)."""
+    try:
+        kube.gateway_for(cluster).get(kube.NAMESPACES, namespace)
+    except NotFound:
+        return Presence(False, f"no namespace {namespace!r} on cluster {cluster.name}")
+    except KubeError as exc:
+        return Presence(None, f"whether namespace {namespace!r} exists on cluster {cluster.name} could not be read "
+                              f"({exc})")
+    return Presence(True, f"namespace {namespace} on cluster {cluster.name}")

@@ -34,7 +34,7 @@ from orgs import planning
 from audit.models import AuditEntry
 from audit.services import audit as audit_write
 from orgs.models import DormancySwitch, Org, WorkloadExemption
-from orgs.selectors import org_enabled_since, workload_holds_read
+from orgs.selectors import org_enabled_since, workload_holds_read, workload_presence
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
@@ -151,6 +151,8 @@ def org_mark_active(*, org_slug: str, cause: str, actor=None, at: datetime | Non
         try:
             org = Org.objects.select_for_update().get(slug=org_slug)
         except Org.DoesNotExist:
+            if Org.all_objects.filter(slug=org_slug).exclude(retired_at=None).exists():
+                raise Org.DoesNotExist(f"org {org_slug!r} is retired: no act reaches it") from None
             raise Org.DoesNotExist(f"no org with slug {org_slug!r}") from None
         old = {"dormant": org.dormant, "dormant_since": org.dormant_since and org.dormant_since.isoformat()}
         org.last_activity_at = max(filter(None, (org.last_activity_at, now)))
@@ -884,6 +886,7 @@ class HoldOutcome:
     message: str
     woke: bool = False
     applied: ApplyOutcome | None = None
+    waiting: bool = False   # a hold of a workload not on the cluster (yet): it applies once it appears
 
     def describe(self) -> str:
         text = f"{self.subject}: {self.message}"
@@ -948,10 +951,19 @@ def org_hold_clear(*, org: Org, actor, now: datetime) -> HoldOutcome:
                                                  "run treat the org like any other")
 
 
+class WorkloadMissing(ValueError):
+    """A hold named a workload that is not on the cluster (or could not be checked): refused."""
+
+
 def workload_hold_set(*, org: Org, kind: str, name: str, until: datetime | None, reason: str, actor,
-                      now: datetime) -> HoldOutcome:
+                      now: datetime, not_deployed_yet: bool = False) -> HoldOutcome:
     """Exempt (`until` None) or snooze one model or pynode of the org. On a dormant org the
-    workload returns to its owner's floor now (applied at once, audited with the cause)."""
+    workload returns to its owner's floor now (applied at once, audited with the cause).
+
+    The workload is read first: one that is not on the cluster, or that cannot be read, is
+    refused (`WorkloadMissing`, nothing written), so that no operator believes a misspelt
+    model is protected; unless `not_deployed_yet`, the operator's word that the hold is to
+    wait for a workload of that name to appear (the outcome then says that it does)."""
     if kind not in WorkloadExemption.Kind.values:
         raise ValueError(f"kind: one of {', '.join(WorkloadExemption.Kind.values)}, not {kind!r}")
     name = (name or "").strip()
@@ -961,6 +973,10 @@ def workload_hold_set(*, org: Org, kind: str, name: str, until: datetime | None,
     reason = _hold_reason_clean(reason)
     if until is not None:
         until = planning.snooze_until(now=now, until=until)
+    presence = workload_presence(org=org, kind=kind, name=name)
+    if presence.found is not True and not not_deployed_yet:
+        raise WorkloadMissing(f"{presence.said}: nothing was exempted or snoozed (check the name; to hold a workload "
+                              "before it is deployed, say it is not deployed yet)")
     existing = WorkloadExemption.objects.filter(org=org, kind=kind, name=name).first()
     old = {} if existing is None else _hold_state(existing.until is None, existing.until, existing.reason)
     exemption, _ = WorkloadExemption.objects.update_or_create(
@@ -976,7 +992,10 @@ def workload_hold_set(*, org: Org, kind: str, name: str, until: datetime | None,
     if org.wanted == planning.ENABLED:
         applied = org_scale_to_zero_apply(org_id=org.id, now=now, actor=actor, kind=EXEMPTION_CHANGE,
                                           cause=f"operator exempted {subject} ({hold.describe(now)})")
-    return HoldOutcome(subject=subject, message=hold.describe(now), applied=applied)
+    message = hold.describe(now)
+    if presence.found is not True:
+        message += f"; {presence.said}: the hold waits for it and applies when it appears"
+    return HoldOutcome(subject=subject, message=message, applied=applied, waiting=presence.found is not True)
 
 
 def workload_hold_clear(*, exemption: WorkloadExemption, actor, now: datetime) -> HoldOutcome:

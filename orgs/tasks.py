@@ -1,6 +1,8 @@
 """Celery tasks: load rows by id, call one service; retries live here."""
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 from clusters.fanout import cluster_for_task, clusters_fan_out
@@ -8,7 +10,10 @@ from clusters.selectors import clusters_with_orgs
 from config import clock
 from config.retries import RetryTransient
 from orgs import services
+from orgs.models import Org
 from orgs.services import HIGH_PRIORITY, NORMAL_PRIORITY  # noqa: F401 - the apply's priority lanes, re-exported
+
+log = logging.getLogger(__name__)
 
 
 class ApplyIncomplete(Exception):
@@ -25,8 +30,13 @@ class ApplyIncomplete(Exception):
 
 @shared_task(base=RetryTransient, retry_backoff=5, retry_backoff_max=300, max_retries=6, acks_late=True)
 def org_scale_to_zero_apply(org_id: int, switch_id: int | None = None, cause: str = "") -> dict:
-    """`cause`: why it is applied now, when no switch says it (a redeploy that woke a model)."""
-    outcome = services.org_scale_to_zero_apply(org_id=org_id, now=clock.now(), switch_id=switch_id, cause=cause)
+    """`cause`: why it is applied now, when no switch says it (a redeploy that woke a model).
+    An org retired (or deleted) after the task was queued is left alone: no act reaches it."""
+    try:
+        outcome = services.org_scale_to_zero_apply(org_id=org_id, now=clock.now(), switch_id=switch_id, cause=cause)
+    except Org.DoesNotExist:
+        log.warning("scale-to-zero apply: org %s is no longer in service, nothing applied", org_id)
+        return {"org": org_id, "skipped": "no longer in service"}
     if not outcome.complete:
         raise ApplyIncomplete(outcome.summary(), transient=outcome.transient)
     return {"org": outcome.org, "setting": outcome.setting, "patched": outcome.patched}

@@ -54,6 +54,25 @@ def activity_token_issue(*, caller: str, user, actor, now: datetime) -> str:
     return token
 
 
+def activity_token_active_set(*, token: ActivityToken, active: bool, actor, now: datetime) -> bool:
+    """Revoke (or reinstate) a token, audited; False when it already was so (nothing written)."""
+    with transaction.atomic():
+        if not ActivityToken.objects.filter(pk=token.pk).exclude(active=active).update(active=active):
+            return False
+        audit(app="orgs", action="activity_token_revoke" if not active else "activity_token_reinstate", actor=actor,
+              target=f"ActivityToken/{token.caller}", old={"active": not active}, new={"active": active}, at=now)
+    token.active = active
+    return True
+
+
+def activity_token_delete(*, token: ActivityToken, actor, now: datetime) -> None:
+    """Delete a token (it holds no history: its callers' acts name it by text), audited."""
+    with transaction.atomic():
+        ActivityToken.objects.filter(pk=token.pk).delete()
+        audit(app="orgs", action="activity_token_delete", actor=actor, target=f"ActivityToken/{token.caller}",
+              old={"caller": token.caller, "user": token.user.get_username(), "active": token.active}, new={}, at=now)
+
+
 def activity_token_authorize(token: str) -> tuple[ActivityToken | None, int, str]:
     """The presented token's row when it may record activity, else None with the HTTP
     status and the reason: 401 unknown or revoked, or its account deactivated; 403 its

@@ -9,7 +9,7 @@ from django.utils.html import format_html, format_html_join
 from clusters.errors import KubeError, PrometheusError
 from clusters.kube import gateway_for
 from config import clock
-from config.admin_display import JsonAsTablesMixin
+from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, json_table
 from config.admin_lookups import ListFiltersCheckedMixin
 
 from . import selectors, services
@@ -19,7 +19,7 @@ from .models import PruneDecision, PruneRun
 from .planning import M_KNATIVE_MIN_SCALE
 
 
-class DecisionInline(JsonAsTablesMixin, admin.TabularInline):
+class DecisionInline(ReadOnlyAdminMixin, JsonAsTablesMixin, admin.TabularInline):
     model = PruneDecision
     extra = 0
     can_delete = False
@@ -28,18 +28,19 @@ class DecisionInline(JsonAsTablesMixin, admin.TabularInline):
               "effect", "result", "restore")
     readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(PruneRun)
-class PruneRunAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
+class PruneRunAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
+    """A run and its decisions hold what each prune took away (the restore state): read only
+    for everyone, never deleted here."""
+
     list_display = ("id", "cluster", "mode", "status", "evaluated_at", "pods_seen", "busy_pods",
                     "idle_candidates", "planned", "acted", "failed", "kube_api_calls", "duration_seconds")
     list_filter = ("cluster", "mode", "status")
     date_hierarchy = "evaluated_at"
     readonly_fields = [f.name for f in PruneRun._meta.fields if f.name != "skip_counts"] + [
         "skipped_by_reason", "utilization_charts"]
+    exclude = ("skip_counts",)   # shown as "pods skipped, per reason"
     inlines = [DecisionInline]
 
     class Media:
@@ -53,9 +54,6 @@ class PruneRunAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin
         total = sum(n for _, n in counts)
         return format_html('<span id="skip-counts">{} pods: {}</span>', total,
                            format_html_join(", ", "{} {}", ((reason, n) for reason, n in counts)))
-
-    def has_add_permission(self, request):
-        return False
 
     @admin.display(description="GPU utilization of each decided pod over the window")
     def utilization_charts(self, run: PruneRun):
@@ -83,7 +81,7 @@ class PruneRunAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin
 
 
 @admin.register(PruneDecision)
-class PruneDecisionAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
+class PruneDecisionAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, JsonAsTablesMixin, admin.ModelAdmin):
     list_display = ("run", "namespace", "pod", "count", "owner_kind", "owner_name", "decision", "reason", "method",
                     "max_utilization", "result", "event_sent", "restore")
     list_filter = ("decision", "reason", "result", "restore", "owner_kind", "method", "run__cluster", "run__mode")
@@ -91,13 +89,13 @@ class PruneDecisionAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.Model
     readonly_fields = [f.name for f in PruneDecision._meta.fields]
     actions = ["restore_selected"]
 
-    def has_add_permission(self, request):
-        return False
-
     # The restore writes to the cluster: viewing decisions is not enough for it. The model's
-    # change permission is what operators who restore already hold (no field of a decision
-    # is editable in the admin, so it grants nothing else here).
-    @admin.action(description="Restore: put back what the prune took away", permissions=["change"])
+    # change permission is what operators who restore hold; it edits no decision (the admin
+    # has no change permission on one for anybody).
+    def has_restore_permission(self, request) -> bool:
+        return request.user.has_perm("pruning.change_prunedecision")
+
+    @admin.action(description="Restore: put back what the prune took away", permissions=["restore"])
     def restore_selected(self, request, queryset):
         selected = list(queryset.select_related("run__cluster"))
         if request.POST.get("confirm") != "yes":

@@ -17,7 +17,7 @@ class PruneRun(models.Model):
         PARTIAL = "partial", "some actions failed"
         FAILED = "failed", "failed"
 
-    cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.SET_NULL,
+    cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="prune_runs", help_text="The cluster this run looked at.")
     actor = models.CharField(max_length=150, blank=True,
                              help_text="Who started the run: a user name, the command's cli:<os user>@<host>, or "
@@ -82,7 +82,7 @@ class PruneDecision(models.Model):
         CHANGED = "changed", "not restored: changed since the prune"
         FAILED = "failed", "restore failed"
 
-    run = models.ForeignKey(PruneRun, on_delete=models.CASCADE, related_name="decisions",
+    run = models.ForeignKey(PruneRun, on_delete=models.PROTECT, related_name="decisions",
                             help_text="The run that made this decision.")
     namespace = models.CharField(max_length=253, db_index=True, help_text="The pod's namespace.")
     pod = models.CharField(max_length=253, help_text="The pod whose GPUs looked idle (the first one, when the "

@@ -12,7 +12,9 @@ from config.admin_lookups import ListFiltersCheckedMixin
 
 
 @admin.register(BinpackRun)
-class BinpackRunAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
+class BinpackRunAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The record of what each run wrote: read only for everyone, never deleted here."""
+
     # A run still writing has recorded what it announced, not what it wrote: its counts are
     # shown as not final rather than as zeros.
     list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written_shown",
@@ -81,12 +83,6 @@ class BinpackRunAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
             return "dry run: not written"
         return WRITE_RESULTS.get(change.get("result"), "—")   # "—": recorded before results were
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
     def changelist_view(self, request, extra_context=None):
         extra_context = {**(extra_context or {}), "subtitle": f"Cost formula: {FORMULA}"}
         return super().changelist_view(request, extra_context)
@@ -99,6 +95,9 @@ class BinpackClusterAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.Mod
 
     def has_view_permission(self, request, obj=None):
         return request.user.has_perm("capacity.view_binpackrun") or request.user.has_perm("capacity.run_binpack")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(retired_at__isnull=True)   # binpack acts: no retired cluster
 
     def has_run_binpack_permission(self, request):
         return request.user.has_perm("capacity.run_binpack")

@@ -47,7 +47,7 @@ class BinpackRun(models.Model):
         DONE = "done", "done"
         INTERRUPTED = "interrupted", "interrupted (its process stopped mid-write; settled later from the cluster)"
 
-    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="binpack_runs",
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="binpack_runs",
                                 help_text="The cluster whose pods were costed.")
     started_at = models.DateTimeField(db_index=True, help_text="When the snapshot was taken (the injected clock).")
     finished_at = models.DateTimeField(

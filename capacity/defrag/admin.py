@@ -16,7 +16,7 @@ from clusters import kube
 from clusters.errors import KubeError, NotFound
 from clusters.selectors import cluster_find, clusters_all
 from config.actors import actor_describe
-from config.admin_display import JsonAsTablesMixin, actor_display, json_table
+from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin, actor_display, json_table
 from config.admin_lookups import ListFiltersCheckedMixin
 
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
@@ -37,13 +37,10 @@ class DefragStartForm(forms.Form):
         return [f"{name}: {error}" for name, errors in self.errors.items() for error in errors]
 
 
-class ReadOnlyInline(admin.TabularInline):
-    """A job's rows are written by the job only: shown, never added or edited here."""
+class ReadOnlyInline(ReadOnlyAdminMixin, admin.TabularInline):
+    """A job's rows are written by the job only: shown, never added, edited or deleted here."""
     extra = 0
     can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 class RevisionInline(ReadOnlyInline):
@@ -82,6 +79,9 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
 
     def has_add_permission(self, request):
         return False  # jobs start from the report page ("defrag this node"), never from a blank form
+
+    def has_change_permission(self, request, obj=None):
+        return False  # its fields are the job's record; operators act through drain, abort and return
 
     def has_delete_permission(self, request, obj=None):
         return False  # a job's rows are the only record of the pods it orphaned

@@ -177,7 +177,7 @@ class DefragLogLine(models.Model):
     (a day-long wait would otherwise grow without bound); the numbers let a follower see
     what it missed and never lose the end."""
 
-    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="log_lines", help_text="The job.")
+    job = models.ForeignKey(DefragJob, on_delete=models.PROTECT, related_name="log_lines", help_text="The job.")
     seq = models.PositiveIntegerField(help_text="1 for the job's first line, then one more per line.")
     text = models.TextField(help_text="The line, as the CLI prints it.")
 
@@ -192,7 +192,7 @@ class DefragLogLine(models.Model):
 class DefragRevision(models.Model):
     """Defrag step 2: what one revision looked like before the job touched anything."""
 
-    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="revisions",
+    job = models.ForeignKey(DefragJob, on_delete=models.PROTECT, related_name="revisions",
                             help_text="The job.")
     namespace = models.CharField(max_length=63, help_text="Namespace of the revision.")
     revision = models.CharField(max_length=253, help_text="Knative Revision (and PodAutoscaler) name.")
@@ -231,8 +231,8 @@ class OrphanEnd(models.TextChoices):
 class DefragOrphan(models.Model):
     """A model pod the job orphaned: kept until the pod is confirmed gone (nothing else cleans it up)."""
 
-    job = models.ForeignKey(DefragJob, on_delete=models.CASCADE, related_name="orphans", help_text="The job.")
-    revision = models.ForeignKey(DefragRevision, on_delete=models.CASCADE, related_name="orphans",
+    job = models.ForeignKey(DefragJob, on_delete=models.PROTECT, related_name="orphans", help_text="The job.")
+    revision = models.ForeignKey(DefragRevision, on_delete=models.PROTECT, related_name="orphans",
                                  help_text="The revision the pod serves.")
     namespace = models.CharField(max_length=63, help_text="Pod namespace.")
     pod_name = models.CharField(max_length=253, help_text="Pod name.")

@@ -158,6 +158,9 @@ def defrag_jobs_resume() -> int:
     except Exception:  # noqa: BLE001 - the database blinked: the resume below must still run; next beat retries
         log.exception("defrag: returns to service left unrecorded were not settled now")
     due = defrag_jobs_due(now=clock.now())
+    # A retired cluster is gone: no periodic job acts on it, so its open jobs are not stepped.
+    due = list(DefragJob.objects.filter(pk__in=due, cluster__retired_at__isnull=True).order_by("pk")
+               .values_list("pk", flat=True))
     for job_id in due:
         defrag_job_run.delay(job_id)
     return len(due)

@@ -21,7 +21,7 @@ from capacity.runbook import services
 from clusters import kube
 from clusters.errors import KubeError
 from clusters.kube import quantity_parse
-from clusters.selectors import node_allocatable_largest
+from clusters.selectors import clusters_all, node_allocatable_largest
 from config import clock
 from config.admin_display import JsonAsTablesMixin, ReadOnlyAdminMixin
 from config.admin_lookups import ListFiltersCheckedMixin
@@ -319,6 +319,11 @@ class ResourceSpecForm(forms.ModelForm):
         model = ResourceSpec
         fields = ("cluster", "model", "gpu_count", "gpu_product", "cpu_request", "cpu_limit", "memory_request",
                   "memory_limit")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "cluster" in self.fields:
+            self.fields["cluster"].queryset = clusters_all()   # in service: none that is retired
 
     def clean_gpu_count(self):
         count = self.cleaned_data.get("gpu_count")

@@ -11,7 +11,7 @@ class ServedModel(models.Model):
         INFERENCE_SERVICE = "InferenceService", "KServe InferenceService"
         PYNODE = "pynode", "pynode (Knative Service)"
 
-    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="served_models",
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="served_models",
                                 help_text="The cluster it runs on.")
     namespace = models.CharField(max_length=63, help_text="Kubernetes namespace.")
     name = models.CharField(max_length=253, help_text="InferenceService (or pynode Knative Service) name.")
@@ -56,7 +56,7 @@ class ResourceSpec(models.Model):
     """An override of the framework defaults for one model; saving one redeploys every
     deployed version of the model with it (what the runbook calls an OracleDeploymentSpec)."""
 
-    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="+",
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="+",
                                 help_text="The cluster the model runs on.")
     model = models.CharField(max_length=253, help_text="Model name, as in the registry's 'model' column.")
     gpu_count = models.PositiveIntegerField(null=True, blank=True,
@@ -102,7 +102,7 @@ class RunbookAction(models.Model):
     at = models.DateTimeField(db_index=True, help_text="When it was asked for and announced (the injected clock).")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="+", help_text="The operator who asked.")
-    cluster = models.ForeignKey("clusters.Cluster", null=True, on_delete=models.SET_NULL, related_name="+",
+    cluster = models.ForeignKey("clusters.Cluster", null=True, on_delete=models.PROTECT, related_name="+",
                                 help_text="The cluster acted on.")
     action = models.CharField(max_length=40, help_text="resource_spec_apply, model_redeploy, "
                                                        "revision_delete_old, model_delete_stuck.")

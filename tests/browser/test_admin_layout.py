@@ -79,7 +79,8 @@ def fleet(db):
                                   "the finance team, agreed with the customer", actor=None, now=now)
         if i % 7 == 0:
             services.workload_hold_set(org=org, kind="inferenceservice", name="llama-3-70b-instruct-large-model",
-                                       until=None, reason="customer SLA: always warm", actor=None, now=now)
+                                       until=None, reason="customer SLA: always warm", actor=None, now=now,
+                                       not_deployed_yet=True)   # the fleet's clusters are placeholders
     return cluster
 
 

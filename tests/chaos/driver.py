@@ -357,12 +357,12 @@ class ChaosDriver:
 
     @staticmethod
     def cluster_retire(cluster) -> None:
-        """The scenario's cluster is gone: forget it, as an operator removes a cluster, so
-        the schedules (retry, discovery, binpack) do not spend the next scenarios' workers
-        on a cluster that no longer answers."""
-        Org.objects.filter(cluster=cluster).delete()
-        DefragJob.objects.filter(cluster=cluster).delete()
-        cluster.delete()
+        """The scenario's cluster is gone: retire it (with its orgs), as an operator does, so
+        the schedules (retry, discovery, binpack, the defrag resume) do not spend the next
+        scenarios' workers on a cluster that no longer answers."""
+        from clusters.services import cluster_retire
+
+        cluster_retire(cluster=cluster, actor=None, now=clock.now(), cause="the chaos scenario ended")
 
     def _scenario(self, handle, kube: Kube, sub_seed: int) -> None:
         from orgs.services import orgs_sync

@@ -201,6 +201,8 @@ def test_the_change_form_cannot_flip_what_only_actions_may_change(client, cluste
 def test_an_org_added_in_the_panel_counts_as_active_from_then_and_turns_dormant_a_day_idle_later(client, cluster,
                                                                                                   settings):
     client.force_login(operator("add_org"))
+    # An org is registered for a namespace its cluster has (the form reads it first).
+    cluster.gateway.create(kube.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "newco"}})
     response = client.post("/admin/orgs/org/add/", {
         "slug": "newco", "cluster": cluster.cluster.id, "namespace": "newco",
         "exemptions-TOTAL_FORMS": 0, "exemptions-INITIAL_FORMS": 0,

@@ -283,12 +283,13 @@ def test_the_pruner_reads_the_holds_in_force(make_org, ops):
     now = clock.now()
     acme, globex, initech = make_org("acme"), make_org("globex"), make_org("initech")
     services.org_hold_set(org=acme, until=now + timedelta(days=7), reason="trial", actor=ops, now=now)
+    # The placeholder cluster cannot be read: the operator says the workloads are not deployed yet.
     services.workload_hold_set(org=globex, kind="inferenceservice", name="llm", until=None, reason="sla",
-                               actor=ops, now=now)
+                               actor=ops, now=now, not_deployed_yet=True)
     services.workload_hold_set(org=globex, kind="pynode", name="pynode", until=now + timedelta(hours=1),
-                               reason="demo", actor=ops, now=now)
+                               reason="demo", actor=ops, now=now, not_deployed_yet=True)
     services.workload_hold_set(org=initech, kind="pynode", name="old", until=now + timedelta(minutes=5),
-                               reason="short", actor=ops, now=now)
+                               reason="short", actor=ops, now=now, not_deployed_yet=True)
     holds = selectors.prune_holds(cluster=None, namespaces={"acme", "globex", "initech"},
                                   now=now + timedelta(minutes=10))
     assert holds.namespaces == {"acme": "snoozed-by-operator"}

@@ -351,3 +351,14 @@ def test_a_total_below_a_tenth_of_a_gpu_hour_is_shown_as_the_bar_beside_it(
 
     figures = _shown_figures(client.get(PAGE).content.decode())
     assert figures["headline"] == figures["mechanisms"]["pruning"] == sum(figures["chart"]) == Decimal("0.02")
+
+
+def test_a_retired_orgs_savings_stay_on_the_page_and_in_the_csv(world, client, django_user_model):
+    from orgs.retirement import org_retire
+
+    for slug in ("acme", "beta"):
+        org_retire(org=Org.objects.get(slug=slug), actor=None, now=clock.now())
+    client.force_login(staff_user(django_user_model, "capacity.view_cluster_contents"))
+    rows = _rows(client.get(CSV, {"days": "7"}))
+    assert _hours(rows, "acme", "dormancy") == pytest.approx(6.0, abs=0.01)
+    assert _hours(rows, "beta", "pruning") == pytest.approx(6.0, abs=0.01)
