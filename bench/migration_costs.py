@@ -183,6 +183,8 @@ CASES = (
     ("capacity", "0009_defrag_audit_to_audit_entries", "defrag audit rows copied", defrag_audit_rows),
     ("capacity", "0008_runbook_write_ahead_intent", "runbook audit rows settled", runbook_audit_rows),
     ("orgs", "0007_org_registered_active", "orgs (a tenth without activity)", orgs_without_activity),
+    ("orgs", "0009_org_retired_history_protected", "orgs (retired columns, unique-in-service indexes)",
+     orgs_without_activity),
     ("capacity", "0004_defrag_durable", "defrag log lines numbered", defrag_job_logs),
     ("pruning", "0002_write_ahead_leases_skip_counts", "prune runs (new columns, index)", prune_runs),
 )

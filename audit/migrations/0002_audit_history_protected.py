@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('audit', '0001_audit_entry'),
         ('clusters', '0003_cluster_retired'),
-        ('orgs', '0008_org_retired_history_protected'),
+        ('orgs', '0009_org_retired_history_protected'),
     ]
 
     operations = [

@@ -462,7 +462,7 @@ def _the_savings_add_up(client) -> None:
     assert hours("(whole nodes)", "defrag/drain") == pytest.approx(16.0, abs=0.01)
     page = client.get("/savings/clusters/east/")
     assert page.status_code == 200
-    assert re.search(r'id="savings-total">29\.0<', page.content.decode())
+    assert re.search(r'id="savings-total">29\.00<', page.content.decode())
 
 
 def _the_prune_decision_restores(cluster, client, ids) -> None:
