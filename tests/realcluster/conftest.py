@@ -7,6 +7,9 @@ kube-apiserver, controller-manager, scheduler, etcd, KWOK, Knative Serving 1.15 
 which `make test-real` runs first) on this directory's
 scenario and stops it at the end of the session. `sim_tier` serves the same scenario on
 simcluster with a manual clock. Tests share each cluster and take a namespace of their own.
+On the real tier the product runs as deploy/rbac.yaml's ServiceAccount (`product_identity`),
+so kube-apiserver's RBAC authorizer judges every call it makes; the tests set up and check
+as admin.
 
 These tests run only when asked for by path (`pytest tests/realcluster`, `make test-real`):
 a plain `pytest tests` deselects them, since the real tier needs root, Go and a build.

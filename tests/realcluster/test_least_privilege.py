@@ -119,8 +119,10 @@ MODELSERVING_CRD = ("workload.serving.volcano.sh", "v1alpha1", "ModelServing", "
 
 
 def crd_install(backend, group: str, version: str, kind: str, plural: str) -> None:
-    """The group's CRD as its project ships it, reduced to what the product reads (any
-    fields kept): the real tier installs neither Kubeflow nor Kthena."""
+    """A CRD serving the group, version and names Kubeflow's Notebook (or Kthena's
+    ModelServing) has, without its schema (any fields kept): the real tier installs
+    neither; served, the kinds answer the product's reads and writes as on a cluster
+    running them."""
     ext = client.ApiextensionsV1Api(backend.api_client)
     name = f"{plural}.{group}"
     try:
@@ -385,6 +387,9 @@ def runbook_registry_sync(p: Probe) -> str:
     return f"{len(runbook.registry_sync(cluster=p.cluster))} models"
 
 
+_stuck = itertools.count()
+
+
 @needs(("serving.kserve.io", "inferenceservices", "delete"), ("serving.knative.dev", "services", "delete"),
        ("serving.knative.dev", "configurations", "delete"))
 def runbook_delete_stuck(p: Probe) -> str:
@@ -405,9 +410,6 @@ def runbook_delete_stuck(p: Probe) -> str:
         return f"{type(exc).__name__}: {exc}"
     action = RunbookAction.objects.filter(action="model_delete_stuck").latest("id")
     return f"deleted {deleted}; not deleted {action.new.get('not_deleted')}; {action.error}"
-
-
-_stuck = itertools.count()
 
 
 @needs(("serving.knative.dev", "revisions", "delete"))
