@@ -7,6 +7,9 @@ kube-apiserver, controller-manager, scheduler, etcd, KWOK, Knative Serving 1.15 
 which `make test-real` runs first) on this directory's
 scenario and stops it at the end of the session. `sim_tier` serves the same scenario on
 simcluster with a manual clock. Tests share each cluster and take a namespace of their own.
+On the real tier the product runs as deploy/rbac.yaml's ServiceAccount (`product_identity`),
+so kube-apiserver's RBAC authorizer judges every call it makes; the tests set up and check
+as admin.
 
 These tests run only when asked for by path (`pytest tests/realcluster`, `make test-real`)
 or with `--all-tiers` (`make test`): a plain `pytest tests` deselects them, since the real
@@ -127,15 +130,32 @@ def tier(request) -> Backend:
     return request.getfixturevalue("sim_tier" if request.param == "simcluster" else "real_tier")
 
 
+@pytest.fixture(scope="session")
+def product_identity(real_tier, tmp_path_factory):
+    """The ServiceAccount of deploy/rbac.yaml on the real tier, installed with kubectl, and
+    a kubeconfig with its token minted by kube-apiserver (see identity.py)."""
+    from .identity import identity_install
+
+    return identity_install(real_tier, tmp_path_factory.mktemp("identity"))
+
+
 @pytest.fixture
-def tier_cluster(db, tier):
-    """`tier` registered as the product's `default` Cluster. Yields (cluster row, backend)."""
+def tier_cluster(db, tier, request):
+    """`tier` registered as the product's `default` Cluster. Yields (cluster row, backend).
+
+    On the real tier the product runs as deploy/'s ServiceAccount (`product_identity`), so
+    the apiserver's RBAC authorizer judges each of its calls by deploy/'s ClusterRole; the
+    backend the test sets up and checks with stays admin. On simcluster the product keeps
+    the admin kubeconfig (tests/deploy/test_least_privilege.py runs it under simcluster's RBAC)."""
     from clusters.kube import forget_gateways
     from clusters.models import Cluster
 
+    kubeconfig = tier.kubeconfig_path
+    if tier.name == "real":
+        kubeconfig = request.getfixturevalue("product_identity").kubeconfig_path
     forget_gateways()
     cluster, _ = Cluster.objects.update_or_create(
-        name="default", defaults={"kubeconfig_path": tier.kubeconfig_path, "kube_context": "",
+        name="default", defaults={"kubeconfig_path": kubeconfig, "kube_context": "",
                                   "in_cluster": False})
     yield cluster, tier
     forget_gateways()
