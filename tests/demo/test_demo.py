@@ -217,10 +217,10 @@ def test_advancing_the_clock_lets_an_org_idle_25h_turn_dormant(running):
     cluster_now = datetime.fromisoformat(cluster.group(1)).replace(tzinfo=timezone.utc)
     wall = datetime.now(timezone.utc)
     assert abs(product_now - (wall + timedelta(hours=25))) < timedelta(minutes=2)
-    # Both clocks run at wall speed from the same advance: the cluster's, read after the
-    # product's within the command, is ahead by at most how long the command took (printed
-    # to whole seconds, hence the second either side).
-    assert -timedelta(seconds=1) <= cluster_now - product_now <= took + timedelta(seconds=1)
+    # Both clocks run at wall speed from the same advance. They differ by the time between
+    # the command's two readings (at most how long it took) and the simulated clock's lag
+    # behind wall time between its ticks (a few seconds on a loaded machine).
+    assert abs(cluster_now - product_now) <= took + timedelta(seconds=5)
 
     swept = manage(running.var_dir, "sweep_dormancy", "--json")
     assert swept.returncode == 0, swept.stderr
