@@ -17,7 +17,12 @@
    when one answers at REDIS_URL (default redis://127.0.0.1:6379/0), else on kombu's
    filesystem transport under var/;
 6. once the web answers: writes var/demo.env, which `manage.py` uses from any shell
-   while the demo runs, and prints the panel's URL.
+   while the demo runs, and prints the panel's URL, login and what runs, last.
+
+What the processes it starts print (Celery's banners and task lines, runserver's requests,
+Prometheus and the simulated cluster) goes to one file each under var/log/ (worker.log,
+worker-long.log, beat.log, web.log, prometheus.log, simcluster.log), so the terminal ends
+with the start-up summary; a process that exits has its log's last lines printed.
 
 Everything lives under VAR_DIR (default var/). Ctrl-C stops everything and removes
 var/demo.env. Needs no root and no services.
@@ -55,7 +60,9 @@ queues = _queues()
 VAR = Path(os.environ.get("VAR_DIR") or ROOT / "var").resolve()
 DEMO_ENV = VAR / "demo.env"           # read by manage.py (see its docstring)
 CLOCK_OFFSET = VAR / "clock-offset"   # CLOCK_OFFSET_FILE: moved by `manage.py demo_clock`
+LOGS = VAR / "log"                    # one file per started process (see the docstring)
 PY = sys.executable
+LOG_TAIL_LINES = 20   # lines of a log printed when its process exits
 OPERATOR = ("operator", "operator-demo")
 # Scrape as often as dcgm-exporter is usually scraped; the pruner's window is minutes.
 SCRAPE_INTERVAL = "15s"
@@ -202,6 +209,14 @@ def prometheus_config(sim_url: str) -> str:
             f"    static_configs:\n      - targets: ['{target}']\n")
 
 
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "".join(f"    {line}\n" for line in text.splitlines()[-lines:])
+
+
 def env_file_write(values: dict[str, str]) -> None:
     tmp = DEMO_ENV.with_suffix(".env.tmp")
     tmp.write_text("# Written by `make demo` while it runs; manage.py uses it when DJANGO_SECRET_KEY is unset.\n"
@@ -256,10 +271,19 @@ def main() -> int:
 
     procs: list[tuple[str, subprocess.Popen]] = []
 
+    LOGS.mkdir(exist_ok=True)
+
     def start(name: str, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)
+        # A fresh demo starts each log afresh; DEMO_KEEP=1 appends, as it keeps the rest.
+        with open(LOGS / f"{name}.log", "a" if keep else "w", encoding="utf-8") as log:
+            proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True,
+                                    stdout=log, stderr=subprocess.STDOUT)
         procs.append((name, proc))
         return proc
+
+    def exited(name: str, proc: subprocess.Popen) -> None:
+        print(f"{name} exited with {proc.returncode}; the end of {LOGS / (name + '.log')}:\n"
+              f"{log_tail(LOGS / (name + '.log'))}", end="", flush=True)
 
     def stop_all(code: int) -> None:
         env_file_remove()
@@ -332,23 +356,31 @@ def main() -> int:
         start("beat", PY, "-m", "celery", "-A", "config", "beat", "-l", "info")
         web_wait(web_url, web, WEB_ANSWER_SECONDS)
         env_file_write(demo)
+        # Printed last: what runs, where its output goes, and then the URL and login, so the
+        # bottom of the terminal holds what the operator needs first.
         print(f"""
   GPU capacity control plane is up (in {time.monotonic() - started:.1f} s).
-    admin:    {web_url}admin/   user {OPERATOR[0]!r}  password {OPERATOR[1]!r}
+    running:  {', '.join(name for name, _ in procs)}
+    logs:     {LOGS}/<name>.log  (tail -f {LOGS / 'worker.log'})
     cluster:  simulated at {sim_url} (kubectl --kubeconfig {kubeconfig} get pods -A)
     broker:   {broker}
     metrics:  {metrics}
     CLIs:     from any shell: .venv/bin/python manage.py <command>  (uses {DEMO_ENV} while the demo runs)
     controls: manage.py demo_clock advance 25h   manage.py demo_load acme/llama-3-8b busy|idle
+    admin:    {web_url}admin/   user {OPERATOR[0]!r}  password {OPERATOR[1]!r}
   Ctrl-C stops everything.
 """, flush=True)
         while True:
             for name, proc in procs:
                 if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping the rest", flush=True)
+                    exited(name, proc)
+                    print("stopping the rest", flush=True)
                     stop_all(1)
             time.sleep(1)
     except DemoError as exc:
+        for name, proc in procs:
+            if proc.poll() is not None:
+                exited(name, proc)
         print(f"make demo: {exc}", file=sys.stderr, flush=True)
         stop_all(1)
     finally:

@@ -35,12 +35,54 @@ from capacity.gpumap.advice import (
 
 # ---- where to defrag: the fragmentation view --------------------------------------------
 
+# The Okabe–Ito palette (M. Okabe and K. Ito, "Color Universal Design (CUD): how to make
+# figures and presentations that are friendly to colorblind people", 2008): colours that stay
+# apart under the common colour-vision deficiencies. Its black is left out: a black cell of a
+# cordoned node, drawn pale, would read as the grey of a free GPU.
+PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+# The second cue once a map shows more org/models than colours: each colour solid first,
+# then striped, dotted and cross-hatched (views.py draws them) — 28 swatches. Past that, two
+# org/models share a swatch, and a cell's title and the legend still name each one.
+PATTERNS = ("", "stripes", "dots", "cross")
+FREE_COLOUR = "#e5e7eb"
+
+
+@dataclass(frozen=True, order=True)
+class Swatch:
+    """How an org/model's cells are drawn: a palette colour, and a pattern over it ("" solid)."""
+
+    colour: str
+    pattern: str = ""
+
+
 @functools.lru_cache(maxsize=4096)
-def colour_for(key: str) -> str:
-    """A stable colour per org/model, so one org reads the same on every node (kept per key:
-    a map of 5,000 nodes asks for the same few hundred keys tens of thousands of times)."""
-    digest = hashlib.sha256(key.encode()).digest()
-    return f"hsl({int.from_bytes(digest[:2], 'big') % 360}, 65%, {45 + digest[2] % 20}%)"
+def _preferred(key: str) -> int:
+    """The palette entry an org/model asks for first: from a hash of its name, so it does not
+    depend on the names beside it (kept per key: a map of 5,000 nodes asks for the same few
+    hundred keys tens of thousands of times)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % len(PALETTE)
+
+
+def swatches_assign(keys) -> dict[str, Swatch]:
+    """A swatch per org/model key ("org/model"), distinct for the first 28 keys: the keys, in
+    name order, each take the free solid colour nearest after the one their hash prefers, then
+    the free patterned ones. The same keys give the same swatches on every request; a key
+    added or gone moves only the keys whose first choice it takes or frees."""
+    taken: set[tuple[int, int]] = set()
+    out: dict[str, Swatch] = {}
+    for key in sorted(set(keys)):
+        first = _preferred(key)
+        slot = next(((pattern, (first + k) % len(PALETTE)) for pattern in range(len(PATTERNS))
+                     for k in range(len(PALETTE)) if (pattern, (first + k) % len(PALETTE)) not in taken),
+                    (0, first))   # every swatch taken: the one its hash prefers, shared
+        taken.add(slot)
+        out[key] = Swatch(PALETTE[slot[1]], PATTERNS[slot[0]])
+    return out
+
+
+def swatch_for(key: str) -> Swatch:
+    """An org/model's swatch when no assignment over the map is at hand: its first choice."""
+    return Swatch(PALETTE[_preferred(key)])
 
 
 def org_of(pod: PodView) -> str:
@@ -59,7 +101,8 @@ class GpuCell:
     pod: str | None = None
     org: str | None = None
     model: str | None = None
-    colour: str = "#e5e7eb"
+    colour: str = FREE_COLOUR
+    pattern: str = ""   # PATTERNS: the second cue beside the colour ("" solid)
 
 
 _FREE = GpuCell()   # every free GPU's cell: one object, however many nodes
@@ -102,10 +145,17 @@ class NodeRow(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def cells(self) -> tuple[GpuCell, ...]:
-        """One per GPU: each pod's (by org, model and name), then the free ones."""
+        """One per GPU, each org/model in its first-choice swatch (see `cells_in`)."""
+        return self.cells_in({})
+
+    def cells_in(self, swatches: Mapping[str, Swatch]) -> tuple[GpuCell, ...]:
+        """One per GPU: each pod's (by org, model and name) in its org/model's swatch of
+        `swatches` ("org/model" keys, `FragmentationView.swatches`), then the free ones."""
         cells: list[GpuCell] = []
         for org, model, name, namespace, gpus in self.holders:
-            cells.extend([GpuCell(f"{namespace}/{name}", org, model, colour_for(f"{org}/{model}"))] * gpus)
+            key = f"{org}/{model}"
+            swatch = swatches.get(key) or swatch_for(key)
+            cells.extend([GpuCell(f"{namespace}/{name}", org, model, swatch.colour, swatch.pattern)] * gpus)
         cells.extend([_FREE] * self.free)
         return tuple(cells)
 
@@ -115,6 +165,9 @@ class FragmentationView:
     rows: tuple[NodeRow, ...]
     advice: DefragAdvice
     pools: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Each org/model's swatch ("org/model" → Swatch), assigned over every row of the reading:
+    # one org/model reads the same on every node and page, and in every pool's view of it.
+    swatches: Mapping[str, Swatch] = field(default_factory=dict)
 
     @property
     def candidates(self) -> tuple[FreeingStep, ...]:
@@ -152,14 +205,16 @@ def fragmentation_view(snapshot: ClusterSnapshot, *, held_nodes: Mapping[str, in
     advice = defrag_advice(snapshot, held_nodes=held_nodes, scoring=scoring)
     if pool:
         advice = advice.only({r.name for r in rows})
-    return FragmentationView(rows=tuple(rows), advice=advice, pools=_pool_totals(rows))
+    swatches = swatches_assign({f"{org}/{model}" for r in rows for org, model, *_ in r.holders})
+    return FragmentationView(rows=tuple(rows), advice=advice, pools=_pool_totals(rows), swatches=swatches)
 
 
 def fragmentation_pool(view: FragmentationView, pool: str) -> FragmentationView:
     """One pool of a whole-cluster view: the same as `fragmentation_view(snapshot, pool=pool)`
     over the snapshot that view was drawn from, without drawing it again."""
     rows = tuple(r for r in view.rows if r.pool == pool)
-    return FragmentationView(rows=rows, advice=view.advice.only({r.name for r in rows}), pools=_pool_totals(rows))
+    return FragmentationView(rows=rows, advice=view.advice.only({r.name for r in rows}), pools=_pool_totals(rows),
+                             swatches=view.swatches)
 
 
 def _pool_totals(rows: tuple[NodeRow, ...] | list[NodeRow]) -> dict[str, dict[str, int]]:

@@ -28,7 +28,7 @@ from pruning.selectors import prune_runs_recent
 
 from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
-from capacity.gpumap.planning import GpuCell, NodeRow
+from capacity.gpumap.planning import GpuCell, NodeRow, Swatch
 from capacity.gpumap.selectors import (
     REFRESH_WAIT_SECONDS,
     Reading,
@@ -40,6 +40,9 @@ from capacity.selectors import defrag_jobs_newest_by_node
 
 CELL = 18  # px per GPU cell in the map
 LABEL_WIDTH = 330  # px for the node name column
+# Characters of a node name drawn in that column (12 px monospace, ~7.2 px a character, from
+# x=34 px): a longer name ends in "…", and its full text is the label's title.
+NAME_CHARS = 40
 NODES_PER_PAGE = 100  # map rows per page: a 1,000-node fleet is ten pages, not one huge SVG
 TOP_CANDIDATES = 25  # "where to defrag" rows shown (the best first)
 
@@ -74,6 +77,33 @@ def collector_paused(view):
     return paused
 
 
+# The patterns of planning.PATTERNS, drawn in a 6 px tile over the swatch's colour, dark at
+# 45 % so they show on the palette's light yellow and its dark blue alike.
+_PATTERN_MARKS = {
+    "stripes": '<rect width="2" height="6" fill="#000" fill-opacity="0.45"/>',
+    "dots": '<circle cx="3" cy="3" r="1.6" fill="#000" fill-opacity="0.45"/>',
+    "cross": ('<rect y="2.25" width="6" height="1.5" fill="#000" fill-opacity="0.45"/>'
+              '<rect x="2.25" width="1.5" height="6" fill="#000" fill-opacity="0.45"/>'),
+}
+
+
+_ROTATE = ' patternTransform="rotate(45)"'   # stripes run diagonally
+
+
+def _fill(colour: str, pattern: str) -> str:
+    """A cell's or swatch's SVG fill: the colour, or the pattern tile drawn over it."""
+    return f"url(#sw-{colour.lstrip('#')}-{pattern})" if pattern else colour
+
+
+def _pattern_defs(swatches) -> str:
+    """<pattern> tiles for the patterned swatches shown (palette colours: no outside text)."""
+    return mark_safe("".join(   # noqa: S308 - colours and patterns come from planning's fixed lists
+        f'<pattern id="sw-{s.colour.lstrip("#")}-{s.pattern}" width="6" height="6" patternUnits="userSpaceOnUse"'
+        f'{_ROTATE if s.pattern == "stripes" else ""}>'
+        f'<rect width="6" height="6" fill="{s.colour}"/>{_PATTERN_MARKS[s.pattern]}</pattern>'
+        for s in sorted(swatches) if s.pattern in _PATTERN_MARKS))
+
+
 def _cells_svg(row: NodeRow, cells: tuple[GpuCell, ...]) -> str:
     """A node's GPU cells as SVG rects. Built here rather than in the template: a page of
     100 eight-GPU nodes is 800 cells, which the template engine drew in ~50 ms. A pod's
@@ -86,7 +116,7 @@ def _cells_svg(row: NodeRow, cells: tuple[GpuCell, ...]) -> str:
     for j, cell in enumerate(cells):
         colour_title = escaped.get(cell)
         if colour_title is None:
-            colour_title = escaped[cell] = (escape(cell.colour),
+            colour_title = escaped[cell] = (escape(_fill(cell.colour, cell.pattern)),
                                             escape(f"{cell.pod} ({cell.org}/{cell.model})" if cell.pod else free))
         colour, title = colour_title
         parts.append(f'<rect x="{LABEL_WIDTH + j * CELL}" y="0" width="{size}" height="{size}" fill="{colour}" '
@@ -94,13 +124,26 @@ def _cells_svg(row: NodeRow, cells: tuple[GpuCell, ...]) -> str:
     return mark_safe("".join(parts))   # noqa: S308 - the only outside text, colour and title, is escaped
 
 
-def _legend_html(legend: list[tuple[str, str, str]]) -> str:
-    """The legend's org/model entries, (org, model, colour) each, as list items. Built here for
-    the reason the cells are: a page of 100 nodes may show several hundred models (611 on a
-    page of the 1,000-node bench cluster), which the template engine drew in ~20 ms."""
-    return mark_safe("".join(   # noqa: S308 - org, model and colour, the only outside text, are escaped
-        f'<li><span style="display:inline-block;width:1em;height:1em;background:{escape(colour)}"></span> '
-        f'{escape(org)} / {escape(model)}</li>' for org, model, colour in legend))
+def _legend_html(legend: list[tuple[str, str, Swatch]]) -> str:
+    """The legend's org/model entries, (org, model, swatch) each, as list items: the swatch
+    drawn as its cells are, and the name on one line (cut with "…", whole in the title). Built
+    here for the reason the cells are: a page of 100 nodes may show several hundred models (611
+    on a page of the 1,000-node bench cluster), which the template engine drew in ~20 ms."""
+    return mark_safe("".join(   # noqa: S308 - org, model and swatch, the only outside text, are escaped
+        f'<li class="model" title="{escape(org)} / {escape(model)}"><svg class="swatch" width="14" height="14" '
+        f'aria-hidden="true"><rect width="14" height="14" fill="{escape(_fill(swatch.colour, swatch.pattern))}" '
+        f'stroke="#555" stroke-width="0.5"/></svg> {escape(org)} / {escape(model)}</li>'
+        for org, model, swatch in legend))
+
+
+def _node_label(row: NodeRow) -> tuple[str, bool]:
+    """The node's name as the map draws it, with " (NotReady)" when it is not Ready, in
+    NAME_CHARS at most; and whether the name was cut."""
+    suffix = "" if row.ready else " (NotReady)"
+    room = NAME_CHARS - len(suffix)
+    if len(row.name) <= room:
+        return row.name + suffix, False
+    return row.name[:room - 1] + "…" + suffix, True
 
 
 def _data_age(read: Reading, now) -> dict:
@@ -139,10 +182,14 @@ def gpu_map(request, cluster: str):
     # paginator counts the rows by position; only the page's own rows are looked up.
     page = Paginator(range(len(view.rows)), NODES_PER_PAGE).get_page(request.GET.get("page"))
     shown = view.rows[page.object_list.start:page.object_list.stop]
-    cells = [r.cells for r in shown]   # made once per row: the SVG, its width and the legend read them
+    # Made once per row: the SVG, its width and the legend read them.
+    cells = [r.cells_in(view.swatches) for r in shown]
     width = max(map(len, cells), default=8)
-    rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r, c)} for i, (r, c) in enumerate(zip(shown, cells))]
-    legend = _legend_html(sorted({(c.org, c.model, c.colour) for row_cells in cells for c in row_cells if c.pod}))
+    rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r, c), "label": _node_label(r)}
+            for i, (r, c) in enumerate(zip(shown, cells))]
+    shown_models = {(c.org, c.model, Swatch(c.colour, c.pattern)) for row_cells in cells for c in row_cells if c.pod}
+    legend = _legend_html(sorted(shown_models))
+    pattern_defs = _pattern_defs({swatch for *_, swatch in shown_models})
     # Cordoned nodes, and who holds them: a defrag job that rests offers "return to service".
     newest = defrag_jobs_newest_by_node(cluster=cluster_row)
     cordoned = []
@@ -154,7 +201,7 @@ def gpu_map(request, cluster: str):
     return render(request, "capacity/gpu_map.html", {
         "title": f"GPU map — {cluster_row.name}",
         "cluster": cluster_row, "pools": view.pools, "advice": view.advice, "rows": rows, "pool": pool,
-        "legend": legend, "page": page, **_data_age(read, now),
+        "legend": legend, "pattern_defs": pattern_defs, "page": page, **_data_age(read, now),
         "may_defrag": request.user.has_perm(START_PERMISSION), "may_return": request.user.has_perm(RETURN_PERMISSION),
         "candidates": view.candidates[:TOP_CANDIDATES], "candidates_total": len(view.candidates), "cordoned": cordoned,
         "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),

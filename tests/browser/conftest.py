@@ -46,3 +46,19 @@ def shot(page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+# Elements (by selector) whose text is laid out on more than one line: a button or a node
+# name that wrapped. Lines are told apart by the tops of the text's client rects: a top 8 px
+# (half a 16 px line) or more below the last one starts a new line, so an icon set a few
+# pixels lower beside the text does not count as one.
+WRAPPED_JS = """
+(selector) => [...document.querySelectorAll(selector)].filter(el => el.getClientRects().length).map(el => {
+  const range = document.createRange();
+  range.selectNodeContents(el);
+  const tops = [...range.getClientRects()].filter(r => r.width > 0).map(r => r.top).sort((a, b) => a - b);
+  let lines = tops.length ? 1 : 0;
+  for (let i = 1; i < tops.length; i++) if (tops[i] - tops[i - 1] >= 8) lines++;
+  return {text: el.textContent.trim().slice(0, 60), lines};
+}).filter(e => e.lines > 1)
+"""

@@ -23,7 +23,7 @@ from audit.models import AuditEntry
 from orgs.models import Org
 from pruning.models import PruneDecision, PruneRun
 from pruning.services import PruneParams, prune_run_execute
-from tests.browser.conftest import shot
+from tests.browser.conftest import WRAPPED_JS, shot
 
 # The prune tests' simulated cluster with DCGM history and a real Prometheus.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pruning"))
@@ -223,6 +223,15 @@ def test_five_pages_at_1366x768_clip_no_link_draw_their_icons_and_chart_with_tit
     icon = page.locator('g.node[data-node="gpu-3"] svg[aria-label="cordoned"]')
     box = icon.bounding_box()
     assert box and box["width"] >= 8 and box["height"] >= 8
+    # The legend beside the map, not below it: to its right, starting level with its top.
+    map_box, legend_box = page.locator("#gpu-map").bounding_box(), page.locator("#map-legend").bounding_box()
+    assert legend_box["x"] >= map_box["x"] + map_box["width"], (map_box, legend_box)
+    assert legend_box["y"] < map_box["y"] + map_box["height"], (map_box, legend_box)
+    assert page.locator("#map-legend li.model").count() == 2
+    # Buttons, node names and legend entries each on one line.
+    assert page.locator("#map-cordoned a.button").count() == 1
+    wrapped = page.evaluate(WRAPPED_JS, "#content a.button, #content td.node-name, #map-legend li")
+    assert not wrapped, wrapped
     _check(page, "gpu-map", problems)
 
     page.goto(f"{base}/admin/capacity/servedmodel/")

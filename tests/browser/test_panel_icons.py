@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from capacity.defrag.models import DefragJob, JobState
 from clusters import kube
 from config import clock
-from tests.browser.conftest import shot
+from tests.browser.conftest import WRAPPED_JS, shot
 from tests.browser.test_defrag_in_browser import log_in, scenario
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -53,6 +53,10 @@ def test_gpu_map_icons_render_at_1366x768_and_the_legend_explains_them(live_serv
     expect(page.locator("#map-legend")).to_contain_text("held by a live defrag job")
     assert page.locator('g.node[data-node="h100-1"] svg[aria-label]').count() == 0
     expect(page.locator("#map-cordoned")).to_contain_text("h100-3")
+    # Each button and node name on one line at 1366 px ("defrag this node", "return to service").
+    assert page.locator("#content a.button").count() >= 1
+    wrapped = page.evaluate(WRAPPED_JS, "#content a.button, #content td.node-name, #map-legend li")
+    assert not wrapped, wrapped
     shot(page, "panel-gpu-map-1366")
 
     # Times carry their zone, on the job list as on the job page.

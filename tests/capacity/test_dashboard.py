@@ -9,7 +9,9 @@ import pytest
 from django.utils import timezone
 
 from capacity.defrag.models import DefragJob, JobState
+from capacity.gpumap.planning import PALETTE
 from capacity.gpumap.selectors import fragmentation_recent
+from capacity.gpumap.views import NAME_CHARS
 from clusters import kube
 from config import clock
 from defrag_builders import make_model_pod, make_node
@@ -198,20 +200,39 @@ def test_the_map_legend_names_the_org_and_model_of_each_colour_on_the_page(sim_c
     sim_cluster_factory(objects(), name="sim")
     html = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
     legend = re.search(r'<ul id="map-legend">(.*?)</ul>', html, re.S).group(1)
-    entries = re.findall(r'<li><span style="[^"]*background:(hsl\([^)]*\))"></span> ([^<]*)</li>', legend)
-    assert [name for _, name in entries] == ["org-a / big", "org-a / small"]
-    for colour, name in entries:   # each colour is the one its cells are drawn in
-        assert f'fill="{colour}"' in html
+    entries = re.findall(r'<li class="model" title="([^"]*)"><svg class="swatch"[^>]*><rect [^>]*fill="([^"]*)"'
+                         r'[^>]*/></svg> ([^<]*)</li>', legend)
+    assert [(title, name) for title, _, name in entries] == [("org-a / big", "org-a / big"),
+                                                             ("org-a / small", "org-a / small")]
+    cells = re.search(r'<svg id="gpu-map".*?</svg>', html, re.S).group(0)
+    for _, fill, _ in entries:   # each swatch is the fill its cells are drawn in: Okabe–Ito colours, distinct
+        assert fill in PALETTE and f'fill="{fill}"' in cells
+    assert len({fill for _, fill, _ in entries}) == 2
+    # The next request draws each model in the same colour.
+    again = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    assert re.search(r'<ul id="map-legend">(.*?)</ul>', again, re.S).group(1) == legend
+
+
+def test_a_long_node_name_is_cut_on_one_line_with_the_whole_name_in_its_title(sim_cluster_factory, client, staff):
+    long_name = "gpu-node-in-a-rather-long-autoscaling-group-name-0123456789"
+    sim_cluster_factory([make_node(long_name), make_node("h1")], name="sim")
+    html = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
+    label = re.search(rf'<g class="node" data-node="{long_name}".*?<text class="node-name"[^>]*>(.*?)</text>',
+                      html, re.S).group(1)
+    assert label == f"<title>{long_name}</title>{long_name[:NAME_CHARS - 1]}…"
+    short = re.search(r'<g class="node" data-node="h1".*?<text class="node-name"[^>]*>(.*?)</text>', html, re.S)
+    assert short.group(1) == "h1"
 
 
 def test_the_map_legend_and_cells_escape_the_names_they_show():
     """Names come from the cluster's labels: drawn as text, never as markup."""
     from capacity.gpumap.planning import NodeRow
+    from capacity.gpumap.planning import Swatch
     from capacity.gpumap.views import _cells_svg, _legend_html
 
-    legend = _legend_html([("org<b>", 'model"&', "red\" onload=\"x")])
+    legend = _legend_html([("org<b>", 'model"&', Swatch("red\" onload=\"x"))])
     assert "org&lt;b&gt; / model&quot;&amp;" in legend and "<b>" not in legend
-    assert 'background:red&quot; onload=&quot;x"' in legend
+    assert 'fill="red&quot; onload=&quot;x"' in legend
     row = NodeRow(name="h1", pool="p", gpu_product="g", total=2, used=1, cordoned=False, held_by_job=None,
                   holders=(("org<b>", "m&", "pod<i>", "ns", 1),))
     svg = _cells_svg(row, row.cells)

@@ -134,3 +134,34 @@ def test_one_pool_of_a_kept_whole_cluster_view_is_that_pools_own_view():
     assert [(c.node, c.outcome_label) for c in spot.candidates] == [
         ("spot-a", "instead of an earlier one, not as well"), ("spot-b", "instead of an earlier one, not as well")]
     assert spot.pools == {"spot": {"nodes": 2, "total": 16, "used": 9, "free": 7, "empty_nodes": 0, "closed_nodes": 0}}
+
+
+def test_the_first_models_get_distinct_palette_colours_then_patterns_as_a_second_cue():
+    from capacity.gpumap.planning import PALETTE, PATTERNS, Swatch, swatches_assign
+
+    keys = [f"org-{i % 3}/model-{i}" for i in range(len(PALETTE) * len(PATTERNS))]
+    swatches = swatches_assign(keys)
+    solid = [s for s in swatches.values() if not s.pattern]
+    # Every palette colour used once, solid, before any pattern; then every swatch distinct.
+    assert sorted(s.colour for s in solid) == sorted(PALETTE)
+    assert len(set(swatches.values())) == len(keys)
+    assert {s.pattern for s in swatches.values()} == set(PATTERNS)
+    first = swatches_assign(keys[:len(PALETTE)])
+    assert {s.colour for s in first.values()} == set(PALETTE) and {s.pattern for s in first.values()} == {""}
+    assert all(isinstance(s, Swatch) and s.colour in PALETTE for s in swatches.values())
+
+
+def test_a_model_keeps_its_swatch_across_readings_and_node_order():
+    from capacity.gpumap.planning import swatches_assign
+
+    keys = [f"org/model-{i}" for i in range(12)]
+    assert swatches_assign(keys) == swatches_assign(list(reversed(keys)))   # same models, same swatches
+    nodes = [make_node("a"), make_node("b")]
+    pods = [make_model_pod("a1", revision="r-00001", node="a"), make_model_pod("b2", revision="s-00001", node="b")]
+    first = fragmentation_view(snapshot(nodes, pods))
+    again = fragmentation_view(snapshot(list(reversed(nodes)), list(reversed(pods))))
+    assert first.swatches == again.swatches and len(set(first.swatches.values())) == 2
+    cells = {r.name: r.cells_in(first.swatches)[0] for r in first.rows}
+    assert {(c.colour, c.pattern) for c in cells.values()} == {(s.colour, s.pattern) for s in first.swatches.values()}
+    # A pool's view of the reading keeps the whole reading's swatches.
+    assert fragmentation_pool(first, first.rows[0].pool).swatches == first.swatches

@@ -126,6 +126,23 @@ def test_the_url_is_printed_only_once_the_panel_answers(running):
     assert "is up" in running.output()
 
 
+def test_the_summary_with_url_and_password_stays_last_once_the_workers_are_up(running):
+    """Celery's banners go to var/log/, not over the summary: once both workers and beat have
+    started (their logs say so), the terminal's last lines still hold the URL and password."""
+    logs = running.var_dir / "log"
+    ready = {"worker.log": "ready.", "worker-long.log": "ready.", "beat.log": "beat: Starting"}
+    deadline = time.monotonic() + START_SECONDS
+    while not all(word in (logs / name).read_text() for name, word in ready.items() if (logs / name).exists()) \
+            or not all((logs / name).exists() for name in ready):
+        assert time.monotonic() < deadline, {name: (logs / name).exists() for name in ready}
+        time.sleep(0.5)   # a real Celery worker starting in another process: nothing to advance
+    assert "[queues]" in (logs / "worker.log").read_text()   # Celery's banner went to the log
+    last = "".join(running.lines[-4:])
+    assert f"admin:    {running.url}" in last and "password 'operator-demo'" in last, last
+    assert f"logs:     {logs}/<name>.log" in running.output()
+    assert "[queues]" not in running.output() and "demo@" not in running.output()
+
+
 def test_a_second_start_on_the_same_ports_names_the_port_and_the_variable(running, tmp_path):
     env = start_env(tmp_path / "var", running.web_port, running.prometheus_port)
     started = time.monotonic()
