@@ -243,15 +243,20 @@ def test_a_start_page_for_what_cannot_be_a_node_name_says_so_and_reads_nothing(s
     assert not handle.gateway.calls and not DefragJob.objects.exists()
 
 
-@pytest.mark.parametrize("state", [JobState.ABORTED, JobState.CORDONED, JobState.DRAINED])
+@pytest.mark.parametrize("state, why", [
+    (JobState.ABORTED, "an aborted job is not drained (a new defrag of the node starts with manage.py defrag n1 "
+                       "--cluster sim)"),
+    (JobState.CORDONED, "it has not reported the node safe yet; wait until it reads safe, then drain (manage.py "
+                        "defrag n1 --cluster sim --drain)"),
+    (JobState.DRAINED, "its node was drained already"),
+])
 def test_the_drain_page_of_a_job_that_cannot_be_drained_says_why_and_offers_no_drain(sim_cluster_factory, client,
-                                                                                     staff, state):
+                                                                                     staff, state, why):
     from clusters.models import Cluster
 
     sim_cluster_factory(objects(), name="sim")
     job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=state,
                                    created_at="2026-01-01T00:00:00Z")
     page = client.get(f"/admin/capacity/defragjob/{job.pk}/drain/").content.decode()
-    assert f"Nothing can be drained now: job #{job.pk} is {state}: only a job that reported the node safe may " \
-           f"drain it." in page
+    assert f"Nothing can be drained now: job #{job.pk} is {state}: {why}." in page
     assert 'name="confirm"' not in page

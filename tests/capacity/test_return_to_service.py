@@ -75,7 +75,7 @@ def test_a_safe_node_returns_to_service_once_and_its_orphans_are_ended_by_the_ab
     assert not again.uncordoned and len(returns(job)) == 1
 
     # The abort the return asked for ends the orphan; the node stays in service, and no drain is possible.
-    with pytest.raises(DefragError, match="abort request pending"):
+    with pytest.raises(DefragError, match="its abort is under way"):
         defrag_job_drain(job=job, actor=ops, now=world.now(), enqueue=False)
     job = run_until(world, job, {JobState.ABORTED}, dt=2)
     assert not world.kube.pod_exists(NS, orphan.pod_name)
