@@ -22,6 +22,7 @@ from config.admin_lookups import ListFiltersCheckedMixin
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag import services
 from capacity.defrag.planning import seconds_text
+from capacity.defrag.selectors import defrag_job_live_orphans, defrag_job_return, defrag_jobs_with_return
 from capacity.selectors import node_without_gpus
 
 
@@ -63,7 +64,8 @@ def _asked_before(request, *, job: DefragJob, what: str, at, by) -> None:
 
 @admin.register(DefragJob)
 class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
-    list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
+    list_display = ["id", "cluster", "node_name", "state", "node_returned", "asked_by", "created_at", "safe_at",
+                    "finished_at"]
     list_filter = ["state", "cluster"]
     search_fields = ["node_name"]
     readonly_fields = [f.name for f in DefragJob._meta.fields]
@@ -72,6 +74,18 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
     change_list_template = "capacity/defragjob_change_list.html"
 
     asked_by = actor_display("requested_by", "requested_by_label", "asked by", ordering="requested_by")
+
+    def get_queryset(self, request):
+        return defrag_jobs_with_return(super().get_queryset(request))
+
+    @admin.display(description="node returned to service", ordering="returned_at")
+    def node_returned(self, obj) -> str:
+        """When and by whom the job's node was last returned to service (its audit entry)."""
+        if obj.returned_at is None:
+            return ""
+        by = obj.returned_by_username
+        who = f"{by} via {obj.returned_by_label}" if by and obj.returned_by_label else by or obj.returned_by_label
+        return f"{obj.returned_at:%Y-%m-%d %H:%M:%S} UTC by {who or '—'}"
 
     def lookup_allowed(self, lookup, value, request=None):
         # The dashboard names its cluster in its URL and links here by it (?cluster__name=…).
@@ -107,10 +121,19 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
                  "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
                  "returnable_states": services.RETURNABLE_STATES, "show_save": False,
                  "show_save_and_continue": False, "show_save_and_add_another": False,
-                 "audit_entries": self._audit_rows(object_id),
+                 "audit_entries": self._audit_rows(object_id), "returned": self._returned(object_id),
                  "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
                  **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    @staticmethod
+    def _returned(object_id) -> dict | None:
+        """When and by whom the job's node was last returned to service, or None."""
+        try:
+            entry = defrag_job_return(job_id=int(object_id))
+        except (TypeError, ValueError):
+            return None
+        return entry and {"at": entry.at, "by": actor_describe(entry.actor, entry.actor_label)}
 
     @staticmethod
     def _audit_rows(object_id) -> list[dict]:
@@ -265,7 +288,8 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
             node_state = f"unknown (cannot read the cluster: {exc})"
         return TemplateResponse(request, "capacity/defrag_return_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job, "node_state": node_state,
-            "orphans": job.orphans.filter(state__in=["planned", "orphaned", "deleting"]).count(),
+            "orphans": defrag_job_live_orphans(job=job), "returned": self._returned(job.pk),
+            "ends_by_return": job.state in services.ENDED_BY_RETURN and not services.defrag_job_holding_reason(job),
             "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
             "title": f"Return node {job.node_name} to service?"})
 
