@@ -22,6 +22,7 @@ from config.admin_lookups import ListFiltersCheckedMixin
 from capacity.defrag.models import AbortChoice, DefragJob, DefragOrphan, DefragRevision, JobState
 from capacity.defrag import services
 from capacity.defrag.planning import seconds_text
+from capacity.defrag.selectors import defrag_job_live_orphans, defrag_job_return, defrag_jobs_with_return
 from capacity.selectors import node_without_gpus
 
 
@@ -63,15 +64,41 @@ def _asked_before(request, *, job: DefragJob, what: str, at, by) -> None:
 
 @admin.register(DefragJob)
 class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmin):
-    list_display = ["id", "cluster", "node_name", "state", "asked_by", "created_at", "safe_at", "finished_at"]
+    list_display = ["id", "cluster", "node_name", "state", "node_returned", "asked_by", "created_at", "safe_at",
+                    "finished_at"]
     list_filter = ["state", "cluster"]
     search_fields = ["node_name"]
     readonly_fields = [f.name for f in DefragJob._meta.fields]
+    # What an operator reads first is drawn above these by the page (node, state, what to do
+    # next, the log); then who and when, and folded, the report and the fields a worker
+    # keeps for itself (requests as taken up, lease, write-ahead intents, record-keeping).
+    fieldsets = [
+        ("The job", {"fields": ["cluster", "node_name", "state", "requested_by", "requested_by_label", "created_at",
+                                "started_at", "safe_at", "finished_at"]}),
+        ("Discovery report (what was shown before confirmation)", {"classes": ["collapse"], "fields": ["report"]}),
+        ("Internals: requests, settings, lease and intents the job keeps for itself", {
+            "classes": ["collapse"],
+            "fields": [f.name for f in DefragJob._meta.fields if f.name not in {
+                "id", "cluster", "node_name", "state", "requested_by", "requested_by_label", "created_at",
+                "started_at", "safe_at", "finished_at", "report"}]}),
+    ]
     inlines = [RevisionInline, OrphanInline]
     change_form_template = "capacity/defragjob_change_form.html"
     change_list_template = "capacity/defragjob_change_list.html"
 
     asked_by = actor_display("requested_by", "requested_by_label", "asked by", ordering="requested_by")
+
+    def get_queryset(self, request):
+        return defrag_jobs_with_return(super().get_queryset(request))
+
+    @admin.display(description="node returned to service", ordering="returned_at")
+    def node_returned(self, obj) -> str:
+        """When and by whom the job's node was last returned to service (its audit entry)."""
+        if obj.returned_at is None:
+            return ""
+        by = obj.returned_by_username
+        who = f"{by} via {obj.returned_by_label}" if by and obj.returned_by_label else by or obj.returned_by_label
+        return f"{obj.returned_at:%Y-%m-%d %H:%M:%S} UTC by {who or '—'}"
 
     def lookup_allowed(self, lookup, value, request=None):
         # The dashboard names its cluster in its URL and links here by it (?cluster__name=…).
@@ -103,14 +130,51 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
     def change_view(self, request, object_id, form_url="", extra_context=None):
         # Every field is the job's own record: no Save buttons; operators act through
         # the drain and abort pages, each with its confirmation.
-        extra = {"can_drain": request.user.has_perm("capacity.drain_defragjob"),
-                 "can_return": request.user.has_perm("capacity.return_to_service_defragjob"),
+        job = self.get_object(request, object_id)
+        returned = self._returned(object_id)
+        can_drain = request.user.has_perm("capacity.drain_defragjob")
+        can_return = request.user.has_perm("capacity.return_to_service_defragjob")
+        extra = {"next_step": job and self._next_step(job, can_drain=can_drain, can_return=can_return,
+                                                      returned=returned is not None),
+                 "can_drain": can_drain, "can_return": can_return,
                  "returnable_states": services.RETURNABLE_STATES, "show_save": False,
                  "show_save_and_continue": False, "show_save_and_add_another": False,
-                 "audit_entries": self._audit_rows(object_id),
+                 "audit_entries": self._audit_rows(object_id), "returned": returned,
                  "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
                  **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    @staticmethod
+    def _next_step(job: DefragJob, *, can_drain: bool, can_return: bool, returned: bool) -> str:
+        """What the operator may do next in the job's state, by the buttons above the page."""
+        following = "this page follows it"
+        if job.state == JobState.ABORTING or (job.abort_pending and job.state != JobState.ABORT_STUCK):
+            return f"Nothing to do: the abort is under way and {following}."
+        if job.state == JobState.DRAINING or (job.state == JobState.SAFE and job.drain_requested_at):
+            return f"Nothing to do: the drain is under way and {following} (Abort… stops it)."
+        if job.state in (JobState.CONFIRMED, JobState.RECORDED, JobState.CORDONED, JobState.WAITING):
+            return f"Nothing to do yet: a worker is emptying the node and {following} (Abort… stops it)."
+        back = " Return to service… uncordons the node and aborts the job." if can_return and not returned else ""
+        if job.state == JobState.SAFE:
+            drain = "Drain… evicts its orphans (and may delete the Node); " if can_drain else ""
+            return f"The node is safe to remove: {drain}Abort… undoes the job.{back}"
+        if job.state in (JobState.BLOCKED, JobState.FAILED):
+            return f"The node cannot be drained: Abort… undoes the job (its orphans end once replaced).{back}"
+        if job.state == JobState.ABORT_STUCK:
+            return ("The abort waits for room for its orphans' replacements and checks again on its own: "
+                    "Keep or delete the orphans… ends it sooner.")
+        if job.state == JobState.DRAINED and can_return and not returned:
+            return "Nothing left to drain: the node stays cordoned until Return to service… uncordons it."
+        return "Nothing left to do."
+
+    @staticmethod
+    def _returned(object_id) -> dict | None:
+        """When and by whom the job's node was last returned to service, or None."""
+        try:
+            entry = defrag_job_return(job_id=int(object_id))
+        except (TypeError, ValueError):
+            return None
+        return entry and {"at": entry.at, "by": actor_describe(entry.actor, entry.actor_label)}
 
     @staticmethod
     def _audit_rows(object_id) -> list[dict]:
@@ -265,7 +329,8 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
             node_state = f"unknown (cannot read the cluster: {exc})"
         return TemplateResponse(request, "capacity/defrag_return_confirm.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "job": job, "node_state": node_state,
-            "orphans": job.orphans.filter(state__in=["planned", "orphaned", "deleting"]).count(),
+            "orphans": defrag_job_live_orphans(job=job), "returned": self._returned(job.pk),
+            "ends_by_return": job.state in services.ENDED_BY_RETURN and not services.defrag_job_holding_reason(job),
             "recheck_every": seconds_text(settings.CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS),
             "title": f"Return node {job.node_name} to service?"})
 

@@ -1,11 +1,13 @@
 """Defrag reads: a job's log lines after a point, the jobs a worker should step, a job's
-orphans still tracked, the other live jobs holding nodes, and what a stuck message said."""
+orphans still tracked, the other live jobs holding nodes, what a stuck message said, and
+when (and by whom) a job's node was returned to service."""
 from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, Subquery
 
+from audit.models import AuditEntry
 from audit.selectors import entries_of_subject
 
 from capacity.defrag.models import (
@@ -63,3 +65,23 @@ def defrag_job_stuck_counts_said(*, job: DefragJob) -> dict[str, tuple[int, int]
     entry = entries_of_subject(subject_type="defrag_job", subject_id=job.pk).filter(action="job_abort_stuck").first()
     kept = ((entry.new or {}).get("kept") or ()) if entry is not None else ()
     return {k["revision"]: (k["ready"], k["wanted"]) for k in kept}
+
+
+# The audit action a return to service of a job's node is recorded under (return_to_service.py).
+RETURN_ACTION = "node_return_to_service"
+
+
+def defrag_job_return(*, job_id: int):
+    """The newest return to service of the job's node, as its audit entry records it (`at`,
+    `actor`, `actor_label`), or None when the product never returned it to service."""
+    return entries_of_subject(subject_type="defrag_job", subject_id=job_id).filter(action=RETURN_ACTION).first()
+
+
+def defrag_jobs_with_return(queryset):
+    """`queryset` with, per job, its newest return to service: `returned_at`, and who asked it
+    (`returned_by_username`, `returned_by_label`); None where the node was never returned."""
+    newest = AuditEntry.objects.filter(subject_type="defrag_job", subject_id=OuterRef("pk"),
+                                       action=RETURN_ACTION).order_by("-at", "-id")
+    return queryset.annotate(returned_at=Subquery(newest.values("at")[:1]),
+                             returned_by_username=Subquery(newest.values("actor__username")[:1]),
+                             returned_by_label=Subquery(newest.values("actor_label")[:1]))

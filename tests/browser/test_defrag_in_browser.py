@@ -111,6 +111,9 @@ def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live
     page.click(f"button:has-text('Uncordon {node}')")
     expect(page.locator(".messagelist")).to_contain_text(f"Node {node} uncordoned: it takes new pods again.")
     shot(page, "5b-returned-to-service")
+    expect(page.locator("#defrag-returned")).to_contain_text(f"Node {node} was returned to service (uncordoned) at ")
+    expect(page.locator("#defrag-returned")).to_contain_text(" by oncall.")
+    expect(page.locator("#return-to-service")).to_have_count(0)
     assert not cluster.gateway.get(kube.NODES, node)["spec"].get("unschedulable")
 
 
@@ -142,10 +145,15 @@ def test_the_open_job_page_offers_what_the_new_state_allows_and_says_when_it_can
     job = DefragJob.objects.create(cluster=cluster.cluster, node_name="h100-1", state=JobState.CORDONED,
                                    created_at=clock.now())
     page = browser_page
+    page.set_viewport_size({"width": 1366, "height": 768})
     log_in(page, live_server.url, "oncall", "s3cret-pass")
     page.goto(f"{live_server.url}/admin/capacity/defragjob/{job.pk}/change/")
     expect(page.locator("#defrag-state")).to_have_text("node cordoned")
     expect(page.locator("a", has_text="Drain…")).to_have_count(0)
+    # What to do next is on the first screen; the worker's own fields are folded away.
+    expect(page.locator("#defrag-next")).to_be_in_viewport()
+    for internal in (".field-lease_owner", ".field-heartbeat_at", ".field-version"):
+        expect(page.locator(internal)).to_be_hidden()
 
     DefragJob.objects.filter(pk=job.pk).update(state=JobState.SAFE, safe_at=clock.now())   # as the worker records it
 

@@ -243,15 +243,81 @@ def test_a_start_page_for_what_cannot_be_a_node_name_says_so_and_reads_nothing(s
     assert not handle.gateway.calls and not DefragJob.objects.exists()
 
 
-@pytest.mark.parametrize("state", [JobState.ABORTED, JobState.CORDONED, JobState.DRAINED])
+@pytest.mark.parametrize("state, why", [
+    (JobState.ABORTED, "an aborted job is not drained (a new defrag of the node starts with manage.py defrag n1 "
+                       "--cluster sim)"),
+    (JobState.CORDONED, "it has not reported the node safe yet; wait until it reads safe, then drain (manage.py "
+                        "defrag n1 --cluster sim --drain)"),
+    (JobState.DRAINED, "its node was drained already"),
+])
 def test_the_drain_page_of_a_job_that_cannot_be_drained_says_why_and_offers_no_drain(sim_cluster_factory, client,
-                                                                                     staff, state):
+                                                                                     staff, state, why):
     from clusters.models import Cluster
 
     sim_cluster_factory(objects(), name="sim")
     job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=state,
                                    created_at="2026-01-01T00:00:00Z")
     page = client.get(f"/admin/capacity/defragjob/{job.pk}/drain/").content.decode()
-    assert f"Nothing can be drained now: job #{job.pk} is {state}: only a job that reported the node safe may " \
-           f"drain it." in page
+    assert f"Nothing can be drained now: job #{job.pk} is {state}: {why}." in page
     assert 'name="confirm"' not in page
+
+
+def test_the_job_page_shows_node_state_next_step_and_log_first_and_folds_the_internals(sim_cluster_factory, client,
+                                                                                      staff):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=JobState.SAFE,
+                                   created_at="2026-01-01T00:00:00Z", lease_owner="worker-1:42:step",
+                                   heartbeat_at="2026-01-01T00:01:00Z", version=7)
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
+    assert "Node <strong>n1</strong> of cluster sim." in page
+    assert ("<strong>Next:</strong> The node is safe to remove: Drain… evicts its orphans (and may delete the "
+            "Node); Abort… undoes the job. Return to service… uncordons the node and aborts the job.") in page
+    first_fold = page.index("<details>")
+    for shown_first in ('id="defrag-node"', 'id="defrag-state"', 'id="defrag-next"', 'id="defrag-log"',
+                        "field-node_name", "field-created_at"):
+        assert page.index(shown_first) < first_fold, shown_first
+    folds = re.findall(r"<details>(.*?)</details>", page, flags=re.S)
+    assert [re.search(r"<h2[^>]*>(.*?)</h2>", f, flags=re.S).group(1).strip() for f in folds] == [
+        "Discovery report (what was shown before confirmation)",
+        "Internals: requests, settings, lease and intents the job keeps for itself"]
+    internals = folds[1]
+    for field in ("lease_owner", "lease_expires_at", "heartbeat_at", "version", "log_seq", "updated_at",
+                  "return_intent_owner", "cordon_intent_at", "abort_requested_at", "drain_requested_at"):
+        assert f"field-{field}" in internals, field
+        assert page.count(f"field-{field}\"") + page.count(f"field-{field} ") == internals.count(
+            f"field-{field}\"") + internals.count(f"field-{field} "), f"{field} shown outside the fold"
+    assert "worker-1:42:step" in internals
+
+
+@pytest.mark.parametrize("state, next_step", [
+    (JobState.WAITING, "Nothing to do yet: a worker is emptying the node and this page follows it (Abort… stops it)."),
+    (JobState.BLOCKED, "The node cannot be drained: Abort… undoes the job (its orphans end once replaced). Return "
+                       "to service… uncordons the node and aborts the job."),
+    (JobState.DRAINED, "Nothing left to drain: the node stays cordoned until Return to service… uncordons it."),
+    (JobState.ABORTED, "Nothing left to do."),
+])
+def test_the_job_page_says_what_to_do_next_in_its_state(sim_cluster_factory, client, staff, state, next_step):
+    from clusters.models import Cluster
+
+    sim_cluster_factory(objects(), name="sim")
+    job = DefragJob.objects.create(cluster=Cluster.objects.get(name="sim"), node_name="n1", state=state,
+                                   created_at="2026-01-01T00:00:00Z")
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
+    assert f"<strong>Next:</strong> {next_step}</p>" in page
+
+
+def test_the_panel_breaks_no_word_only_long_names(client, staff):
+    """The panel's style sheet: cells wrap between words; only the columns holding one long
+    name each (pods, nodes, owners, uids, targets) may break it anywhere."""
+    page = client.get("/admin/capacity/defragjob/").content.decode()
+    style = re.search(r'<style id="panel-layout">(.*?)</style>', page, flags=re.S).group(1)
+    style = re.sub(r"/\*.*?\*/", "", style, flags=re.S)
+    assert "word-break" not in style
+    tokens = ("pod", "pod_name", "node_name", "owner_name", "target", "uid", "revision", "replicaset",
+              "template_hash", "namespace")
+    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", style):
+        if "anywhere" in body:
+            for selector in selectors.split(","):
+                assert selector.strip().endswith(tuple(f"td.field-{t}" for t in tokens) + ("td.token",)), selector

@@ -75,7 +75,7 @@ def test_a_safe_node_returns_to_service_once_and_its_orphans_are_ended_by_the_ab
     assert not again.uncordoned and len(returns(job)) == 1
 
     # The abort the return asked for ends the orphan; the node stays in service, and no drain is possible.
-    with pytest.raises(DefragError, match="abort request pending"):
+    with pytest.raises(DefragError, match="its abort is under way"):
         defrag_job_drain(job=job, actor=ops, now=world.now(), enqueue=False)
     job = run_until(world, job, {JobState.ABORTED}, dt=2)
     assert not world.kube.pod_exists(NS, orphan.pod_name)
@@ -154,6 +154,34 @@ def test_the_panel_offers_it_on_the_job_page_and_the_gpu_map_and_says_what_was_d
     assert f"Node {node} uncordoned: it takes new pods again." in done.content.decode()
     assert not world.kube.node_cordoned(node)
     assert returns(job)[0].actor == ops
+
+
+def test_once_returned_a_drained_job_says_so_and_offers_it_no_more(safe_job, client, django_user_model):
+    world, node, job = safe_job
+    job = defrag_job_drain(job=job, actor=None, now=world.now(), enqueue=False)
+    job = run_until(world, job, {JobState.DRAINED}, dt=2)
+    ops = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(ops)
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
+    assert "Return to service…" in page and 'id="defrag-returned"' not in page
+
+    done = client.post(f"/admin/capacity/defragjob/{job.pk}/return-to-service/", {"confirm": node}, follow=True)
+    assert f"Node {node} uncordoned: it takes new pods again." in done.content.decode()
+    (entry,) = returns(job)
+    at = f"{entry.at:%Y-%m-%d %H:%M:%S}"
+
+    page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
+    assert '<span id="defrag-state">drained</span>; node returned to service</h2>' in page
+    assert f"Node {node} was returned to service (uncordoned) at {at} UTC by ops." in page
+    assert "Return to service…" not in page
+    listed = client.get("/admin/capacity/defragjob/").content.decode()
+    assert f"{at} UTC by ops" in listed and "Node returned to service" in listed
+
+    confirm = client.get(f"/admin/capacity/defragjob/{job.pk}/return-to-service/").content.decode()
+    assert "is <strong>schedulable</strong>" in confirm
+    assert f"It was returned to service (uncordoned) at {at} UTC by ops." in confirm
+    assert "Nothing to uncordon: the node already takes new pods." in confirm
+    assert "Uncordon" not in confirm and 'name="confirm"' not in confirm
 
 
 # ---- the CLI --------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from capacity.defrag.services.jobs import (
     defrag_job_start,
     defrag_job_step,
     defrag_job_wait,
+    defrag_command,
+    defrag_job_way_out,
     drain_refusal,
 )
 from capacity.defrag.services.steps import (
@@ -119,6 +121,8 @@ __all__ = [
     "defrag_job_wait",
     "defrag_jobs_due",
     "defrag_return_intents_settle",
+    "defrag_command",
+    "defrag_job_way_out",
     "drain_refusal",
     "eviction_retry_seconds",
     "node_return_to_service",

@@ -139,7 +139,7 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
             live = DefragJob.objects.filter(cluster=cluster, node_name=node_name, state__in=LIVE_STATES).first()
             if live is not None:
                 raise DefragError(f"node {node_name!r} already has a live defrag job #{live.pk} ({live.state}); "
-                                  f"abort or drain it first")
+                                  f"{defrag_job_way_out(live)}")
             running = DefragJob.objects.filter(cluster=cluster, state__in=RUNNING_STATES).count()
             if running >= limit:
                 raise DefragError(f"cluster {cluster.name!r} already runs {running} defrag job(s); "
@@ -284,18 +284,55 @@ def defrag_job_wait(*, job: DefragJob, gateway: kube.KubeGateway | None = None, 
 
 # ---- drain and abort requests (taken up by the next step) ------------------------------------
 
+def defrag_command(job: DefragJob, *flags: str) -> str:
+    """The `manage.py defrag` command line that acts on `job`'s node (`--cluster` named
+    unless it is the default cluster)."""
+    cluster = "" if job.cluster.name == settings.DEFAULT_CLUSTER_NAME else f" --cluster {job.cluster.name}"
+    return " ".join([f"manage.py defrag {job.node_name}{cluster}", *flags])
+
+
+def defrag_job_way_out(job: DefragJob) -> str:
+    """How a live job ends, freeing its node for a new defrag: the way that works in its state."""
+    abort = defrag_command(job, "--abort")
+    if job.state == JobState.ABORTING or job.abort_pending:
+        return "its abort is under way: wait until the job reads aborted"
+    if job.state == JobState.DRAINING or (job.state == JobState.SAFE and job.drain_requested_at):
+        return f"its drain is under way: wait until the job reads drained (or stop the drain: {abort})"
+    if job.state == JobState.SAFE:
+        return f"drain the node ({defrag_command(job, '--drain')}) or abort the job ({abort})"
+    if job.state == JobState.ABORT_STUCK:
+        return (f"its abort waits for room for its orphans' replacements and ends once they are ready; to end it "
+                f"now, delete the orphans anyway: {defrag_command(job, '--abort', '--delete-orphans')} "
+                f"(capacity drops)")
+    return f"abort it: {abort}"
+
+
 def drain_refusal(job: DefragJob, *, delete_node: bool | None = None) -> str | None:
-    """Why a drain of `job` would be refused now, or None. `delete_node` None: whichever the
-    operator picks (the drain page, before it is picked)."""
+    """Why a drain of `job` would be refused now, with what works instead, or None.
+    `delete_node` None: whichever the operator picks (the drain page, before it is picked)."""
     if job.state == JobState.DRAINING or (job.drain_requested_at and job.state == JobState.SAFE):
         if delete_node is not None and job.delete_node != delete_node:
             return (f"job #{job.pk} already has a drain requested {'that deletes' if job.delete_node else 'that keeps'}"
                     f" the Node: it is not changed (abort the job to stop the drain)")
         return None
+    said = f"job #{job.pk} is {job.state}"
+    abort = defrag_command(job, "--abort")
+    if job.state == JobState.DRAINED:
+        return f"{said}: its node was drained already"
+    if job.state == JobState.ABORTED:
+        return f"{said}: an aborted job is not drained (a new defrag of the node starts with {defrag_command(job)})"
+    if job.state == JobState.ABORTING or (job.abort_pending and job.state != JobState.ABORT_STUCK):
+        return f"{said} and its abort is under way: an aborted job is not drained; wait until it reads aborted"
+    if job.state == JobState.ABORT_STUCK:
+        return (f"{said}: an aborted job is not drained; to end its orphans now, delete them anyway: "
+                f"{defrag_command(job, '--abort', '--delete-orphans')} (capacity drops)")
+    if job.state == JobState.BLOCKED:
+        return f"{said}: pods other than models still block the node, so it cannot be drained; abort it: {abort}"
+    if job.state == JobState.FAILED:
+        return f"{said}: it failed before reporting the node safe, so it cannot be drained; abort it: {abort}"
     if job.state != JobState.SAFE:
-        return f"job #{job.pk} is {job.state}: only a job that reported the node safe may drain it"
-    if job.abort_pending:
-        return f"job #{job.pk} has an abort request pending: it will not be drained"
+        return (f"{said}: it has not reported the node safe yet; wait until it reads safe, then drain "
+                f"({defrag_command(job, '--drain')})")
     return None
 
 
