@@ -44,8 +44,8 @@ def staff(django_user_model, client):
 
 def cells(html: str, table_id: str) -> list[list[str]]:
     table = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S).group(1)
-    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)
-            if "<td>" in row]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)
+            if "<td" in row]
 
 
 def test_dashboard_shows_gpus_orgs_jobs_and_prune_runs(sim_cluster_factory, client, staff):
@@ -113,7 +113,8 @@ def test_an_empty_node_that_is_cordoned_or_not_ready_is_no_whole_free_node(sim_c
     assert h100 == ["4", "32", "6", "26", "1", "1", "2", "1", "1"]
     assert "count only the nodes that take new pods (Ready and not cordoned)" in html
     gpu_map = client.get("/capacity/clusters/sim/gpu-map/").content.decode()
-    assert '<text x="34" y="13">h3 (NotReady)</text>' in gpu_map and '<text x="34" y="13">h2</text>' in gpu_map
+    assert '<text class="node-name" x="34" y="13">h3 (NotReady)</text>' in gpu_map
+    assert '<text class="node-name" x="34" y="13">h2</text>' in gpu_map
     h3 = re.search(r'data-node="h3".*?</g>', gpu_map, re.S).group(0)
     assert h3.count("<title>free, but the node is not Ready</title>") == 8 and 'fill-opacity="0.5"' in h3
     # The pool table counts as the dashboard does: of 3 empty nodes, one takes pods.
