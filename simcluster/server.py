@@ -118,6 +118,12 @@ class _RequestHandler(WSGIRequestHandler):
     def parse_request(self) -> bool:
         parsed = super().parse_request()
         self.connection.settimeout(None)
+        if parsed and self.server.stopped.is_set():
+            # A request read after stop() is not served: on a kept-alive connection whose
+            # thread had not yet gone back to reading, Linux still delivers what the client
+            # sends after shutdown(SHUT_RD). The client sees the connection close, unanswered.
+            self.close_connection = True
+            return False
         return parsed
 
     def run_wsgi(self) -> None:
@@ -213,6 +219,7 @@ class _HttpServer(ThreadedWSGIServer):
         super().__init__(host, port, app, handler=_RequestHandler)
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self.stopped = threading.Event()   # set by ClusterServer.stop(): no further request is served
 
     def opened(self, connection: socket.socket) -> None:
         with self._connections_lock:
@@ -285,6 +292,7 @@ class ClusterServer:
         with self.sim.store.lock:
             self.sim.store.changed.notify_all()
         if self._http is not None:
+            self._http.stopped.set()
             self._http.shutdown()
             self._http.server_close()
             self._http.end_connections()
