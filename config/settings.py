@@ -333,7 +333,7 @@ ORGS_SWEEP_BUDGET = _env_number("ORGS_SWEEP_BUDGET", default=100_000, kind=int, 
 
 # --- Savings: money beside GPU-hours ------------------------------------------------------
 # The currency the panel's GPU prices are in (an ISO 4217 code: three capital letters).
-SAVINGS_CURRENCY = env.str("SAVINGS_CURRENCY", default="USD").strip()
+SAVINGS_CURRENCY = env.str("SAVINGS_CURRENCY", default="USD").strip() or "USD"   # empty is unset
 if not re.fullmatch(r"[A-Z]{3}", SAVINGS_CURRENCY):
     raise ImproperlyConfigured(f"SAVINGS_CURRENCY must be a three-letter currency code such as USD or EUR, "
                                f"not {SAVINGS_CURRENCY!r}")
