@@ -198,6 +198,10 @@ class Shown:
     unpriced: dict[str, Decimal] = field(default_factory=dict)     # GPU model without a price -> hours shown
     unknown_rows: int = 0                                          # rows whose GPU model is unknown
     unknown_hours: Decimal = Decimal("0.00")
+    # GPU-hours shown that count no money (model unknown or without a price), per cell
+    unpriced_by_day: dict[date, dict[str, Decimal]] = field(default_factory=dict)
+    unpriced_by_org: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    unpriced_totals: dict[str, Decimal] = field(default_factory=dict)
 
     @property
     def total(self) -> Decimal:
@@ -221,14 +225,21 @@ def figures_shown(report: SavingsReport) -> Shown:
     row_money: list[Decimal | None] = []
     unpriced: dict[str, Decimal] = {}
     unknown_rows, unknown_hours = 0, zero
+    unpriced_by_day = {d: {m: zero for m in MECHANISMS} for d in report.days}
+    unpriced_by_org: dict[str, dict[str, Decimal]] = {}
+    unpriced_totals = {m: zero for m in MECHANISMS}
     for row, hours in rows:
         by_day[row.day][row.mechanism] += hours
         by_org.setdefault(row.org, {m: zero for m in MECHANISMS})[row.mechanism] += hours
         totals[row.mechanism] += hours
         money_by_org.setdefault(row.org, {m: zero for m in MECHANISMS})
+        unpriced_by_org.setdefault(row.org, {m: zero for m in MECHANISMS})
         price = report.prices.get(row.gpu_model) if row.gpu_model != UNKNOWN_MODEL else None
         if price is None:
             row_money.append(None)
+            unpriced_by_day[row.day][row.mechanism] += hours
+            unpriced_by_org[row.org][row.mechanism] += hours
+            unpriced_totals[row.mechanism] += hours
             if row.gpu_model == UNKNOWN_MODEL:
                 unknown_rows, unknown_hours = unknown_rows + 1, unknown_hours + hours
             else:
@@ -243,7 +254,8 @@ def figures_shown(report: SavingsReport) -> Shown:
                  by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
                  row_money=row_money, money_by_day=money_by_day, money_by_org=money_by_org,
                  money_totals=money_totals, unpriced=dict(sorted(unpriced.items())), unknown_rows=unknown_rows,
-                 unknown_hours=unknown_hours)
+                 unknown_hours=unknown_hours, unpriced_by_day=unpriced_by_day, unpriced_by_org=unpriced_by_org,
+                 unpriced_totals=unpriced_totals)
 
 
 def window(*, now: datetime, days: object) -> tuple[datetime, list[date]]:

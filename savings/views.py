@@ -47,17 +47,19 @@ def savings_page(request, cluster: str):
         return error
     figures = report.shown()
     per_org = [{"org": org, "cells": [hours[m] for m in MECHANISMS], "total": sum(hours.values()),
-                "money": sum(figures.money_by_org[org].values())}
+                "money": sum(figures.money_by_org[org].values()),
+                "unpriced": sum(figures.unpriced_by_org[org].values())}
                for org, hours in figures.by_org.items()]
-    per_day = [{"day": d, "hours": sum(figures.by_day[d].values()), "money": sum(figures.money_by_day[d].values())}
-               for d in report.days]
+    per_day = [{"day": d, "hours": sum(figures.by_day[d].values()), "money": sum(figures.money_by_day[d].values()),
+                "unpriced": sum(figures.unpriced_by_day[d].values())} for d in report.days]
     mechanisms = [{"name": m, "hours": figures.totals[m], "money": figures.money_totals[m],
+                   "unpriced": figures.unpriced_totals[m],
                    "basis": MECHANISM_BASIS[m], "measured": m != BINPACK} for m in MECHANISMS]
     return render(request, "savings/savings.html", {
         "title": f"Savings — {row.name}", "cluster": row, "clusters": clusters_all(),
         "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,
         "per_org": per_org, "per_day": per_day, "total": figures.total, "chart": report.chart_config(),
-        "money_total": figures.money_total, "currency": settings.SAVINGS_CURRENCY, "figures": figures,
+        "money_total": figures.money_total, "unpriced_total": sum(figures.unpriced_totals.values()), "currency": settings.SAVINGS_CURRENCY, "figures": figures,
         "prices": sorted(report.prices.items()), "day_choices": (7, 14, 30, 90)})
 
 

@@ -276,3 +276,6 @@ def test_a_drained_nodes_gpu_model_is_its_own_and_money_is_rounded_once_per_row(
     assert shown.money_by_org[NO_ORG][DRAIN] == Decimal("2.94") and shown.money_by_org["ns"][PRUNING] == 0
     assert shown.unpriced == {H100: Decimal("2.67")}
     assert (shown.unknown_rows, shown.unknown_hours) == (1, Decimal("1.00"))
+    assert shown.unpriced_totals[DRAIN] == Decimal("2.67") and shown.unpriced_totals[PRUNING] == Decimal("1.00")
+    assert shown.unpriced_by_org["ns"][PRUNING] == Decimal("1.00") and shown.unpriced_by_org[NO_ORG][DRAIN] == \
+        Decimal("2.67")

@@ -311,7 +311,7 @@ def _shown_figures(html: str) -> dict:
     return {"headline": Decimal(re.search(r'id="savings-total">([^<]*)<', html).group(1)),
             "mechanisms": {m: Decimal(h) for m, h in re.findall(
                 r'<tr data-mechanism="([^"]+)"><td>[^<]*</td>\s*<td class="num">([0-9.]+)</td>', html)},
-            "org_totals": [Decimal(t) for t in re.findall(r'<td class="num">([0-9.]+)</td><td class="num">[0-9.]+</td></tr>',
+            "org_totals": [Decimal(t) for t in re.findall(r'<td class="num">([0-9.]+)</td>(?:<td class="num">[0-9.]+</td>){2}</tr>',
                                                            orgs)],
             "chart": [Decimal(repr(v)) for d in config["data"]["datasets"] for v in d["data"]]}
 
