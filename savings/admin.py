@@ -60,9 +60,14 @@ class GpuPriceForm(forms.ModelForm):
 
     def clean_gpu_model(self):
         try:
-            return services.gpu_model_parse(self.cleaned_data.get("gpu_model"))
+            model = services.gpu_model_parse(self.cleaned_data.get("gpu_model"))
         except services.PriceInputError as exc:
             raise forms.ValidationError(str(exc)) from None
+        existing = GpuPrice.objects.filter(gpu_model=model).first()
+        if existing is not None:
+            raise forms.ValidationError(f"GPU model {model} has a price already ({existing.price_per_gpu_hour} per "
+                                        f"GPU-hour): change that row instead")
+        return model
 
     def clean_price_per_gpu_hour(self):
         try:

@@ -177,4 +177,9 @@ def test_a_bad_gpu_model_is_refused(mixed, client, django_user_model):
     assert "GPU model &#x27;H100 80GB&#x27; is not a node label value" in response.content.decode()
     response = client.post(ADD, {"gpu_model": "", "price_per_gpu_hour": "2"})
     assert "GPU model is empty" in response.content.decode()
-    assert GpuPrice.objects.count() == 2
+    response = client.post(ADD, {"gpu_model": A100, "price_per_gpu_hour": "9"})   # it has a price: change that one
+    assert response.status_code == 200 and f"GPU model {A100} has a price already (1.2500 per GPU-hour): change that row instead" in \
+        response.content.decode()
+    assert list(GpuPrice.objects.values_list("gpu_model", "price_per_gpu_hour")) == [
+        (A100, Decimal("1.2500")), (H100, Decimal("2.5000"))]
+    assert not AuditEntry.objects.filter(app="savings").exists()
