@@ -6,6 +6,7 @@ in-process cache and a filesystem Celery broker when no Redis URL is set.
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -329,6 +330,13 @@ if ORGS_DORMANT_AFTER.total_seconds() <= ORGS_ACTIVITY_THROTTLE_SECONDS:
 # How many orgs one sweep may switch to dormant (a budget, so a clock jump cannot cool all; 0: none).
 ORGS_SWEEP_BUDGET = _env_number("ORGS_SWEEP_BUDGET", default=100_000, kind=int, low=0, high=None,
                                 what="the most orgs one dormancy sweep may mark dormant")
+
+# --- Savings: money beside GPU-hours ------------------------------------------------------
+# The currency the panel's GPU prices are in (an ISO 4217 code: three capital letters).
+SAVINGS_CURRENCY = env.str("SAVINGS_CURRENCY", default="USD").strip() or "USD"   # empty is unset
+if not re.fullmatch(r"[A-Z]{3}", SAVINGS_CURRENCY):
+    raise ImproperlyConfigured(f"SAVINGS_CURRENCY must be a three-letter currency code such as USD or EUR, "
+                               f"not {SAVINGS_CURRENCY!r}")
 
 # --- Pruning: the idle-GPU pruner ----------------------------------------------------
 PRUNER_RUN_MODE = env.str("PRUNER_RUN_MODE", default="dry-run")

@@ -12,7 +12,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal
 from bisect import bisect_right
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, time, timedelta, timezone
 
 DORMANCY, PRUNING, DRAIN, BINPACK = "dormancy", "pruning", "defrag/drain", "binpack"
@@ -21,6 +21,8 @@ NO_ORG = "(whole nodes)"   # a drained node's GPUs belong to no one org
 # What a page or a CSV shows, in GPU-hours: 0.01 GPU-hour is 36 GPU-seconds. Each row is
 # rounded to it once, and every total shown is the exact sum of rounded rows.
 SHOWN = Decimal("0.01")
+CENTS = Decimal("0.01")    # money: each row's hours (as shown) × its model's price, rounded to cents once
+UNKNOWN_MODEL = ""         # a row whose GPU model cannot be known: GPU-hours only, no money
 DAYS_MAX = 366             # the longest window a page or an export may ask for
 
 MECHANISM_BASIS = {
@@ -101,6 +103,7 @@ class Interval:
     end: datetime
     ongoing: bool
     note: str = ""
+    gpu_model: str = UNKNOWN_MODEL   # the node label nvidia.com/gpu.product of the GPUs freed
 
     @property
     def gpu_hours(self) -> float:
@@ -118,6 +121,9 @@ class Facts:
     nodes_schedulable: frozenset[str] = frozenset()   # nodes taking new pods now
     exempt: tuple[ExemptOrg, ...] = ()
     cluster_error: str = ""
+    node_models: dict[str, str] | None = None          # node -> its GPU model now; None: not read
+    namespace_models: dict[str, str] = field(default_factory=dict)   # namespace -> the one GPU model its pods use
+    prices: dict[str, Decimal] = field(default_factory=dict)          # GPU model -> price per GPU-hour
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class Row:
     org: str
     mechanism: str
     gpu_hours: float
+    gpu_model: str = UNKNOWN_MODEL
 
 
 @dataclass
@@ -142,6 +149,7 @@ class SavingsReport:
     nodes_freed_now: int                             # of those, still out of service now
     exempt: list[ExemptOrg]
     notes: list[str] = field(default_factory=list)
+    prices: dict[str, Decimal] = field(default_factory=dict)
 
     @property
     def total_gpu_hours(self) -> float:
@@ -181,10 +189,27 @@ class Shown:
     by_day: dict[date, dict[str, Decimal]]
     by_org: dict[str, dict[str, Decimal]]       # biggest total first
     totals: dict[str, Decimal]
+    # Money, in the prices' currency: each row's shown hours × its GPU model's price, rounded
+    # to cents once (None: the model is unknown or has no price, never 0); the rest are sums.
+    row_money: list[Decimal | None] = field(default_factory=list)
+    money_by_day: dict[date, dict[str, Decimal]] = field(default_factory=dict)
+    money_by_org: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    money_totals: dict[str, Decimal] = field(default_factory=dict)
+    unpriced: dict[str, Decimal] = field(default_factory=dict)     # GPU model without a price -> hours shown
+    unknown_rows: int = 0                                          # rows whose GPU model is unknown
+    unknown_hours: Decimal = Decimal("0.00")
+    # GPU-hours shown that count no money (model unknown or without a price), per cell
+    unpriced_by_day: dict[date, dict[str, Decimal]] = field(default_factory=dict)
+    unpriced_by_org: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    unpriced_totals: dict[str, Decimal] = field(default_factory=dict)
 
     @property
     def total(self) -> Decimal:
         return sum(self.totals.values(), Decimal(0))
+
+    @property
+    def money_total(self) -> Decimal:
+        return sum(self.money_totals.values(), Decimal("0.00"))
 
 
 def figures_shown(report: SavingsReport) -> Shown:
@@ -194,12 +219,43 @@ def figures_shown(report: SavingsReport) -> Shown:
     by_day = {d: {m: zero for m in MECHANISMS} for d in report.days}
     by_org: dict[str, dict[str, Decimal]] = {}
     totals = {m: zero for m in MECHANISMS}
+    money_by_day = {d: {m: zero for m in MECHANISMS} for d in report.days}
+    money_by_org: dict[str, dict[str, Decimal]] = {}
+    money_totals = {m: zero for m in MECHANISMS}
+    row_money: list[Decimal | None] = []
+    unpriced: dict[str, Decimal] = {}
+    unknown_rows, unknown_hours = 0, zero
+    unpriced_by_day = {d: {m: zero for m in MECHANISMS} for d in report.days}
+    unpriced_by_org: dict[str, dict[str, Decimal]] = {}
+    unpriced_totals = {m: zero for m in MECHANISMS}
     for row, hours in rows:
         by_day[row.day][row.mechanism] += hours
         by_org.setdefault(row.org, {m: zero for m in MECHANISMS})[row.mechanism] += hours
         totals[row.mechanism] += hours
+        money_by_org.setdefault(row.org, {m: zero for m in MECHANISMS})
+        unpriced_by_org.setdefault(row.org, {m: zero for m in MECHANISMS})
+        price = report.prices.get(row.gpu_model) if row.gpu_model != UNKNOWN_MODEL else None
+        if price is None:
+            row_money.append(None)
+            unpriced_by_day[row.day][row.mechanism] += hours
+            unpriced_by_org[row.org][row.mechanism] += hours
+            unpriced_totals[row.mechanism] += hours
+            if row.gpu_model == UNKNOWN_MODEL:
+                unknown_rows, unknown_hours = unknown_rows + 1, unknown_hours + hours
+            else:
+                unpriced[row.gpu_model] = unpriced.get(row.gpu_model, zero) + hours
+            continue
+        money = (hours * price).quantize(CENTS, rounding=ROUND_HALF_UP)
+        row_money.append(money)
+        money_by_day[row.day][row.mechanism] += money
+        money_by_org[row.org][row.mechanism] += money
+        money_totals[row.mechanism] += money
     return Shown(rows=rows, by_day=by_day, totals=totals,
-                 by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))))
+                 by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
+                 row_money=row_money, money_by_day=money_by_day, money_by_org=money_by_org,
+                 money_totals=money_totals, unpriced=dict(sorted(unpriced.items())), unknown_rows=unknown_rows,
+                 unknown_hours=unknown_hours, unpriced_by_day=unpriced_by_day, unpriced_by_org=unpriced_by_org,
+                 unpriced_totals=unpriced_totals)
 
 
 def window(*, now: datetime, days: object) -> tuple[datetime, list[date]]:
@@ -363,6 +419,22 @@ def _split_by_day(interval: Interval, start: datetime, end: datetime):
         lo = upto
 
 
+def gpu_model_of(interval: Interval, facts: Facts) -> str:
+    """The GPU model of what `interval` freed, or UNKNOWN_MODEL. A drained node: its own label
+    nvidia.com/gpu.product. A pruned pod or a dormant workload (neither records its node): the
+    one model its namespace's GPU pods run on now. Else, a cluster of one GPU model: that model."""
+    if interval.mechanism == DRAIN:
+        node = interval.subject.removeprefix("node ").partition(" ")[0]
+        if facts.node_models and facts.node_models.get(node):
+            return facts.node_models[node]
+    else:
+        namespace = interval.subject.partition(" ")[2].partition("/")[0]
+        if facts.namespace_models.get(namespace):
+            return facts.namespace_models[namespace]
+    models = {m for m in (facts.node_models or {}).values() if m}
+    return next(iter(models)) if len(models) == 1 else UNKNOWN_MODEL
+
+
 def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsReport:
     """The savings of the last `days` UTC days (today included, up to `now`)."""
     start, day_list = window(now=now, days=days)
@@ -371,15 +443,17 @@ def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsRe
     drains, drain_notes = drain_intervals(facts.drains, facts.node_gpus, now=now,
                                           schedulable=facts.nodes_schedulable)
     prunes, prune_notes = prune_intervals(facts.prune_actions, now=now, dormancy=dormancy)
-    intervals = dormancy + prunes + drains
+    intervals = [replace(i, gpu_model=gpu_model_of(i, facts)) for i in dormancy + prunes + drains]
+    drains = [i for i in intervals if i.mechanism == DRAIN]
     notes = ([f"the cluster could not be read: {facts.cluster_error}"] if facts.cluster_error else []) \
         + notes + prune_notes + drain_notes + [f"binpack: {MECHANISM_BASIS[BINPACK]}"]
 
-    cells: dict[tuple[date, str, str], float] = defaultdict(float)
+    cells: dict[tuple[date, str, str, str], float] = defaultdict(float)
     for interval in intervals:
         for day, hours in _split_by_day(interval, start, now):
-            cells[(day, interval.org, interval.mechanism)] += hours
-    rows = [Row(day, org, mech, hours) for (day, org, mech), hours in sorted(cells.items()) if hours > 0]
+            cells[(day, interval.org, interval.mechanism, interval.gpu_model)] += hours
+    rows = [Row(day, org, mech, hours, model) for (day, org, mech, model), hours in sorted(cells.items())
+            if hours > 0]
     by_day = {d: {m: 0.0 for m in MECHANISMS} for d in day_list}
     by_org: dict[str, dict[str, float]] = {}
     totals = {m: 0.0 for m in MECHANISMS}
@@ -393,4 +467,5 @@ def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsRe
         rows=rows, by_day=by_day,
         by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
         totals=totals, nodes_freed=in_window, nodes_freed_now=sum(1 for i in in_window if i.ongoing),
-        exempt=sorted(facts.exempt, key=lambda e: (-(e.gpus_held or 0), e.org)), notes=notes)
+        exempt=sorted(facts.exempt, key=lambda e: (-(e.gpus_held or 0), e.org)), notes=notes,
+        prices=dict(facts.prices))

@@ -10,6 +10,7 @@ from datetime import datetime
 from capacity.selectors import defrag_drains
 from clusters import kube
 from clusters.errors import KubeError
+from clusters.labels import GPU_PRODUCT_LABEL
 from clusters.selectors import snapshot_take
 from orgs import selectors as org_selectors
 from pruning.selectors import prune_actions_freeing
@@ -17,6 +18,7 @@ from pruning.selectors import prune_actions_freeing
 if TYPE_CHECKING:
     from clusters.models import Cluster
 
+from savings.models import GpuPrice
 from savings.planning import ExemptOrg, Facts, FloorChange, NodeDrain, PruneAction
 
 LIVE_PHASES = ("Pending", "Running")
@@ -40,16 +42,25 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
     gpus_per_replica = node_gpus = None
     schedulable: frozenset[str] = frozenset()
     held: dict[str, int] | None = None
+    node_models: dict[str, str] | None = None
+    namespace_models: dict[str, str] = {}
     error = ""
     try:
         gateway = gateway or kube.gateway_for(cluster)
         snapshot = snapshot_take(gateway, now=now)
         node_gpus = {n.name: n.gpus_allocatable for n in snapshot.nodes}
         schedulable = frozenset(n.name for n in snapshot.nodes if not n.unschedulable)
+        node_models = {n.name: n.labels.get(GPU_PRODUCT_LABEL, "") for n in snapshot.nodes if n.gpus_allocatable}
         held = {}
+        used: dict[str, set[str]] = {}
         for pod in snapshot.pods:
             if pod.phase in LIVE_PHASES and not pod.terminating:
                 held[pod.namespace] = held.get(pod.namespace, 0) + pod.gpus
+                if pod.gpus and pod.node_name:
+                    used.setdefault(pod.namespace, set()).add(node_models.get(pod.node_name, ""))
+        # Only a namespace whose GPU pods all run on one known model says what its workloads use.
+        namespace_models = {ns: next(iter(models)) for ns, models in used.items()
+                            if len(models) == 1 and "" not in models}
         if changes:
             gpus_per_replica = org_selectors.workload_gpus_per_replica(cluster=cluster, gateway=gateway, now=now)
         else:
@@ -61,4 +72,10 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
                    for r in exempt_rows)
     return Facts(floor_changes=changes, scale_to_zero_offs=offs, gpus_per_replica=gpus_per_replica,
                  prune_actions=prunes, drains=drains, node_gpus=node_gpus, nodes_schedulable=schedulable,
-                 exempt=exempt, cluster_error=error)
+                 exempt=exempt, cluster_error=error, node_models=node_models,
+                 namespace_models=namespace_models, prices=gpu_prices())
+
+
+def gpu_prices() -> dict:
+    """GPU model -> price per GPU-hour (Decimal), as the panel sets them."""
+    return dict(GpuPrice.objects.values_list("gpu_model", "price_per_gpu_hour"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
@@ -12,7 +13,8 @@ from django.shortcuts import render
 from clusters.selectors import cluster_find, clusters_all
 from config import clock
 
-from savings.planning import BINPACK, MECHANISM_BASIS, MECHANISMS, SavingsInputError, savings_plan, window
+from savings.planning import (BINPACK, MECHANISM_BASIS, MECHANISMS, UNKNOWN_MODEL, SavingsInputError, savings_plan,
+                              window)
 from savings.selectors import savings_facts
 
 CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
@@ -44,15 +46,21 @@ def savings_page(request, cluster: str):
     if error is not None:
         return error
     figures = report.shown()
-    per_org = [{"org": org, "cells": [hours[m] for m in MECHANISMS], "total": sum(hours.values())}
+    per_org = [{"org": org, "cells": [hours[m] for m in MECHANISMS], "total": sum(hours.values()),
+                "money": sum(figures.money_by_org[org].values()),
+                "unpriced": sum(figures.unpriced_by_org[org].values())}
                for org, hours in figures.by_org.items()]
-    mechanisms = [{"name": m, "hours": figures.totals[m], "basis": MECHANISM_BASIS[m],
-                   "measured": m != BINPACK} for m in MECHANISMS]
+    per_day = [{"day": d, "hours": sum(figures.by_day[d].values()), "money": sum(figures.money_by_day[d].values()),
+                "unpriced": sum(figures.unpriced_by_day[d].values())} for d in report.days]
+    mechanisms = [{"name": m, "hours": figures.totals[m], "money": figures.money_totals[m],
+                   "unpriced": figures.unpriced_totals[m],
+                   "basis": MECHANISM_BASIS[m], "measured": m != BINPACK} for m in MECHANISMS]
     return render(request, "savings/savings.html", {
         "title": f"Savings — {row.name}", "cluster": row, "clusters": clusters_all(),
         "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,
-        "per_org": per_org, "total": figures.total, "chart": report.chart_config(),
-        "day_choices": (7, 14, 30, 90)})
+        "per_org": per_org, "per_day": per_day, "total": figures.total, "chart": report.chart_config(),
+        "money_total": figures.money_total, "unpriced_total": sum(figures.unpriced_totals.values()), "currency": settings.SAVINGS_CURRENCY, "figures": figures,
+        "prices": sorted(report.prices.items()), "day_choices": (7, 14, 30, 90)})
 
 
 @cluster_contents_required
@@ -64,8 +72,13 @@ def savings_csv(request, cluster: str):
     first, last = report.days[0].isoformat(), report.days[-1].isoformat()
     response["Content-Disposition"] = f'attachment; filename="savings-{row.name}-{first}-to-{last}.csv"'
     writer = csv.writer(response)
-    writer.writerow(["day_utc", "org", "mechanism", "gpu_hours"])
-    # The rows as the page rounds them: they add up to its totals.
-    for r, hours in report.shown().rows:
-        writer.writerow([r.day.isoformat(), r.org, r.mechanism, f"{hours}"])
+    writer.writerow(["day_utc", "org", "mechanism", "gpu_model", "gpu_hours", "money", "currency", "money_note"])
+    # The rows as the page rounds them: they add up to its totals. A row without money says
+    # why in money_note and leaves money empty (never 0).
+    figures = report.shown()
+    for (r, hours), money in zip(figures.rows, figures.row_money):
+        model = r.gpu_model if r.gpu_model != UNKNOWN_MODEL else "unknown"
+        note = "" if money is not None else ("GPU model unknown" if r.gpu_model == UNKNOWN_MODEL else "no price")
+        writer.writerow([r.day.isoformat(), r.org, r.mechanism, model, f"{hours}",
+                         "" if money is None else f"{money}", settings.SAVINGS_CURRENCY, note])
     return response

@@ -136,3 +136,14 @@ def test_a_defrag_default_has_the_bounds_a_job_start_checks(name, bounds):
 
     low, high = getattr(services, bounds)
     refused(manage_check(**{name: "-1"}), name, f"at least {low:g} and at most {high:g}, not '-1'")
+
+
+@pytest.mark.parametrize("value", ["dollars", "usd", "US$", "EURO"])
+def test_a_currency_that_is_not_a_three_letter_code_stops_the_start(value):
+    refused(manage_check(SAVINGS_CURRENCY=value), "SAVINGS_CURRENCY",
+            f"a three-letter currency code such as USD or EUR, not {value!r}")
+
+
+def test_the_currency_is_read_as_written_and_empty_is_usd():
+    assert settings_read("SAVINGS_CURRENCY", SAVINGS_CURRENCY="EUR") == ["EUR"]
+    assert settings_read("SAVINGS_CURRENCY", SAVINGS_CURRENCY=" ") == ["USD"]

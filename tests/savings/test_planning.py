@@ -234,3 +234,48 @@ def test_every_figure_shown_is_the_sum_of_the_rows_shown_rounded_once(actions, r
     assert str(figures.total) == total
     assert figures.totals[PRUNING] == figures.total == sum(sum(d.values()) for d in figures.by_day.values())
     assert figures.total == sum((sum(o.values()) for o in figures.by_org.values()), Decimal(0))
+
+
+# ---- the GPU model of each row, and money ------------------------------------------------------
+
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
+
+
+def _prune(namespace: str, hours: float) -> PruneAction:
+    return PruneAction(org=namespace, subject=f"Deployment {namespace}/m (pod {namespace}/m-1)", gpus=1,
+                       acted_at=NOW - timedelta(hours=hours), restored_at=None, namespace=namespace, pod="m-1",
+                       owner_kind="Deployment", owner_name="m")
+
+
+@pytest.mark.parametrize(("node_models", "namespace_models", "expected"), [
+    ({"n1": H100, "n2": A100}, {"ns": A100}, A100),     # the namespace's GPU pods all run on one model
+    ({"n1": H100, "n2": A100}, {}, ""),                 # several models, nothing says which: unknown
+    ({"n1": H100, "n2": H100}, {}, H100),               # a cluster of one model
+    (None, {}, ""),                                     # the cluster could not be read
+])
+def test_a_pruned_pods_gpu_model(node_models, namespace_models, expected):
+    report = savings_plan(Facts(prune_actions=(_prune("ns", 2),), node_models=node_models,
+                                namespace_models=namespace_models), now=NOW, days=1)
+    assert {r.gpu_model for r in report.rows} == {expected}
+
+
+def test_a_drained_nodes_gpu_model_is_its_own_and_money_is_rounded_once_per_row():
+    """Rows: 8 GPUs × 1/3 h of A100 (2.67 h × 1.10 = 2.937 → 2.94), of H100 without a price,
+    and a pruned pod of unknown model: money only on the first, the totals its sums."""
+    from decimal import Decimal
+
+    facts = Facts(drains=(NodeDrain("a", 1, NOW - timedelta(minutes=20), None, 0),
+                          NodeDrain("h", 2, NOW - timedelta(minutes=20), None, 0)),
+                  node_gpus={"a": 8, "h": 8}, node_models={"a": A100, "h": H100},
+                  prune_actions=(_prune("ns", 1),), prices={A100: Decimal("1.10")})
+    shown = savings_plan(facts, now=NOW, days=1).shown()
+    by_model = {row.gpu_model: (hours, money) for (row, hours), money in zip(shown.rows, shown.row_money)}
+    assert by_model == {A100: (Decimal("2.67"), Decimal("2.94")), H100: (Decimal("2.67"), None),
+                        "": (Decimal("1.00"), None)}
+    assert shown.money_total == shown.money_totals[DRAIN] == Decimal("2.94")
+    assert shown.money_by_org[NO_ORG][DRAIN] == Decimal("2.94") and shown.money_by_org["ns"][PRUNING] == 0
+    assert shown.unpriced == {H100: Decimal("2.67")}
+    assert (shown.unknown_rows, shown.unknown_hours) == (1, Decimal("1.00"))
+    assert shown.unpriced_totals[DRAIN] == Decimal("2.67") and shown.unpriced_totals[PRUNING] == Decimal("1.00")
+    assert shown.unpriced_by_org["ns"][PRUNING] == Decimal("1.00") and shown.unpriced_by_org[NO_ORG][DRAIN] == \
+        Decimal("2.67")

@@ -131,7 +131,7 @@ def test_csv_has_a_row_per_day_org_and_mechanism_from_the_records(world, client,
     assert re.fullmatch(r'attachment; filename="savings-sim-\d{4}-\d\d-\d\d-to-\d{4}-\d\d-\d\d\.csv"',
                         response["Content-Disposition"])
     text = response.content.decode()
-    assert text.splitlines()[0] == "day_utc,org,mechanism,gpu_hours"
+    assert text.splitlines()[0] == "day_utc,org,mechanism,gpu_model,gpu_hours,money,currency,money_note"
     rows = _rows(response)
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\d", r["day_utc"]) for r in rows)
     assert _hours(rows, "acme", "dormancy") == pytest.approx(6.0, abs=0.01)       # 1 × 2 GPUs × 3 h
@@ -311,7 +311,8 @@ def _shown_figures(html: str) -> dict:
     return {"headline": Decimal(re.search(r'id="savings-total">([^<]*)<', html).group(1)),
             "mechanisms": {m: Decimal(h) for m, h in re.findall(
                 r'<tr data-mechanism="([^"]+)"><td>[^<]*</td>\s*<td class="num">([0-9.]+)</td>', html)},
-            "org_totals": [Decimal(t) for t in re.findall(r'<td class="num">([0-9.]+)</td></tr>', orgs)],
+            "org_totals": [Decimal(t) for t in re.findall(r'<td class="num">([0-9.]+)</td>(?:<td class="num">[0-9.]+</td>){2}</tr>',
+                                                           orgs)],
             "chart": [Decimal(repr(v)) for d in config["data"]["datasets"] for v in d["data"]]}
 
 
