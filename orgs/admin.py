@@ -163,10 +163,12 @@ class OrgAdmin(RetireInsteadOfDeleteMixin, ListFiltersCheckedMixin, JsonAsTables
                     "last_activity_at", "dormant_since", "scale_to_zero_state", "has_drift", "reconciled_at")
     list_filter = ("dormant", "scale_to_zero_allowed", ExemptionFilter, "applied", "cluster")
     search_fields = ("slug", "namespace")
-    readonly_fields = ("dormant", "dormant_since", "last_activity_at", "exemption", "scale_to_zero_state", "applied",
+    # The page shows dormancy and scale to zero in words too (the list's columns), not as the
+    # booleans' icons; the actions change them, never the form.
+    readonly_fields = ("dormancy", "dormant_since", "last_activity_at", "exemption", "scale_to_zero_state", "applied",
                        "pending", "pending_since", "drift", "last_error", "reconciled_at", "mechanism", "knative_lever",
-                       "created_at", "scale_to_zero_allowed")
-    exclude = ("exempt", "snoozed_until", "exemption_reason")
+                       "created_at", "scale_to_zero")
+    exclude = ("exempt", "snoozed_until", "exemption_reason", "dormant", "scale_to_zero_allowed")
     inlines = [WorkloadExemptionInline, DormancySwitchInline]
     actions = ["disallow_scale_to_zero", "allow_scale_to_zero", "mark_active_now", "run_dormancy_sweep_now",
                "exempt_or_snooze", "end_exemption"]

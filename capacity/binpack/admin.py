@@ -17,7 +17,7 @@ class BinpackRunAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAd
 
     # A run still writing has recorded what it announced, not what it wrote: its counts are
     # shown as not final rather than as zeros.
-    list_display = ("id", "cluster", "trigger", "by", "dry_run", "state", "started_at", "planned", "written_shown",
+    list_display = ("id", "cluster", "trigger", "by", "mode", "state", "started_at", "planned", "written_shown",
                     "unchanged", "skipped", "stale_shown", "unwritten_shown", "unknown_shown", "over_budget",
                     "plan_seconds")
     list_filter = ("cluster", "trigger", "dry_run", "state")
@@ -30,6 +30,11 @@ class BinpackRunAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAd
     errors_shown = json_table_display("errors", "errors")
 
     by = actor_display("actor", "actor_label", "by", ordering="actor")
+
+    @admin.display(description="mode", ordering="dry_run")
+    def mode(self, run: BinpackRun) -> str:
+        # Words, not the boolean's icons: a red ✖ would mark every run that wrote.
+        return "dry run" if run.dry_run else "write"
 
     @admin.display(description="written", ordering="written")
     def written_shown(self, run: BinpackRun) -> str:
