@@ -39,3 +39,31 @@ def setup(prefix: str, *, extra_paths: tuple[str, ...] | list[str] = (), env: di
     django.setup()
     call_command("migrate", verbosity=0)
     return folder
+
+
+def postgres_server() -> str:
+    """A PostgreSQL server's URL without a database name, for the benches that need one:
+    BENCH_POSTGRES_URL, else the server on 127.0.0.1:5432 when one answers, else a private
+    server started as the tests start theirs (tests/pgserver.py), stopped at exit."""
+    import socket
+
+    import psycopg
+
+    if os.environ.get("BENCH_POSTGRES_URL"):
+        return os.environ["BENCH_POSTGRES_URL"].rstrip("/")
+    try:
+        psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
+        return "postgres://postgres@127.0.0.1:5432"
+    except psycopg.OperationalError:
+        pass
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.pgserver import start_private_postgres
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = start_private_postgres(port=port)
+    atexit.register(server.stop)
+    print(f"no PostgreSQL on 127.0.0.1:5432: started a private one on port {port}", flush=True)
+    return server.url("postgres").rsplit("/", 1)[0]

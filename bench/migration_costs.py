@@ -19,7 +19,6 @@ import argparse
 import atexit
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -27,32 +26,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
+from _django import postgres_server
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _postgres() -> str:
-    """BENCH_POSTGRES_URL, else 127.0.0.1:5432 when it answers, else a private server (stopped at exit)."""
-    if os.environ.get("BENCH_POSTGRES_URL"):
-        return os.environ["BENCH_POSTGRES_URL"].rstrip("/")
-    try:
-        psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
-        return "postgres://postgres@127.0.0.1:5432"
-    except psycopg.OperationalError:
-        pass
-    from tests.pgserver import start_private_postgres
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = start_private_postgres(port=port)
-    atexit.register(server.stop)
-    print(f"no PostgreSQL on 127.0.0.1:5432: started a private one on port {port}", flush=True)
-    return server.url("postgres").rsplit("/", 1)[0]
-
-
-SERVER = _postgres()
+SERVER = postgres_server()
 DB_NAME = f"bench_migration_costs_{os.getpid()}"
 _tmp = Path(tempfile.mkdtemp(prefix="migration-costs-bench-"))
 atexit.register(shutil.rmtree, _tmp, ignore_errors=True)

@@ -40,7 +40,6 @@ import atexit
 import gc
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
+from _django import postgres_server
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,28 +56,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _runs import Report, bench_arguments, per_run, scales_of  # noqa: E402
 
 
-def _postgres() -> str:
-    """BENCH_POSTGRES_URL, else the server on 127.0.0.1:5432 when one answers, else a
-    private server started as the tests start theirs (tests/pgserver.py), stopped at exit."""
-    if os.environ.get("BENCH_POSTGRES_URL"):
-        return os.environ["BENCH_POSTGRES_URL"].rstrip("/")
-    try:
-        psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
-        return "postgres://postgres@127.0.0.1:5432"
-    except psycopg.OperationalError:
-        pass
-    from tests.pgserver import start_private_postgres
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = start_private_postgres(port=port)
-    atexit.register(server.stop)
-    print(f"no PostgreSQL on 127.0.0.1:5432: started a private one on port {port}", flush=True)
-    return server.url("postgres").rsplit("/", 1)[0]
-
-
-SERVER = _postgres()
+SERVER = postgres_server()
 DB_NAME = f"bench_orgs_sweep_{os.getpid()}"
 _tmp = Path(tempfile.mkdtemp(prefix="orgs-sweep-bench-"))
 atexit.register(shutil.rmtree, _tmp, ignore_errors=True)   # a bench leaves nothing in /tmp
