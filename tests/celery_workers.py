@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,22 +25,32 @@ CELERY = Path(sys.executable).with_name("celery")
 POLL_LIMIT_S = 60.0
 
 
-@pytest.fixture
-def broker_url(redis_url):
-    """A Redis database number no one else uses right now, claimed for this test, emptied after."""
+@contextmanager
+def redis_database_claimed(redis_url: str, *, ttl_seconds: int):
+    """A Redis database number (1-15; db 0 holds the tests' caches) that no one else uses
+    right now, claimed for at most `ttl_seconds`, emptied after: yields its URL."""
     base = redis_url.rsplit("/", 1)[0]
     start = os.getpid() % 15
     for step in range(15):
-        db = 1 + (start + step) % 15  # db 0 holds the tests' caches
+        db = 1 + (start + step) % 15
         client = redis.Redis.from_url(f"{base}/{db}")
-        if client.dbsize() == 0 and client.set("capacity-test:claim", os.getpid(), nx=True, ex=600):
+        if client.dbsize() == 0 and client.set("capacity-test:claim", os.getpid(), nx=True, ex=ttl_seconds):
             break
         client.close()
     else:
-        pytest.fail("no free Redis database number (1-15) for the worker's broker")
-    yield f"{base}/{db}"
-    client.flushdb()
-    client.close()
+        pytest.fail("no free Redis database number (1-15) for a broker")
+    try:
+        yield f"{base}/{db}"
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def broker_url(redis_url):
+    """The worker's broker: a Redis database number of this test's own."""
+    with redis_database_claimed(redis_url, ttl_seconds=600) as url:
+        yield url
 
 
 @pytest.fixture

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 import requests
 import yaml
 from containers import (DEPLOY, IMAGE, POLL_LIMIT_S, Podman, empty_dirs, free_port, manifest_container, sql,
                         wait_for)
 
+from tests.celery_workers import redis_database_claimed
 from tests.tiers import tier_collect
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -62,18 +62,9 @@ def database(request, postgres_url):
 
 @pytest.fixture(scope="module")
 def broker(redis_url):
-    """A Redis database number no one else uses right now, emptied after."""
-    base = redis_url.rsplit("/", 1)[0]
-    for db in range(15, 0, -1):
-        client = redis.Redis.from_url(f"{base}/{db}")
-        if client.dbsize() == 0 and client.set("image-test:claim", os.getpid(), nx=True, ex=1800):
-            break
-        client.close()
-    else:
-        pytest.fail("no free Redis database number for the containers' broker")
-    yield f"{base}/{db}"
-    client.flushdb()
-    client.close()
+    """The containers' broker: a Redis database number of this module's own."""
+    with redis_database_claimed(redis_url, ttl_seconds=1800) as url:
+        yield url
 
 
 class Stack:
