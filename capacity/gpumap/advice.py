@@ -159,7 +159,7 @@ class DefragAdvice:
         return "; ".join(parts) + "."
 
 
-class _Room:
+class Room:
     """Free GPUs per node, kept sorted as (free GPUs, rank, node), and where the scheduler
     would place a pod in it. Among nodes with the same free GPUs the lowest rank is filled
     first: (under LeastAllocated, empty nodes: see above), nodes that are no candidate, then
@@ -307,9 +307,9 @@ def defrag_advice(snapshot: ClusterSnapshot, *, held_nodes: Collection[str] = ()
                 own[node.name] = [(f"{p.namespace}/{p.name}", p.gpus) for p in pods if p.gpus > 0]
         order = sorted(own, key=lambda n: (_gpus(own[n]), len(own[n]), n))
         rank = {name: -i for i, name in enumerate(order)}
-        partly_used = [(n.gpus_allocatable - used[n.name], rank.get(n.name, _Room.NOT_A_CANDIDATE), n.name)
+        partly_used = [(n.gpus_allocatable - used[n.name], rank.get(n.name, Room.NOT_A_CANDIDATE), n.name)
                        for n in open_nodes if n.ready and 0 < used[n.name] < n.gpus_allocatable]
-        empty_rank = _Room.EMPTY if spread else _Room.NOT_A_CANDIDATE
+        empty_rank = Room.EMPTY if spread else Room.NOT_A_CANDIDATE
         empties = [(n.gpus_allocatable, empty_rank, n.name) for n in open_nodes if n.ready and used[n.name] == 0]
         empty_names = [name for _, _, name in empties]
 
@@ -321,8 +321,8 @@ def defrag_advice(snapshot: ClusterSnapshot, *, held_nodes: Collection[str] = ()
         # now; when they fit nowhere but on an empty node, that it needs one; and under
         # LeastAllocated, when the scheduler would prefer an empty node, that it frees nothing.
         alone: dict[str, list[Move] | None] = {}
-        room = _Room(partly_used, scoring=scoring, size=size)
-        with_empty = _Room(partly_used + empties, scoring=scoring, size=size)
+        room = Room(partly_used, scoring=scoring, size=size)
+        with_empty = Room(partly_used + empties, scoring=scoring, size=size)
         for name in order:
             mine, also_mine = room.take(name), with_empty.take(name)
             alone[name] = room.place(own[name])

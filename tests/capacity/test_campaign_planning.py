@@ -1,0 +1,168 @@
+"""A consolidation campaign's plan: which nodes of a pool it frees, in what order, and where
+each pod lands, with every campaign node cordoned before the first pod moves."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from defrag_builders import make_model_pod, make_node, make_pod
+from capacity.campaigns.planning import (
+    BLOCKED,
+    CLOSED,
+    DO_NOT_DISRUPT_NODE,
+    EMPTY,
+    GOAL_MET,
+    HELD,
+    NO_ROOM,
+    ON_HOLD,
+    RECEIVES,
+    CampaignInputError,
+    CampaignPlan,
+    campaign_plan,
+    lower_bound_nodes,
+    one_at_a_time,
+    pool_selector_parse,
+)
+from capacity.gpumap.advice import Scoring
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+MOST, LEAST = Scoring.MOST_ALLOCATED, Scoring.LEAST_ALLOCATED
+H100 = {"karpenter.sh/nodepool": "h100"}
+
+
+def snapshot(layout: dict[str, list[int]], *, nodes: list[dict] = (), pods: list[dict] = ()) -> ClusterSnapshot:
+    """`layout`: node → the GPUs of its model pods (8-GPU H100 nodes of pool h100)."""
+    all_nodes = [make_node(name) for name in layout] + list(nodes)
+    all_pods = [make_model_pod(f"{name}-{i}", revision=f"m{name}{i}-00001", node=name, gpus=g)
+                for name, gpus in layout.items() for i, g in enumerate(gpus)] + list(pods)
+    return ClusterSnapshot.build(taken_at=NOW, nodes=[NodeView.from_object(n) for n in all_nodes],
+                                 pods=[PodView.from_object(p) for p in all_pods])
+
+
+def targets(plan: CampaignPlan) -> set[str]:
+    return {m.to for m in plan.moves}
+
+
+@pytest.mark.parametrize("scoring", [MOST, LEAST])
+def test_six_half_full_nodes_free_three_and_no_pod_lands_on_a_campaign_node(scoring):
+    plan = campaign_plan(snapshot({n: [2, 2] for n in "abcdef"}), selector=H100, scoring=scoring)
+    assert plan.freed == 3 and plan.gpus_freed == 24
+    assert plan.pods_moved == 6 and plan.pods_moved_twice == 0 and plan.replacements_on_campaign_nodes == 0
+    assert not targets(plan) & set(plan.node_names)
+    # Every pod of the campaign's nodes moves, once.
+    assert sorted(m.pod for m in plan.moves) == sorted(f"org-a/{n}-{i}" for n in plan.node_names for i in (0, 1))
+    assert (plan.lower_bound, plan.most_freeable) == (3, 3)
+    assert [o.reason for o in plan.left_out] == [RECEIVES] * 3
+    assert plan.summary.startswith("3 nodes of pool karpenter.sh/nodepool=h100 can be freed (24 GPUs); 6 pods move "
+                                   "once each, none onto a node of the campaign.")
+
+
+def test_a_pod_the_plan_put_on_a_later_node_goes_elsewhere_once_that_node_joins():
+    # Under LeastAllocated a's pod would go to b (the most room). With b in the campaign too
+    # (cordoned from the start), the scheduler puts it on c or d instead: a and b are both freed.
+    plan = campaign_plan(snapshot({"a": [1], "b": [2], "c": [5], "d": [5]}), selector=H100, scoring=LEAST)
+    assert plan.node_names == ("a", "b")
+    assert targets(plan) <= {"c", "d"}
+    assert plan.pods_moved == 2 and plan.pods_moved_twice == 0
+    left = {o.node: o for o in plan.left_out}
+    assert left["c"].reason == RECEIVES and "from" in left["c"].why
+
+
+def test_the_campaign_against_one_node_at_a_time_on_the_same_cluster():
+    snap = snapshot({"a": [1], "b": [2], "c": [5], "d": [5]})
+    campaign = campaign_plan(snap, selector=H100, scoring=LEAST)
+    alone = one_at_a_time(snap, selector=H100, scoring=LEAST)
+    assert campaign.pods_moved_twice == 0
+    assert alone["freed"] >= 1
+    assert campaign.freed >= alone["freed"] or alone["pods_moved_twice"] > 0
+
+
+def test_goal_stops_at_k_nodes_and_says_why_the_rest_stay():
+    plan = campaign_plan(snapshot({n: [2, 2] for n in "abcdef"}), selector=H100, goal=1, scoring=MOST)
+    assert plan.freed == 1 and plan.goal_met
+    assert {o.reason for o in plan.left_out} == {GOAL_MET}
+    short = campaign_plan(snapshot({"a": [4], "b": [4]}), selector=H100, goal=2, scoring=MOST)
+    assert short.freed == 1 and not short.goal_met
+    assert "; 2 asked for." in short.summary
+
+
+def test_nodes_that_cannot_move_are_left_out_each_with_its_reason():
+    extra_nodes = [make_node("dnd"), make_node("held"), make_node("closed", unschedulable=True),
+                   make_node("empty"), make_node("nb"), make_node("hold")]
+    extra_nodes[0]["metadata"]["annotations"] = {"karpenter.sh/do-not-disrupt": "true"}
+    extra_pods = [
+        make_model_pod("dnd-0", revision="mdnd-00001", node="dnd", gpus=1),
+        make_model_pod("held-0", revision="mheld-00001", node="held", gpus=1),
+        make_model_pod("closed-0", revision="mclosed-00001", node="closed", gpus=1),
+        make_pod("nb-0", node="nb", gpus=1, owner=("StatefulSet", "notebook")),
+        make_model_pod("hold-0", revision="llama-00001", node="hold", gpus=1),
+    ]
+    plan = campaign_plan(snapshot({"a": [6]}, nodes=extra_nodes, pods=extra_pods), selector=H100, scoring=MOST,
+                         held_nodes={"held"}, holds={("org-a", "llama"): "snoozed until Monday"})
+    left = {o.node: o for o in plan.left_out}
+    assert {n: o.reason for n, o in left.items() if n != "a"} == {
+        "dnd": DO_NOT_DISRUPT_NODE, "held": HELD, "closed": CLOSED, "empty": EMPTY, "nb": BLOCKED, "hold": ON_HOLD}
+    assert "org-a/llama is on hold (snoozed until Monday)" in left["hold"].why
+    assert "org-a/nb-0 (StatefulSet pod" in left["nb"].why
+    # Nodes left out still take moved pods, except those that take none (cordoned, held
+    # by a job) and, under MostAllocated, the empty one while others fit.
+    assert plan.node_names == ("a",) and targets(plan) <= {"dnd", "nb", "hold"}
+
+
+def test_a_node_whose_pods_fit_nowhere_outside_the_campaign_is_left_out():
+    plan = campaign_plan(snapshot({"a": [6], "b": [6]}), selector=H100, scoring=MOST)
+    assert plan.freed == 0
+    assert {o.node: o.reason for o in plan.left_out} == {"a": NO_ROOM, "b": NO_ROOM}
+    assert "its pods need 6 GPUs; they do not fit outside the campaign (other non-empty nodes have 2 free GPU(s)" \
+        in plan.left_out[0].why
+    assert plan.summary.startswith("No node of pool karpenter.sh/nodepool=h100 can be freed.")
+
+
+def test_under_least_allocated_the_pools_empty_nodes_are_kept_empty_while_it_runs():
+    snap = snapshot({"a": [2], "b": [4]}, nodes=[make_node("z")])
+    plan = campaign_plan(snap, selector=H100, scoring=LEAST)
+    assert plan.node_names == ("a",) and plan.kept_empty == ("z",)
+    assert targets(plan) == {"b"}
+    assert any("Kept empty while it runs" in line and "z" in line for line in plan.report_lines())
+    packing = campaign_plan(snap, selector=H100, scoring=MOST)
+    assert packing.kept_empty == () and targets(packing) == {"b"}
+
+
+def test_room_outside_the_pool_of_the_same_gpu_product_counts():
+    other_pool = make_node("o", pool="h100-reserved")
+    snap = snapshot({"a": [3]}, nodes=[other_pool], pods=[make_model_pod("o-0", revision="mo-00001", node="o", gpus=4)])
+    plan = campaign_plan(snap, selector=H100, scoring=MOST)
+    assert plan.node_names == ("a",) and targets(plan) == {"o"}
+    assert plan.pool_nodes == 1
+
+
+def test_the_plan_survives_being_stored():
+    plan = campaign_plan(snapshot({n: [2, 2] for n in "abcd"}, nodes=[make_node("z")]), selector=H100, scoring=LEAST)
+    assert CampaignPlan.from_dict(plan.to_dict()) == plan
+
+
+@pytest.mark.parametrize("text, error", [
+    ("", "--pool takes KEY=VALUE node labels"),
+    ("h100", "not 'h100'"),
+    ("a=1,a=2", "names label 'a' twice"),
+    ("a=", "not 'a='"),
+])
+def test_a_bad_pool_selector_is_refused_naming_what_is_wrong(text, error):
+    with pytest.raises(CampaignInputError, match=error):
+        pool_selector_parse(text)
+
+
+def test_a_pool_or_goal_that_points_at_nothing_is_refused():
+    assert pool_selector_parse("karpenter.sh/nodepool=h100, zone=a") == {"karpenter.sh/nodepool": "h100", "zone": "a"}
+    with pytest.raises(CampaignInputError, match="no GPU node has the labels karpenter.sh/nodepool=nosuch"):
+        campaign_plan(snapshot({"a": [1]}), selector={"karpenter.sh/nodepool": "nosuch"})
+    with pytest.raises(CampaignInputError, match="must be 1 or more, not 0"):
+        campaign_plan(snapshot({"a": [1]}), selector=H100, goal=0)
+
+
+@pytest.mark.parametrize("sizes, requested, expected", [
+    ([8, 8, 8], 0, 0), ([8, 8, 8], 1, 1), ([8, 8, 8], 16, 2), ([8, 8, 8], 17, 3), ([4, 16, 8], 20, 2)])
+def test_lower_bound_is_the_fewest_nodes_the_requests_fit_on(sizes, requested, expected):
+    assert lower_bound_nodes(sizes, requested) == expected
