@@ -5,9 +5,9 @@ imports them, so that they register with the app. Import a model from its featur
 package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.models`),
 not from here.
 """
-from capacity.binpack.models import BinpackCluster, BinpackRun
+from capacity.binpack.models import BinpackCluster, BinpackNodeFreed, BinpackRun
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackRun", "DefragJob", "DefragLogLine", "DefragOrphan",
+__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "DefragJob", "DefragLogLine", "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]

@@ -95,6 +95,17 @@ SCHEDULES: tuple[Periodic, ...] = (
                     "only pods whose cost changes are patched.",
     ),
     Periodic(
+        name="capacity: binpack freed nodes check",
+        task="capacity.binpack.tasks.binpack_freed_check_all_clusters",
+        # 120 s: a node binpack marked is seen free (or holding GPU pods again) within two
+        # minutes, what the savings page counts from. A cluster with no mark in the last hour
+        # and no node counted free now is not read.
+        every_seconds=120,
+        description="Read each cluster with nodes binpack marked to be emptied first and record which were "
+                    "freed (no GPU pod, or removed), and when one holds GPU pods again: what the savings page "
+                    "counts under binpack.",
+    ),
+    Periodic(
         name="capacity: model registry sync",
         task="capacity.runbook.tasks.registry_sync_all_clusters",
         every_seconds=300,

@@ -3,7 +3,7 @@ and per org, whole nodes freed, and the GPUs held warm by orgs exempt from scale
 
 Pure: the facts (recorded decisions, plus the GPU counts read from the cluster) and `now`
 in, a `SavingsReport` out. Every number says what it is computed from (`MECHANISM_BASIS`);
-what the product does not record is reported as not measured, never guessed.
+what the product does not record is left out and named in the notes, never guessed.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from datetime import date, datetime, time, timedelta, timezone
 
 DORMANCY, PRUNING, DRAIN, BINPACK = "dormancy", "pruning", "defrag/drain", "binpack"
 MECHANISMS = (DORMANCY, PRUNING, DRAIN, BINPACK)
-NO_ORG = "(whole nodes)"   # a drained node's GPUs belong to no one org
+NO_ORG = "(whole nodes)"   # a drained or binpack-freed node's GPUs belong to no one org
 # What a page or a CSV shows, in GPU-hours: 0.01 GPU-hour is 36 GPU-seconds. Each row is
 # rounded to it once, and every total shown is the exact sum of rounded rows.
 SHOWN = Decimal("0.01")
@@ -34,8 +34,13 @@ MECHANISM_BASIS = {
              "workload at zero (those are counted once, under dormancy)",
     DRAIN: "each drained node: its allocatable GPUs × hours from the drain until it was returned to service "
            "(or now)",
-    BINPACK: "not measured: binpack only writes pod-deletion costs; which scale-down then freed a node is the "
-             "ReplicaSet controller's choice, and no such event is recorded",
+    BINPACK: "each GPU node a binpack run (one that wrote) marked to be emptied first (its pods carry the lowest "
+             "deletion cost of their workload) and that a check every 2 minutes then saw with no GPU pod, or gone "
+             "from the cluster, within an hour of the mark, while every workload that held it still ran pods "
+             "elsewhere: its allocatable GPUs × hours from that first sighting until the last sighting free before "
+             "it held GPU pods again or one of those workloads went to zero pods (or now). A node emptied because "
+             "a workload went to zero (dormancy, the pruner, a deletion) is not binpack's; hours a defrag job "
+             "held the node drained are counted once, under defrag/drain",
 }
 
 
@@ -84,6 +89,20 @@ class NodeDrain:
 
 
 @dataclass(frozen=True)
+class BinpackNodeFree:
+    """A GPU node binpack marked to be emptied first, seen free from `freed_at` until
+    `ended_at` (None: free now)."""
+
+    node: str
+    run_id: int
+    gpus: int             # its allocatable GPUs when marked
+    freed_at: datetime
+    ended_at: datetime | None
+    gpu_model: str = UNKNOWN_MODEL   # its label nvidia.com/gpu.product when marked
+    removed_at: datetime | None = None   # first seen gone from the cluster
+
+
+@dataclass(frozen=True)
 class ExemptOrg:
     org: str
     dormant: bool
@@ -124,6 +143,7 @@ class Facts:
     node_models: dict[str, str] | None = None          # node -> its GPU model now; None: not read
     namespace_models: dict[str, str] = field(default_factory=dict)   # namespace -> the one GPU model its pods use
     prices: dict[str, Decimal] = field(default_factory=dict)          # GPU model -> price per GPU-hour
+    binpack_frees: tuple[BinpackNodeFree, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,6 +170,13 @@ class SavingsReport:
     exempt: list[ExemptOrg]
     notes: list[str] = field(default_factory=list)
     prices: dict[str, Decimal] = field(default_factory=dict)
+    binpack_nodes: list[Interval] = field(default_factory=list)   # binpack-freed node intervals in the window
+    binpack_nodes_now: int = 0                       # nodes of those still counted free now
+
+    @property
+    def binpack_node_count(self) -> int:
+        """Distinct nodes among `binpack_nodes` (one node freed twice, or split by a drain, is one)."""
+        return len({_node_of(i) for i in self.binpack_nodes})
 
     @property
     def total_gpu_hours(self) -> float:
@@ -167,7 +194,7 @@ class SavingsReport:
         return {
             "type": "bar",
             "data": {"labels": [d.isoformat() for d in self.days],
-                     "datasets": [{"label": m if m != BINPACK else f"{m} (not measured)",
+                     "datasets": [{"label": m,
                                    "data": [float(figures.by_day[d][m]) for d in self.days],
                                    "backgroundColor": colours[m]} for m in MECHANISMS]},
             "options": {"responsive": True, "maintainAspectRatio": False, "animation": False,
@@ -408,6 +435,37 @@ def drain_intervals(drains: tuple[NodeDrain, ...], node_gpus: dict[str, int] | N
     return intervals, notes
 
 
+def binpack_intervals(frees: tuple[BinpackNodeFree, ...], *, now: datetime,
+                      drains: tuple[NodeDrain, ...] = ()) -> tuple[list[Interval], list[str]]:
+    """Each binpack-freed node's GPUs from its first sighting free until its count stopped
+    (or now). Hours a defrag job held the same node drained (from its drain until its return
+    to service, or now) are left out: that node's GPUs are counted once, under defrag/drain."""
+    intervals, overlapped = [], 0.0
+    drained: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for d in drains:
+        drained[d.node].append((d.drained_at, d.returned_at or now))
+    for f in frees:
+        if f.gpus <= 0:
+            continue
+        end, ongoing = min(f.ended_at or now, now), f.ended_at is None
+        subject = f"node {f.node} (binpack run #{f.run_id})"
+        note = "removed from the cluster" if f.removed_at is not None else ""
+        lo = f.freed_at
+        for start, stop in sorted(drained.get(f.node, ())) + [(end, end)]:
+            if start > lo:
+                piece_end = min(start, end)
+                intervals.append(Interval(BINPACK, NO_ORG, subject, f.gpus, lo, piece_end,
+                                          ongoing and piece_end == end, note=note, gpu_model=f.gpu_model))
+            if stop > lo and start < end:
+                overlapped += f.gpus * (min(stop, end) - max(start, lo)).total_seconds() / 3600.0
+            lo = max(lo, stop)
+            if lo >= end:
+                break
+    notes = [f"binpack: {overlapped:.1f} GPU-hour(s) of nodes binpack freed while a defrag job held them drained are "
+             f"counted once, under defrag/drain"] if overlapped > 0 else []
+    return intervals, notes
+
+
 def _split_by_day(interval: Interval, start: datetime, end: datetime):
     """(UTC day, GPU-hours) of the part of `interval` inside [start, end)."""
     lo, hi = max(interval.start, start), min(interval.end, end)
@@ -419,12 +477,19 @@ def _split_by_day(interval: Interval, start: datetime, end: datetime):
         lo = upto
 
 
+def _node_of(interval: Interval) -> str:
+    """The node a drain's or binpack's interval is of ("node <name> (…)")."""
+    return interval.subject.removeprefix("node ").partition(" ")[0]
+
+
 def gpu_model_of(interval: Interval, facts: Facts) -> str:
     """The GPU model of what `interval` freed, or UNKNOWN_MODEL. A drained node: its own label
     nvidia.com/gpu.product. A pruned pod or a dormant workload (neither records its node): the
     one model its namespace's GPU pods run on now. Else, a cluster of one GPU model: that model."""
+    if interval.mechanism == BINPACK:
+        return interval.gpu_model     # the node's label when marked: it may be gone from the cluster now
     if interval.mechanism == DRAIN:
-        node = interval.subject.removeprefix("node ").partition(" ")[0]
+        node = _node_of(interval)
         if facts.node_models and facts.node_models.get(node):
             return facts.node_models[node]
     else:
@@ -443,10 +508,11 @@ def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsRe
     drains, drain_notes = drain_intervals(facts.drains, facts.node_gpus, now=now,
                                           schedulable=facts.nodes_schedulable)
     prunes, prune_notes = prune_intervals(facts.prune_actions, now=now, dormancy=dormancy)
-    intervals = [replace(i, gpu_model=gpu_model_of(i, facts)) for i in dormancy + prunes + drains]
+    binpacked, binpack_notes = binpack_intervals(facts.binpack_frees, now=now, drains=facts.drains)
+    intervals = [replace(i, gpu_model=gpu_model_of(i, facts)) for i in dormancy + prunes + drains + binpacked]
     drains = [i for i in intervals if i.mechanism == DRAIN]
     notes = ([f"the cluster could not be read: {facts.cluster_error}"] if facts.cluster_error else []) \
-        + notes + prune_notes + drain_notes + [f"binpack: {MECHANISM_BASIS[BINPACK]}"]
+        + notes + prune_notes + drain_notes + binpack_notes
 
     cells: dict[tuple[date, str, str, str], float] = defaultdict(float)
     for interval in intervals:
@@ -462,10 +528,12 @@ def savings_plan(facts: Facts, *, now: datetime, days: object = 14) -> SavingsRe
         by_org.setdefault(row.org, {m: 0.0 for m in MECHANISMS})[row.mechanism] += row.gpu_hours
         totals[row.mechanism] += row.gpu_hours
     in_window = [i for i in drains if i.end > start and i.start < now]
+    binpack_nodes = [i for i in intervals if i.mechanism == BINPACK and i.end > start and i.start < now]
     return SavingsReport(
         start=start, end=now, days=day_list, intervals=[i for i in intervals if i.end > start and i.start < now],
         rows=rows, by_day=by_day,
         by_org=dict(sorted(by_org.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))),
         totals=totals, nodes_freed=in_window, nodes_freed_now=sum(1 for i in in_window if i.ongoing),
+        binpack_nodes=binpack_nodes, binpack_nodes_now=len({_node_of(i) for i in binpack_nodes if i.ongoing}),
         exempt=sorted(facts.exempt, key=lambda e: (-(e.gpus_held or 0), e.org)), notes=notes,
         prices=dict(facts.prices))

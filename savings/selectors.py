@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from datetime import datetime
 
+from capacity.binpack.selectors import binpack_nodes_freed
 from capacity.selectors import defrag_drains
 from clusters import kube
 from clusters.errors import KubeError
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from clusters.models import Cluster
 
 from savings.models import GpuPrice
-from savings.planning import ExemptOrg, Facts, FloorChange, NodeDrain, PruneAction
+from savings.planning import BinpackNodeFree, ExemptOrg, Facts, FloorChange, NodeDrain, PruneAction
 
 LIVE_PHASES = ("Pending", "Running")
 
@@ -37,6 +38,7 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
                     namespace=a["namespace"], pod=a["pod"], owner_kind=a["owner_kind"], owner_name=a["owner_name"])
         for a in prune_actions_freeing(cluster=cluster, since=since))
     drains = tuple(NodeDrain(**d) for d in defrag_drains(cluster=cluster, until=now))
+    frees = tuple(BinpackNodeFree(**f) for f in binpack_nodes_freed(cluster=cluster, until=now, since=since))
     exempt_rows = org_selectors.orgs_exempt_from_scale_to_zero(cluster=cluster, now=now)
 
     gpus_per_replica = node_gpus = None
@@ -73,7 +75,7 @@ def savings_facts(*, cluster: Cluster, now: datetime, since: datetime,
     return Facts(floor_changes=changes, scale_to_zero_offs=offs, gpus_per_replica=gpus_per_replica,
                  prune_actions=prunes, drains=drains, node_gpus=node_gpus, nodes_schedulable=schedulable,
                  exempt=exempt, cluster_error=error, node_models=node_models,
-                 namespace_models=namespace_models, prices=gpu_prices())
+                 namespace_models=namespace_models, prices=gpu_prices(), binpack_frees=frees)
 
 
 def gpu_prices() -> dict:

@@ -13,7 +13,7 @@ from django.shortcuts import render
 from clusters.selectors import cluster_find, clusters_all
 from config import clock
 
-from savings.planning import (BINPACK, MECHANISM_BASIS, MECHANISMS, UNKNOWN_MODEL, SavingsInputError, savings_plan,
+from savings.planning import (MECHANISM_BASIS, MECHANISMS, UNKNOWN_MODEL, SavingsInputError, savings_plan,
                               window)
 from savings.selectors import savings_facts
 
@@ -54,7 +54,7 @@ def savings_page(request, cluster: str):
                 "unpriced": sum(figures.unpriced_by_day[d].values())} for d in report.days]
     mechanisms = [{"name": m, "hours": figures.totals[m], "money": figures.money_totals[m],
                    "unpriced": figures.unpriced_totals[m],
-                   "basis": MECHANISM_BASIS[m], "measured": m != BINPACK} for m in MECHANISMS]
+                   "basis": MECHANISM_BASIS[m]} for m in MECHANISMS]
     return render(request, "savings/savings.html", {
         "title": f"Savings — {row.name}", "cluster": row, "clusters": clusters_all(),
         "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,

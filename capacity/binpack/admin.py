@@ -5,7 +5,8 @@ from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from capacity.binpack.planning import COST_ORDER, FORMULA
-from capacity.binpack.models import WRITE_RESULTS, BinpackCluster, BinpackRun, settled_describe, written_describe
+from capacity.binpack.models import (WRITE_RESULTS, BinpackCluster, BinpackNodeFreed, BinpackRun, settled_describe,
+                                     written_describe)
 from clusters.errors import KubeError
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table_display
 from config.admin_lookups import ListFiltersCheckedMixin
@@ -24,10 +25,11 @@ class BinpackRunAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAd
     date_hierarchy = "started_at"
     # The changes are shown as a table with each pod's reason, not as raw JSON.
     # The write-ahead list is the settler's working copy (emptied once finished), not a record.
-    fields = [*(f.name for f in BinpackRun._meta.fields if f.name not in ("changes", "errors", "announced")),
-              "changes_explained", "errors_shown"]
+    fields = [*(f.name for f in BinpackRun._meta.fields if f.name not in ("changes", "errors", "announced", "marked")),
+              "marked_shown", "changes_explained", "errors_shown"]
     readonly_fields = [*fields, "written_shown"]
     errors_shown = json_table_display("errors", "errors")
+    marked_shown = json_table_display("marked", "nodes marked to be emptied first")
 
     by = actor_display("actor", "actor_label", "by", ordering="actor")
 
@@ -150,3 +152,17 @@ class BinpackClusterAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.Mod
     @admin.action(description="Dry-run binpack (record what would be written)", permissions=["run_binpack"])
     def dry_run_binpack(self, request, queryset):
         self._run(request, queryset, dry_run=True)
+
+
+@admin.register(BinpackNodeFreed)
+class BinpackNodeFreedAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Nodes a binpack run marked and the periodic check then saw free: what the savings page
+    counts under binpack. Read only for everyone, never deleted here."""
+
+    list_display = ("node", "cluster", "gpus", "gpu_model", "run", "marked_at", "freed_at", "removed_at",
+                    "ended_at", "end_reason")
+    list_filter = ("cluster",)
+    date_hierarchy = "freed_at"
+    search_fields = ("node",)
+    fields = [f.name for f in BinpackNodeFreed._meta.fields if f.name != "id"]
+    readonly_fields = fields

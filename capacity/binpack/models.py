@@ -94,6 +94,12 @@ class BinpackRun(models.Model):
                   "the writes whose outcome is not known (until settled). An interrupted run keeps it with what the "
                   "settle found on each pod, until its process (if it was only stalled) answers: its writes that "
                   "landed after the settle are then audited by it, once.")
+    marked = models.JSONField(
+        default=list, blank=True,
+        help_text="The GPU nodes this run marked to be emptied first (capacity/binpack/freed.py says when): each "
+                  "node's allocatable GPUs, GPU model, the workloads of its GPU pods and why. Empty for a dry run "
+                  "and for a run whose process stopped mid-write. The savings page counts a marked node that "
+                  "was then seen free (see binpack node frees).")
     lease_owner = models.CharField(max_length=200, blank=True,
                                    help_text="While writing: the process writing (host:pid:token) or settling it.")
     lease_expires_at = models.DateTimeField(
@@ -136,6 +142,47 @@ def settled_describe(run: "BinpackRun") -> str:
                 f"written and audited, {of - found} not written")
     return (f"{started} was interrupted mid-write and settled now: {run.written} of {run.written + run.unwritten} "
             f"announced cost(s) found written and audited, {run.unwritten} not written")
+
+
+class BinpackNodeFreed(models.Model):
+    """A GPU node a binpack run marked to be emptied first, seen free afterwards: with no
+    live pod asking for GPUs, or gone from the cluster. Written by the periodic check
+    (`binpack_freed_nodes_check`) from one reading of the cluster at a time; the savings
+    page counts its GPUs from `freed_at` until `ended_at` (or now) under binpack."""
+
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="binpack_nodes_freed",
+                                help_text="The cluster of the node.")
+    run = models.ForeignKey(BinpackRun, on_delete=models.PROTECT, related_name="nodes_freed",
+                            help_text="The run (one that wrote) whose mark of the node was its latest before it "
+                                      "was seen free.")
+    node = models.CharField(max_length=253, help_text="The node's name.")
+    marked_at = models.DateTimeField(help_text="When the run read the cluster and marked the node.")
+    gpus = models.IntegerField(help_text="The node's allocatable GPUs when marked: what its freedom counts.")
+    gpu_model = models.CharField(max_length=63, blank=True,
+                                 help_text="The node's label nvidia.com/gpu.product when marked (empty: unlabelled).")
+    workloads = models.JSONField(default=list, blank=True,
+                                 help_text="The workloads of its GPU pods when marked. Each must still run pods for "
+                                           "the node's freedom to be binpack's.")
+    freed_at = models.DateTimeField(db_index=True,
+                                    help_text="The first reading that showed the node free (no GPU pod, or gone).")
+    removed_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="The first reading that showed the node gone from the cluster.")
+    last_seen_free_at = models.DateTimeField(help_text="The latest reading that showed the node free.")
+    ended_at = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="Where its count stops: the last reading that showed it free, before one showed it holding a GPU "
+                  "pod again or a workload that held it gone to zero pods. Empty: free now.")
+    end_reason = models.CharField(max_length=500, blank=True, help_text="Why its count stopped.")
+
+    class Meta:
+        ordering = ["-freed_at", "-id"]
+        verbose_name = "binpack node freed"
+        verbose_name_plural = "binpack nodes freed"
+        constraints = [models.UniqueConstraint(fields=["run", "node"], name="binpack_node_freed_once_per_mark")]
+
+    def __str__(self) -> str:
+        until = f"until {self.ended_at:%Y-%m-%d %H:%M}" if self.ended_at else "free now"
+        return f"{self.node} ({self.gpus} GPUs) freed after binpack run #{self.run_id}, {self.freed_at:%Y-%m-%d %H:%M} {until}"
 
 
 class BinpackCluster(Cluster):

@@ -34,7 +34,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from audit.services import audit
-from capacity.binpack import planning
+from capacity.binpack import freed, planning
 from capacity.binpack.models import BinpackRun
 from clusters import kube
 from clusters.errors import Conflict, KubeError, NotFound, describe_failure
@@ -372,6 +372,11 @@ def pod_deletion_costs_apply(*, cluster: Cluster, actor=None, trigger: str = Bin
             unknown.append(change)
     for recorded, result in zip(run.changes, run.results):
         recorded["result"] = result
+    if not dry_run:
+        # The nodes whose pods now carry costs that send a scale-down to them first: what the
+        # periodic check watches for being freed (capacity/binpack/freed.py).
+        run.marked = [m.as_dict() for m in freed.nodes_to_empty_first(
+            plan, snapshot, written={(c.namespace, c.name) for c in written})]
     run.errors = errors
     run.finished_at = clock.now()
     with transaction.atomic():

@@ -13,7 +13,7 @@ from django.db.models import ProtectedError
 from django.urls import reverse
 
 from audit.models import AuditEntry
-from capacity.binpack.models import BinpackRun
+from capacity.binpack.models import BinpackNodeFreed, BinpackRun
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision, JobState
 from capacity.runbook.models import RunbookAction
 from clusters.models import Cluster
@@ -34,6 +34,8 @@ def history(db):
         run=run, namespace="acme", pod="llm-0", owner_kind="Deployment", owner_name="llm", decision="prune",
         reason="idle", result="succeeded", restore_state={"replicas": 2})
     binpack = BinpackRun.objects.create(cluster=cluster, started_at=AT, trigger="admin", planned=3, written=3)
+    freed = BinpackNodeFreed.objects.create(cluster=cluster, run=binpack, node="gpu-2", marked_at=AT, gpus=8,
+                                            freed_at=AT, last_seen_free_at=AT, workloads=["acme/ReplicaSet/llm"])
     job = DefragJob.objects.create(cluster=cluster, node_name="gpu-1", state=JobState.DRAINED, created_at=AT)
     revision = DefragRevision.objects.create(job=job, namespace="acme", revision="llm-1", replicaset="llm-1-rs",
                                              initial_kpa_scale=1, initial_replicas=1, overprovision=1)
@@ -45,6 +47,7 @@ def history(db):
     entry = AuditEntry.objects.create(at=AT, app="pruning", action="scale_down", target="Deployment acme/llm",
                                       cluster=cluster, org=org)
     return {"cluster": cluster, "org": org, "prunerun": run, "prunedecision": decision, "binpackrun": binpack,
+            "binpacknodefreed": freed,
             "defragjob": job, "revision": revision, "orphan": orphan, "line": line, "runbookaction": action,
             "switch": switch, "auditentry": entry}
 
@@ -57,7 +60,7 @@ def operator(client, django_user_model):
 
 
 RECORDS = [("pruning", "prunerun"), ("pruning", "prunedecision"), ("capacity", "binpackrun"),
-           ("capacity", "defragjob"), ("capacity", "runbookaction"), ("audit", "auditentry")]
+           ("capacity", "binpacknodefreed"), ("capacity", "defragjob"), ("capacity", "runbookaction"), ("audit", "auditentry")]
 
 
 def _all_rows(history) -> dict:
@@ -118,7 +121,7 @@ def test_the_restore_of_a_decision_is_still_offered_to_whoever_may_restore(opera
     assert "restore_selected" in [name for name, _ in changelist.context["action_form"].fields["action"].choices]
 
 
-@pytest.mark.parametrize("record", ["prunerun", "defragjob"])
+@pytest.mark.parametrize("record", ["prunerun", "defragjob", "binpackrun"])
 def test_no_cascade_takes_a_run_or_a_job_away_with_its_children(history, record):
     with pytest.raises(ProtectedError):
         history[record].delete()
@@ -129,7 +132,7 @@ def test_no_cascade_takes_history_away_with_a_cluster_or_an_org(history):
     with pytest.raises(ProtectedError) as cluster_refused:
         Cluster.all_objects.get(pk=history["cluster"].pk).delete()
     kept = {type(obj) for obj in cluster_refused.value.protected_objects}
-    assert {Org, PruneRun, BinpackRun, DefragJob, RunbookAction, AuditEntry} <= kept
+    assert {Org, PruneRun, BinpackRun, BinpackNodeFreed, DefragJob, RunbookAction, AuditEntry} <= kept
     with pytest.raises(ProtectedError) as org_refused:
         Org.all_objects.get(pk=history["org"].pk).delete()
     assert {DormancySwitch, AuditEntry} <= {type(obj) for obj in org_refused.value.protected_objects}

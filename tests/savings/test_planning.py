@@ -6,8 +6,10 @@ from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from savings.planning import (BINPACK, DORMANCY, DRAIN, NO_ORG, PRUNING, ExemptOrg, Facts, FloorChange, NodeDrain,
-                              PruneAction, SavingsInputError, savings_plan, window)
+from decimal import Decimal
+
+from savings.planning import (BINPACK, DORMANCY, DRAIN, MECHANISM_BASIS, NO_ORG, PRUNING, BinpackNodeFree, ExemptOrg,
+                              Facts, FloorChange, NodeDrain, PruneAction, SavingsInputError, savings_plan, window)
 
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=timezone.utc)   # noon on the window's last day
 
@@ -181,20 +183,20 @@ def test_drained_nodes(name, drain, node_gpus, schedulable, hours, out_now, note
         assert any(note in n for n in report.notes)
 
 
-def test_rows_chart_and_binpack_is_zero_and_said_not_measured():
+def test_rows_chart_and_binpack_is_zero_without_a_node_it_freed():
     facts = Facts(floor_changes=(lowered(when=at(9, 0)), raised(when=at(9, 1))), gpus_per_replica={KSVC: 1},
                   prune_actions=(PruneAction("beta", "x", 2, at(10, 0), None),),
                   exempt=(ExemptOrg("gamma", True, 4), ExemptOrg("delta", False, 8)))
     report = savings_plan(facts, now=NOW, days=2)
     assert [(r.day, r.org, r.mechanism, round(r.gpu_hours, 3)) for r in report.rows] == [
         (date(2026, 3, 9), "acme", DORMANCY, 1.0), (date(2026, 3, 10), "beta", PRUNING, 24.0)]
-    assert report.totals[BINPACK] == 0
-    assert any(n.startswith("binpack: not measured") for n in report.notes)
+    assert report.totals[BINPACK] == 0 and report.binpack_nodes == []
+    assert not any("not measured" in n for n in report.notes)
     assert list(report.by_org) == ["beta", "acme"]   # biggest first
     assert [e.org for e in report.exempt] == ["delta", "gamma"]
     chart = report.chart_config()
     assert chart["data"]["labels"] == ["2026-03-09", "2026-03-10"]
-    assert [d["label"] for d in chart["data"]["datasets"]] == [DORMANCY, PRUNING, DRAIN, "binpack (not measured)"]
+    assert [d["label"] for d in chart["data"]["datasets"]] == [DORMANCY, PRUNING, DRAIN, BINPACK]
     assert chart["options"]["scales"]["x"]["title"]["text"] == "day (UTC)"
     assert chart["options"]["scales"]["y"]["title"]["text"] == "GPU-hours freed"
     assert chart["options"]["scales"]["y"]["stacked"] is True
@@ -279,3 +281,78 @@ def test_a_drained_nodes_gpu_model_is_its_own_and_money_is_rounded_once_per_row(
     assert shown.unpriced_totals[DRAIN] == Decimal("2.67") and shown.unpriced_totals[PRUNING] == Decimal("1.00")
     assert shown.unpriced_by_org["ns"][PRUNING] == Decimal("1.00") and shown.unpriced_by_org[NO_ORG][DRAIN] == \
         Decimal("2.67")
+
+
+def freed(node="h100-5", *, start, end=None, gpus=8, model="NVIDIA-H100-80GB-HBM3", run=3, removed=None):
+    return BinpackNodeFree(node=node, run_id=run, gpus=gpus, freed_at=start, ended_at=end, gpu_model=model,
+                           removed_at=removed)
+
+
+BINPACK_CASES = [
+    # name, frees, drains, {day: GPU-hours}, nodes still free now
+    ("free until now, across midnight", (freed(start=at(9, 22)),), (), {9: 16.0, 10: 96.0}, 1),
+    ("refilled after 3 h", (freed(start=at(10, 1), end=at(10, 4)),), (), {10: 24.0}, 0),
+    ("removed from the cluster: its GPUs when marked", (freed(start=at(10, 6), gpus=4, removed=at(10, 6)),), (),
+     {10: 24.0}, 1),
+    ("freed before the window, ended inside it", (freed(start=at(1, 0), end=at(4, 2)),), (), {4: 16.0}, 0),
+    ("ended before the window: not counted", (freed(start=at(1, 0), end=at(2, 0)),), (), {}, 0),
+    ("drained by a defrag job for 2 of its 4 free hours: those 2 are defrag's",
+     (freed(start=at(10, 0), end=at(10, 4)),), (NodeDrain("h100-5", 7, at(10, 1), at(10, 3), 8),),
+     {10: 16.0}, 0),
+    ("drained from before it was free until now: all defrag's",
+     (freed(start=at(10, 2)),), (NodeDrain("h100-5", 7, at(10, 1), None, 8),), {}, 0),
+    ("another node's drain changes nothing",
+     (freed(start=at(10, 8)),), (NodeDrain("h100-6", 7, at(10, 1), None, 8),), {10: 32.0}, 1),
+    ("two nodes freed by two runs", (freed(start=at(10, 10)), freed("h100-7", start=at(10, 11), run=4, gpus=4)),
+     (), {10: 20.0}, 2),
+]
+
+
+@pytest.mark.parametrize("name,frees,drains,per_day,free_now", BINPACK_CASES, ids=[c[0] for c in BINPACK_CASES])
+def test_binpack_gpu_hours_per_day_of_the_nodes_it_freed(name, frees, drains, per_day, free_now):
+    report = savings_plan(Facts(binpack_frees=frees, drains=drains, node_gpus={"h100-5": 8, "h100-6": 8}),
+                          now=NOW, days=7)
+    got = {d: round(report.by_day[d][BINPACK], 6) for d in report.days if report.by_day[d][BINPACK]}
+    assert got == {date(2026, 3, day): hours for day, hours in per_day.items()}
+    assert report.totals[BINPACK] == pytest.approx(sum(per_day.values()))
+    assert {r.org for r in report.rows if r.mechanism == BINPACK} <= {NO_ORG}
+    assert report.binpack_nodes_now == free_now
+    if drains and drains[0].node == "h100-5":
+        # the drained hours are defrag's, and counted there once
+        drained = report.totals[DRAIN]
+        assert drained > 0
+        freed_hours = sum(f.gpus * ((f.ended_at or NOW) - f.freed_at).total_seconds() / 3600 for f in frees)
+        assert report.totals[BINPACK] + min(drained, freed_hours) == pytest.approx(freed_hours)
+        assert any("counted once, under defrag/drain" in n for n in report.notes)
+
+
+def test_binpack_money_is_its_nodes_model_price_and_totals_are_the_sum_of_rows_shown():
+    facts = Facts(binpack_frees=(freed(start=at(10, 0), end=at(10, 1, ) + timedelta(minutes=20)),
+                                 freed("l4-1", start=at(9, 23), end=at(10, 2), gpus=2, model="NVIDIA-L4"),
+                                 freed("x-1", start=at(10, 5), end=at(10, 6), gpus=1, model="")),
+                  prices={"NVIDIA-H100-80GB-HBM3": Decimal("2.5")})
+    report = savings_plan(facts, now=NOW, days=2)
+    shown = report.shown()
+    rows = [(r.day.day, r.org, r.mechanism, r.gpu_model, hours) for r, hours in shown.rows]
+    assert rows == [(9, NO_ORG, BINPACK, "NVIDIA-L4", Decimal("2.00")),
+                    (10, NO_ORG, BINPACK, "", Decimal("1.00")),
+                    (10, NO_ORG, BINPACK, "NVIDIA-H100-80GB-HBM3", Decimal("10.67")),
+                    (10, NO_ORG, BINPACK, "NVIDIA-L4", Decimal("4.00"))]
+    assert shown.row_money == [None, None, Decimal("26.68"), None]     # 10.67 × 2.5, rounded once
+    assert shown.totals[BINPACK] == Decimal("17.67") == sum(h for _, h in shown.rows)
+    assert shown.money_totals[BINPACK] == Decimal("26.68")
+    assert shown.unpriced == {"NVIDIA-L4": Decimal("6.00")} and shown.unknown_hours == Decimal("1.00")
+    assert shown.by_org[NO_ORG][BINPACK] == shown.totals[BINPACK]
+    assert sum(shown.by_day[d][BINPACK] for d in report.days) == shown.totals[BINPACK]
+    assert report.binpack_node_count == 3
+    chart = report.chart_config()
+    (dataset,) = [d for d in chart["data"]["datasets"] if d["label"] == BINPACK]
+    assert [Decimal(repr(v)) for v in dataset["data"]] == [Decimal("2.0"), Decimal("15.67")]
+
+
+def test_binpack_basis_says_how_it_is_measured_and_what_is_not_its():
+    basis = MECHANISM_BASIS[BINPACK]
+    assert "not measured" not in basis
+    for words in ("marked to be emptied first", "no GPU pod", "gone from the cluster", "went to zero",
+                  "counted once, under defrag/drain"):
+        assert words in basis

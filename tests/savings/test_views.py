@@ -137,7 +137,7 @@ def test_csv_has_a_row_per_day_org_and_mechanism_from_the_records(world, client,
     assert _hours(rows, "acme", "dormancy") == pytest.approx(6.0, abs=0.01)       # 1 × 2 GPUs × 3 h
     assert _hours(rows, "beta", "pruning") == pytest.approx(6.0, abs=0.01)        # 2 GPUs × 3 h
     assert _hours(rows, "(whole nodes)", "defrag/drain") == pytest.approx(16.0, abs=0.05)   # 8 GPUs × 2 h
-    assert {r["mechanism"] for r in rows} == {"dormancy", "pruning", "defrag/drain"}   # binpack: not measured
+    assert {r["mechanism"] for r in rows} == {"dormancy", "pruning", "defrag/drain"}   # no binpack run marked a node
 
 
 @pytest.mark.parametrize("days", ["0", "-3", "abc", "1e9", "nan"])
@@ -160,7 +160,9 @@ def test_page_shows_totals_nodes_exempt_orgs_and_a_stacked_chart(world, client, 
     assert config["type"] == "bar" and config["options"]["scales"]["x"]["stacked"] is True
     assert config["options"]["scales"]["y"]["title"]["text"] == "GPU-hours freed"
     assert sum(sum(d["data"]) for d in config["data"]["datasets"]) == pytest.approx(28.0, abs=0.1)
-    assert "0 (not measured)" in html
+    assert "not measured" not in html
+    assert re.search(r'<tr data-mechanism="binpack"><td>binpack</td>\s*<td class="num">0.00</td>', html)
+    assert re.search(r'id="binpack-nodes"><strong>0</strong> node\(s\)', html)
     assert re.search(r'id="nodes-freed"><strong>1</strong> node\(s\).*<strong>1</strong> still out', html)
     assert "node h100-2 (defrag job #" in html
     # gamma is exempt and dormant; its Deployment's pod holds 3 GPUs now.
@@ -333,7 +335,7 @@ def test_every_total_on_the_page_and_in_the_csv_is_the_sum_of_the_rows_shown(
 
     figures = _shown_figures(client.get(PAGE, {"days": "7"}).content.decode())
     assert figures["headline"] == Decimal("2.03")
-    assert figures["mechanisms"] == {"dormancy": 0, "pruning": Decimal("2.03"), "defrag/drain": 0}
+    assert figures["mechanisms"] == {"dormancy": 0, "pruning": Decimal("2.03"), "defrag/drain": 0, "binpack": 0}
     assert sorted(figures["org_totals"]) == [Decimal("0.67"), Decimal("0.67"), Decimal("0.69")]
     assert sum(figures["org_totals"]) == figures["headline"] == sum(figures["chart"])
     rows = _rows(client.get(CSV, {"days": "7"}))
