@@ -9,7 +9,9 @@ Two clusters, each served by the simulated cluster and read through the product'
   placed;
 - the fleet benchmark's 5,000-node / 50,000-pod cluster (bench/fleet.py's `cluster_docs`,
   the generator's), its GPU pods served as Knative revision pods, as model pods are (the
-  generator makes plain ReplicaSet pods, which no defrag job moves).
+  generator makes plain ReplicaSet pods, which no defrag job moves), then every model
+  scaled down by --scale-down of its pods (0.5: half, overnight style, as the binpack bench
+  does): the generator fills every GPU, and a full pool has nothing to free.
 For every GPU pool of each, under both scheduler scorings (LeastAllocated, MostAllocated):
 nodes freed, pod moves per node freed, pods moved more than once and replacements landing
 on a node being freed, for (a) the campaign plan (`campaign_plan`, goal None), (b) the GPU
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -126,6 +129,31 @@ def fleet_docs(nodes: int, pods: int, seed: int = 0) -> list[dict]:
     return models_as_revisions(docs)
 
 
+def scaled_down(docs: list[dict], share: float, seed: int = 0) -> list[dict]:
+    """Each model (GPU ReplicaSet) with `share` of its pods gone (rounded down), chosen at
+    random: the fragmented pools a night's scale-down leaves."""
+    rng = random.Random(seed)
+    pods_of: dict[tuple[str, str], list[dict]] = {}
+    for doc in docs:
+        if doc.get("kind") == "Pod" and _gpus(doc["spec"]):
+            meta = doc["metadata"]
+            pods_of.setdefault((meta["namespace"], meta["ownerReferences"][0]["name"]), []).append(doc)
+    gone: set[int] = set()
+    for pods in pods_of.values():
+        gone.update(id(p) for p in rng.sample(pods, int(len(pods) * share)))
+    kept = [d for d in docs if id(d) not in gone]
+    for doc in kept:
+        if doc.get("kind") == "ReplicaSet":
+            meta = doc["metadata"]
+            left = len(pods_of.get((meta["namespace"], meta["name"]), ()))
+            if left:
+                left -= int(left * share)
+                doc["spec"]["replicas"] = left
+                doc["status"].update(replicas=left, readyReplicas=left, availableReplicas=left,
+                                     fullyLabeledReplicas=left)
+    return kept
+
+
 # ---- reporting --------------------------------------------------------------------------------
 
 def _cell(outcome: Outcome) -> list[str]:
@@ -178,10 +206,14 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="planning runs at fleet size (default 5)")
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=50000)
+    parser.add_argument("--scale-down", type=float, default=0.5,
+                        help="share of each model's pods gone from the fleet cluster (default 0.5)")
     parser.add_argument("--skip-fleet", action="store_true", help="the demo scenario only")
     args = parser.parse_args(argv)
     if args.runs < 1:
         raise SystemExit(f"--runs must be at least 1, got {args.runs}")
+    if not 0 <= args.scale_down < 1:
+        raise SystemExit(f"--scale-down must be at least 0 and below 1, got {args.scale_down}")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)   # settings only: no database
     import django
@@ -202,14 +234,16 @@ def main(argv=None) -> int:
     if args.skip_fleet:
         return 0
     began = time.perf_counter()
-    docs = fleet_docs(args.nodes, args.pods)
+    docs = scaled_down(fleet_docs(args.nodes, args.pods), args.scale_down)
+    served = sum(1 for d in docs if d.get("kind") == "Pod")
     with running_cluster(docs) as url:
         del docs
-        print(f"fleet cluster of {args.nodes:,} nodes / {args.pods:,} pods served in "
+        print(f"fleet cluster of {args.nodes:,} nodes / {served:,} pods ({args.pods:,} less {args.scale_down:g} of "
+              f"each model's) served in "
               f"{time.perf_counter() - began:.0f} s", flush=True)
         snapshot = snapshot_take(_gateway(url, "bench-fleet"), now=datetime.now(timezone.utc))
     gpu_nodes = sum(1 for n in snapshot.nodes if n.gpus_allocatable > 0)
-    fleet = table(f"fleet {args.nodes:,}", measure(snapshot))
+    fleet = table(f"fleet {args.nodes:,}, {args.scale_down:g} of each model scaled down", measure(snapshot))
     print("\n".join(fleet), flush=True)
     report = Report("campaign", runs=args.runs)
     options = binpack_options()

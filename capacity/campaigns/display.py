@@ -13,9 +13,10 @@ from capacity.campaigns.models import CampaignProposal
 from capacity.campaigns.planning import CampaignPlan, pool_selector_text
 from capacity.campaigns.pools import consolidate_command
 
-# Characters of a node's moves drawn beside its map row (12 px monospace, ~7.2 px each:
-# ~290 px, what a 1366 px screen has beside the map); the whole text is the mark's title.
-MOVES_CHARS = 40
+# Characters of a node's mark drawn beside its map row, its position and moves (12 px bold
+# monospace, ~7.2 px each: ~320 px, what a 1366 px screen has between an 8-GPU map and its
+# legend); a longer text ends in "…", and the whole of it is the mark's title.
+MARK_CHARS = 44
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -43,8 +44,8 @@ class ProposalLine:
     def text(self) -> str:
         row = self.row
         return (f"{_plural(row.freed, 'node', 'nodes')} of pool {row.pool} can be freed together as one campaign "
-                f"({_plural(row.gpus_freed, 'GPU', 'GPUs')}); {_plural(row.pods_moved, 'pod moves', 'pods move')} "
-                f"once each; at most {self.plan.most_freeable} could be freed by any plan (the pool's requests fit "
+                f"({_plural(row.gpus_freed, 'GPU', 'GPUs')}); "
+                f"{'1 pod moves once' if row.pods_moved == 1 else f'{row.pods_moved} pods move once each'}; at most {self.plan.most_freeable} could be freed by any plan (the pool's requests fit "
                 f"on {_plural(row.lower_bound, 'node', 'nodes')} of its {self.plan.pool_nodes}"
                 f"{f', {self.plan.empty_nodes} already empty' if self.plan.empty_nodes else ''}); "
                 f"rehearsed: {'yes' if row.rehearsed else 'no'}")
@@ -62,9 +63,13 @@ class NodeMark:
     """What the map draws beside a campaign node or a node the campaign keeps empty."""
 
     label: str           # "#2" (with its pool on a map of several pools) or "kept empty"
-    moves: str           # "→ gpu-h100-05 (1 GPU), …": cut to MOVES_CHARS
+    text: str            # the label and "→ gpu-h100-05 (1 GPU), …", cut to MARK_CHARS
     title: str           # the whole text
     kept_empty: bool = False
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MARK_CHARS else text[:MARK_CHARS - 1] + "…"
 
 
 def _moves_text(plan: CampaignPlan, node: str) -> str:
@@ -83,15 +88,15 @@ def node_marks(lines: list[ProposalLine], *, several_pools: bool) -> dict[str, N
     """Node name → its mark, for the campaign nodes and kept-empty nodes of `lines`."""
     marks: dict[str, NodeMark] = {}
     for line in lines:
-        prefix = f"{line.pool} " if several_pools else ""
+        prefix = f"{line.pool} " if several_pools else ""   # positions are per pool
         for node in line.plan.nodes:
             moves = _moves_text(line.plan, node.node)
-            shown = moves if len(moves) <= MOVES_CHARS else moves[:MOVES_CHARS - 1] + "…"
-            marks[node.node] = NodeMark(label=f"{prefix}#{node.position}", moves=shown,
+            label = f"{prefix}#{node.position}"
+            marks[node.node] = NodeMark(label=label, text=_cut(f"{label} {moves}"),
                                         title=f"campaign {prefix}#{node.position}: frees "
                                               f"{_plural(node.gpus, 'GPU', 'GPUs')}; its pods {moves}")
         for name in line.plan.kept_empty:
-            marks[name] = NodeMark(label=f"{prefix}kept empty", moves="",
+            marks[name] = NodeMark(label=f"{prefix}kept empty", text=_cut(f"{prefix}kept empty"),
                                    title=f"kept empty by the {line.pool} campaign: cordoned while it runs, so the "
                                          "scheduler puts no moved pod on it, and returned to service at the end",
                                    kept_empty=True)

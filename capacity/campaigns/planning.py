@@ -171,8 +171,9 @@ class CampaignPlan:
             head = f"No node of pool {pool} can be freed"
         else:
             head = (f"{_plural(self.freed, 'node', 'nodes')} of pool {pool} can be freed "
-                    f"({_plural(self.gpus_freed, 'GPU', 'GPUs')}); {_plural(self.pods_moved, 'pod moves', 'pods move')} "
-                    "once each, none onto a node of the campaign")
+                    f"({_plural(self.gpus_freed, 'GPU', 'GPUs')}); "
+                    f"{'1 pod moves once' if self.pods_moved == 1 else f'{self.pods_moved} pods move once each'}, "
+                    "none onto a node of the campaign")
         if self.goal is not None and self.freed < self.goal:
             head += f"; {self.goal} asked for"
         empty = f", {self.empty_nodes} already empty" if self.empty_nodes else ""

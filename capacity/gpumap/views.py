@@ -48,7 +48,8 @@ LABEL_WIDTH = 330  # px for the node name column
 NAME_CHARS = 40
 NODES_PER_PAGE = 100  # map rows per page: a 1,000-node fleet is ten pages, not one huge SVG
 TOP_CANDIDATES = 25  # "where to defrag" rows shown (the best first)
-CAMPAIGN_WIDTH = 340  # px beside the map's rows for a campaign node's position and moves (MOVES_CHARS)
+CAMPAIGN_WIDTH = 320  # px beside the map's rows for a campaign node's position and moves (MARK_CHARS)
+USED_WIDTH = 72  # px for a row's "used" text ("8/8 used", "128/128 used") before a campaign mark
 
 RECENT = 5  # recent jobs and prune runs shown
 REFRESH_SECONDS = 10  # the page reloads its content on its own while it is open
@@ -211,9 +212,9 @@ def gpu_map(request, cluster: str):
         "legend": legend, "pattern_defs": pattern_defs, "page": page, **_data_age(read, now),
         "may_defrag": request.user.has_perm(START_PERMISSION), "may_return": request.user.has_perm(RETURN_PERMISSION),
         "candidates": view.candidates[:TOP_CANDIDATES], "candidates_total": len(view.candidates), "cordoned": cordoned,
-        "svg_width": LABEL_WIDTH + width * CELL + 180 + (CAMPAIGN_WIDTH if marks else 0),
+        "svg_width": LABEL_WIDTH + width * CELL + (USED_WIDTH + CAMPAIGN_WIDTH if marks else 180),
         "svg_height": max(len(rows), 1) * (CELL + 6), "text_x": LABEL_WIDTH + width * CELL + 8,
-        "mark_x": LABEL_WIDTH + width * CELL + 100, "frame_x": LABEL_WIDTH - 3, "frame_height": CELL + 4, "page_query": _page_query(pool, page.number), **campaign,
+        "mark_x": LABEL_WIDTH + width * CELL + USED_WIDTH, "frame_x": LABEL_WIDTH - 3, "frame_height": CELL + 4, "page_query": _page_query(pool, page.number), **campaign,
     })
 
 
@@ -229,7 +230,7 @@ def _campaign_context(cluster_row, pool: str | None, now, *, marked: bool) -> di
     lines = [line for line in proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now)
              if pool is None or line.pool == pool]
     return {"campaigns": [{"line": line, "nodes": moves_by_node(line.plan)} for line in lines],
-            "campaign_marked": marked, "marks": node_marks(lines, several_pools=pool is None) if marked else {}}
+            "campaign_marked": marked, "marks": node_marks(lines, several_pools=len(lines) > 1) if marked else {}}
 
 
 @staff_member_required

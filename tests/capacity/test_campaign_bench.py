@@ -26,7 +26,7 @@ def bench():
 
 
 def test_the_campaign_moves_each_pod_once_and_frees_at_most_the_lower_bound(bench):
-    docs = bench.fleet_docs(120, 300, seed=1)
+    docs = bench.scaled_down(bench.fleet_docs(200, 1500, seed=1), 0.5)
     snapshot = ClusterSnapshot.build(taken_at=datetime(2026, 1, 1, tzinfo=UTC),
                                      nodes=[NodeView.from_object(d) for d in docs if d["kind"] == "Node"],
                                      pods=[PodView.from_object(d) for d in docs if d["kind"] == "Pod"])
