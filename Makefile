@@ -91,6 +91,6 @@ test-image: install image
 # and binpack_plan run at 1x and 5x their size, 5 runs each). Not tests: they print
 # figures. system-deps brings kubectl, PostgreSQL (orgs_sweep starts a private server
 # when none answers) and Prometheus/promtool (the prune bench).
-BENCHES = simcluster_list orgs_activity orgs_sweep defrag_calls prune_pass binpack_plan dashboard_render
+BENCHES = simcluster_list orgs_activity orgs_sweep defrag_calls prune_pass binpack_plan dashboard_render campaign
 bench: install system-deps
 	@set -e; for b in $(BENCHES); do echo "== bench/$$b.py"; $(BIN)/python bench/$$b.py; done

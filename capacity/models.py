@@ -2,12 +2,15 @@
 
 Each feature keeps its models in its own package; this module is the one place that
 imports them, so that they register with the app. Import a model from its feature
-package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.models`),
+package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.models`,
+`capacity.campaigns.models`),
 not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackNodeFreed, BinpackRun
+from capacity.campaigns.models import CampaignProposal
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "DefragJob", "DefragLogLine", "DefragOrphan",
+__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "CampaignProposal", "DefragJob", "DefragLogLine",
+           "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]

@@ -5,7 +5,7 @@ Four queues, so that work of one kind never waits behind work of another:
 - `beat`: what beat fires itself. These tasks read the database and queue per-cluster
   work; none talks to a cluster, so a fan-out is never stuck behind a slow API server.
 - `sweep`: one cluster's periodic read and repair (the scale-to-zero reconcile and retry,
-  API discovery, the model registry sync, the check of the nodes binpack marked) and the GPU map's background refresh (a page
+  API discovery, the model registry sync, the check of the nodes binpack marked, the campaign proposals) and the GPU map's background refresh (a page
   found its reading older than CAPACITY_MAP_CACHE_SECONDS; one at a time per cluster).
   One task per cluster: a slow cluster holds one worker slot, the other clusters' sweeps
   go on in the others.
@@ -30,7 +30,7 @@ QUEUES: tuple[tuple[str, str, str], ...] = (
            "skip-row expiry",
      "database only, never a cluster's API: a fan-out is never stuck behind a slow cluster"),
     (SWEEP, "per cluster: scale-to-zero reconcile and retry, API discovery, model registry sync, "
-            "the GPU map's background refresh, the check of the nodes binpack marked",
+            "the GPU map's background refresh, the check of the nodes binpack marked, campaign proposals",
      "one task per cluster: one slow cluster holds one worker slot, not every cluster's sweep"),
     (APPLY, "scale to zero on one org (wake and sleep); a wake at a higher priority",
      "a wake jumps the sleeps a sweep queued and never waits behind a reconcile read"),
@@ -55,6 +55,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
         "capacity.runbook.tasks.registry_sync_all_clusters",
         "capacity.runbook.tasks.runbook_actions_settle_all",
         "capacity.tasks.defrag_jobs_resume",
+        "capacity.campaigns.tasks.campaign_proposals_all",
     ),
     SWEEP: (
         "orgs.tasks.scale_to_zero_reconcile_cluster",
@@ -63,6 +64,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
         "capacity.runbook.tasks.registry_sync_cluster",
         "capacity.gpumap.tasks.gpu_view_refresh",
         "capacity.binpack.tasks.binpack_freed_check_cluster",
+        "capacity.campaigns.tasks.campaign_proposals_cluster",
     ),
     APPLY: (
         "orgs.tasks.org_scale_to_zero_apply",

@@ -112,6 +112,15 @@ SCHEDULES: tuple[Periodic, ...] = (
         description="Sync the model registry (InferenceServices, pynodes, revisions, blocked deployments).",
     ),
     Periodic(
+        name="capacity: campaign proposals",
+        task="capacity.campaigns.tasks.campaign_proposals_all",
+        # 10 min: a proposal is advice the pages show with its age; reading a 5,000-node
+        # cluster and planning each pool costs seconds per cluster on the sweep queue.
+        every_seconds=600,
+        description="Read each cluster once and propose the best campaign of every GPU pool (the nodes that can "
+                    "be freed together, each pod moved once), shown on the dashboard and the GPU map.",
+    ),
+    Periodic(
         name="capacity: settle interrupted runbook actions",
         task="capacity.runbook.tasks.runbook_actions_settle_all",
         # 30 s: with the action's 60 s lease, an action whose process died is settled from the

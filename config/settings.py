@@ -401,6 +401,10 @@ CAPACITY_MAP_CACHE_SECONDS = _env_number("CAPACITY_MAP_CACHE_SECONDS", default=1
 # kube-scheduler's default (spreads onto the emptiest node, often an empty one: emptying a
 # node then frees nothing); MostAllocated for clusters configured to bin-pack. The values
 # are capacity.gpumap.advice.Scoring's.
+# Days of history kept of the campaign proposals (advice, not records of acts): a pool's latest
+# proposal is kept whatever its age; older ones go after this many days. Above 0, at most a year.
+CAPACITY_CAMPAIGN_PROPOSAL_DAYS = _env_number("CAPACITY_CAMPAIGN_PROPOSAL_DAYS", default=3.0, kind=float, low=0,
+                                              above=True, high=366, what="the days campaign proposals are kept")
 CAPACITY_SCHEDULER_SCORING = env.str("CAPACITY_SCHEDULER_SCORING", default="LeastAllocated")
 if CAPACITY_SCHEDULER_SCORING not in ("LeastAllocated", "MostAllocated"):
     raise ImproperlyConfigured(f"CAPACITY_SCHEDULER_SCORING must be LeastAllocated (kube-scheduler's default) or "

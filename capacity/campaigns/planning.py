@@ -119,6 +119,7 @@ class CampaignPlan:
     gpus_requested: int
     lower_bound: int                # the fewest nodes the pool's GPU requests could fit on
     candidates: int = 0             # nodes whose pods could move at all (before room was looked at)
+    empty_nodes: int = 0            # nodes of the pool that request no GPU now (already free)
     messages: tuple[str, ...] = field(default=())
 
     # ---- what the plan frees --------------------------------------------------------------
@@ -155,8 +156,9 @@ class CampaignPlan:
 
     @property
     def most_freeable(self) -> int:
-        """Nodes the pool could free at best: its nodes less the fewest its requests fit on."""
-        return max(self.pool_nodes - self.lower_bound, 0)
+        """Nodes the pool could free at best: its nodes that hold requests now, less the fewest
+        those requests fit on (a node already empty is not freed again)."""
+        return max(self.pool_nodes - self.empty_nodes - self.lower_bound, 0)
 
     @property
     def goal_met(self) -> bool:
@@ -169,12 +171,14 @@ class CampaignPlan:
             head = f"No node of pool {pool} can be freed"
         else:
             head = (f"{_plural(self.freed, 'node', 'nodes')} of pool {pool} can be freed "
-                    f"({_plural(self.gpus_freed, 'GPU', 'GPUs')}); {_plural(self.pods_moved, 'pod moves', 'pods move')} "
-                    "once each, none onto a node of the campaign")
+                    f"({_plural(self.gpus_freed, 'GPU', 'GPUs')}); "
+                    f"{'1 pod moves once' if self.pods_moved == 1 else f'{self.pods_moved} pods move once each'}, "
+                    "none onto a node of the campaign")
         if self.goal is not None and self.freed < self.goal:
             head += f"; {self.goal} asked for"
+        empty = f", {self.empty_nodes} already empty" if self.empty_nodes else ""
         return (f"{head}. Lower bound: the pool's {self.gpus_requested} requested GPUs fit on "
-                f"{_plural(self.lower_bound, 'node', 'nodes')} of its {self.pool_nodes}, so at most "
+                f"{_plural(self.lower_bound, 'node', 'nodes')} of its {self.pool_nodes}{empty}, so at most "
                 f"{self.most_freeable} could be freed by any plan.")
 
     def report_lines(self) -> list[str]:
@@ -353,7 +357,8 @@ def campaign_plan(snapshot: ClusterSnapshot, *, selector: Mapping[str, str], goa
                         left_out=tuple(left_out), kept_empty=kept_empty if nodes else (), pool_nodes=len(pool),
                         pool_gpus=pool_gpus, gpus_requested=requested,
                         lower_bound=lower_bound_nodes([size[n.name] for n in pool], requested),
-                        candidates=len(order), messages=tuple(messages))
+                        candidates=len(order), empty_nodes=sum(1 for n in pool if used[n.name] == 0),
+                        messages=tuple(messages))
 
 
 def _where(moves: Collection[Move]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from html import escape  # what django.utils.html.escape calls, without its lazy-string wrapper
+from urllib.parse import quote
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
@@ -26,6 +27,8 @@ from config.actors import actor_describe
 from orgs.selectors import org_counts
 from pruning.selectors import prune_runs_recent
 
+from capacity.campaigns.display import moves_by_node, node_marks, proposal_lines
+from capacity.campaigns.selectors import proposals_latest
 from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
 from capacity.gpumap.planning import GpuCell, NodeRow, Swatch
@@ -45,6 +48,8 @@ LABEL_WIDTH = 330  # px for the node name column
 NAME_CHARS = 40
 NODES_PER_PAGE = 100  # map rows per page: a 1,000-node fleet is ten pages, not one huge SVG
 TOP_CANDIDATES = 25  # "where to defrag" rows shown (the best first)
+CAMPAIGN_WIDTH = 320  # px beside the map's rows for a campaign node's position and moves (MARK_CHARS)
+USED_WIDTH = 72  # px for a row's "used" text ("8/8 used", "128/128 used") before a campaign mark
 
 RECENT = 5  # recent jobs and prune runs shown
 REFRESH_SECONDS = 10  # the page reloads its content on its own while it is open
@@ -185,7 +190,10 @@ def gpu_map(request, cluster: str):
     # Made once per row: the SVG, its width and the legend read them.
     cells = [r.cells_in(view.swatches) for r in shown]
     width = max(map(len, cells), default=8)
-    rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r, c), "label": _node_label(r)}
+    campaign = _campaign_context(cluster_row, pool, now, marked=request.GET.get("campaign") == "1")
+    marks = campaign["marks"]
+    rows = [{"row": r, "y": i * (CELL + 6), "cells": _cells_svg(r, c), "label": _node_label(r),
+             "mark": marks.get(r.name), "frame_width": len(c) * CELL + 2}
             for i, (r, c) in enumerate(zip(shown, cells))]
     shown_models = {(c.org, c.model, Swatch(c.colour, c.pattern)) for row_cells in cells for c in row_cells if c.pod}
     legend = _legend_html(sorted(shown_models))
@@ -204,9 +212,25 @@ def gpu_map(request, cluster: str):
         "legend": legend, "pattern_defs": pattern_defs, "page": page, **_data_age(read, now),
         "may_defrag": request.user.has_perm(START_PERMISSION), "may_return": request.user.has_perm(RETURN_PERMISSION),
         "candidates": view.candidates[:TOP_CANDIDATES], "candidates_total": len(view.candidates), "cordoned": cordoned,
-        "svg_width": LABEL_WIDTH + width * CELL + 180, "svg_height": max(len(rows), 1) * (CELL + 6),
-        "text_x": LABEL_WIDTH + width * CELL + 8,
+        "svg_width": LABEL_WIDTH + width * CELL + (USED_WIDTH + CAMPAIGN_WIDTH if marks else 180),
+        "svg_height": max(len(rows), 1) * (CELL + 6), "text_x": LABEL_WIDTH + width * CELL + 8,
+        "mark_x": LABEL_WIDTH + width * CELL + USED_WIDTH, "frame_x": LABEL_WIDTH - 3, "frame_height": CELL + 4, "page_query": _page_query(pool, page.number), **campaign,
     })
+
+
+def _page_query(pool: str | None, page: int) -> str:
+    """The map's pool and page as a query string (the campaign toggle keeps them)."""
+    return "&".join(part for part in (f"pool={quote(pool)}" if pool else "", f"page={page}" if page > 1 else "")
+                    if part)
+
+
+def _campaign_context(cluster_row, pool: str | None, now, *, marked: bool) -> dict:
+    """The proposals of the pool shown (every pool's on the whole map) that free a node,
+    and, with the toggle on, the marks drawn beside their nodes."""
+    lines = [line for line in proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now)
+             if pool is None or line.pool == pool]
+    return {"campaigns": [{"line": line, "nodes": moves_by_node(line.plan)} for line in lines],
+            "campaign_marked": marked, "marks": node_marks(lines, several_pools=len(lines) > 1) if marked else {}}
 
 
 @staff_member_required
@@ -249,6 +273,7 @@ def dashboard(request, cluster: str):
         "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
         "may_dry_run": request.user.has_perm(DRY_RUN_PERMISSION),
         "prune_window_minutes": settings.PRUNER_DURATION_MINUTES, "prune_grace_seconds": settings.PRUNER_GRACE_SECONDS,
+        "campaigns": proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now),
     })
     status = 502 if "error" in context else 200
     return render(request, "capacity/dashboard.html", context, status=status)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission
 
+from capacity.campaigns.services import campaign_proposals_compute
 from capacity.defrag.models import DefragJob, JobState
 from capacity.runbook.models import ServedModel
 from clusters import kube
@@ -82,8 +83,8 @@ CHARTS_JS = """
 def panel(tmp_path, settings):
     """One cluster with what each page shows: a prune run that scaled an idle Deployment to
     zero (with its utilization history in Prometheus), a drained and cordoned node, an
-    org's dormancy in the audit, an org exempt from scale to zero, and a model whose new
-    revision waits for the GPUs an old one holds."""
+    org's dormancy in the audit, an org exempt from scale to zero, a model whose new
+    revision waits for the GPUs an old one holds, and the campaign proposals."""
     servers: list[PrometheusServer] = []
 
     def prometheus_factory(history):
@@ -97,6 +98,8 @@ def panel(tmp_path, settings):
         world.create(deployment("web", "team-a", replicas=2, util="0"))
         world.create(deployment("busy", "team-a", util="80"))
         world.create(knative_service("chat", "team-b", gpus=2, util="40"))
+        # A second model, which a campaign can move off its node.
+        world.create(knative_service("summarize", "team-b", gpus=2, util="40"))
         world.record_history(minutes=40)
         prom = world.prometheus()
         cluster = Cluster.objects.create(name="sim", kubeconfig_path=world.kubeconfig, prometheus_url=prom.url)
@@ -111,6 +114,8 @@ def panel(tmp_path, settings):
         _records(cluster, now)
         world.gateway.patch(kube.NODES, "gpu-3", {"spec": {"unschedulable": True}}, patch_type="strategic")
         world.control.advance(0)
+        # The schedule's campaign proposals, from the cluster as it now is.
+        campaign_proposals_compute(cluster=cluster, now=now)
         try:
             yield {"world": world, "cluster": cluster, "run": run}
         finally:
@@ -227,12 +232,28 @@ def test_five_pages_at_1366x768_clip_no_link_draw_their_icons_and_chart_with_tit
     map_box, legend_box = page.locator("#gpu-map").bounding_box(), page.locator("#map-legend").bounding_box()
     assert legend_box["x"] >= map_box["x"] + map_box["width"], (map_box, legend_box)
     assert legend_box["y"] < map_box["y"] + map_box["height"], (map_box, legend_box)
-    assert page.locator("#map-legend li.model").count() == 2
+    assert page.locator("#map-legend li.model").count() == 3
     # Buttons, node names and legend entries each on one line.
     assert page.locator("#map-cordoned a.button").count() == 1
     wrapped = page.evaluate(WRAPPED_JS, "#content a.button, #content td.node-name, #map-legend li")
     assert not wrapped, wrapped
     _check(page, "gpu-map", problems)
+
+    # The campaign shown on the map: its nodes framed and numbered, their moves beside them
+    # and inside the window, the legend still beside the map.
+    page.goto(f"{base}/capacity/clusters/sim/gpu-map/?campaign=1")
+    marks = page.locator("g.campaign-mark")
+    assert marks.count() >= 1
+    for i in range(marks.count()):
+        mark = marks.nth(i)
+        frame, text = mark.locator("rect.campaign-frame").bounding_box(), mark.locator("text").bounding_box()
+        assert frame and frame["width"] > 0 and text and text["x"] + text["width"] <= WIDTH, (frame, text)
+    assert page.locator("g.campaign-mark text", has_text="#1 →").count() == 1
+    map_box, legend_box = page.locator("#gpu-map").bounding_box(), page.locator("#map-legend").bounding_box()
+    assert legend_box["x"] >= map_box["x"] + map_box["width"], (map_box, legend_box)
+    numbered = marks.count() - page.locator("g.kept-empty").count()
+    assert page.locator("table.campaign-nodes tr").count() == numbered + 1   # its header row
+    _check(page, "gpu-map-campaign", problems)
 
     page.goto(f"{base}/admin/capacity/servedmodel/")
     unblock = page.locator("a", has_text="delete the old revision")

@@ -1,0 +1,103 @@
+"""What the dashboard and the GPU map show of the campaign proposals: a line per pool, and
+the marks the map draws beside the campaign's nodes (their position, where their pods go,
+the empty nodes kept empty). Every number comes from the proposal row and its plan, so the
+two pages and the row agree."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from orgs.planning import duration_words
+
+from capacity.campaigns.models import CampaignProposal
+from capacity.campaigns.planning import CampaignPlan, pool_selector_text
+from capacity.campaigns.pools import consolidate_command
+
+# Characters of a node's mark drawn beside its map row, its position and moves (12 px bold
+# monospace, ~7.2 px each: ~320 px, what a 1366 px screen has between an 8-GPU map and its
+# legend); a longer text ends in "…", and the whole of it is the mark's title.
+MARK_CHARS = 44
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+@dataclass(frozen=True)
+class ProposalLine:
+    """One pool's proposal as the pages say it."""
+
+    row: CampaignProposal
+    plan: CampaignPlan
+    command: str
+    age: str             # "3 min", "under a minute"
+
+    @property
+    def pool(self) -> str:
+        return self.row.pool
+
+    @property
+    def selector_text(self) -> str:
+        return pool_selector_text(self.row.selector)
+
+    @property
+    def text(self) -> str:
+        row = self.row
+        return (f"{_plural(row.freed, 'node', 'nodes')} of pool {row.pool} can be freed together as one campaign "
+                f"({_plural(row.gpus_freed, 'GPU', 'GPUs')}); "
+                f"{'1 pod moves once' if row.pods_moved == 1 else f'{row.pods_moved} pods move once each'}; at most {self.plan.most_freeable} could be freed by any plan (the pool's requests fit "
+                f"on {_plural(row.lower_bound, 'node', 'nodes')} of its {self.plan.pool_nodes}"
+                f"{f', {self.plan.empty_nodes} already empty' if self.plan.empty_nodes else ''}); "
+                f"rehearsed: {'yes' if row.rehearsed else 'no'}")
+
+
+def proposal_lines(rows: list[CampaignProposal], *, cluster: str, now: datetime) -> list[ProposalLine]:
+    """The proposals that free a node, by pool: a pool with nothing to free has no line."""
+    return [ProposalLine(row=row, plan=row.campaign, command=consolidate_command(cluster=cluster, selector=row.selector),
+                         age=duration_words(now - row.computed_at))
+            for row in rows if row.freed > 0]
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    """What the map draws beside a campaign node or a node the campaign keeps empty."""
+
+    label: str           # "#2" (with its pool on a map of several pools) or "kept empty"
+    text: str            # the label and "→ gpu-h100-05 (1 GPU), …", cut to MARK_CHARS
+    title: str           # the whole text
+    kept_empty: bool = False
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MARK_CHARS else text[:MARK_CHARS - 1] + "…"
+
+
+def _moves_text(plan: CampaignPlan, node: str) -> str:
+    per_node: dict[str, int] = {}
+    for move in next(n for n in plan.nodes if n.node == node).moves:
+        per_node[move.to] = per_node.get(move.to, 0) + move.gpus
+    return "→ " + ", ".join(f"{to} ({_plural(gpus, 'GPU', 'GPUs')})" for to, gpus in per_node.items())
+
+
+def moves_by_node(plan: CampaignPlan) -> list[dict]:
+    """The campaign's nodes in order, each with its moves in words (the map's campaign table)."""
+    return [{"node": n, "moves": _moves_text(plan, n.node)} for n in plan.nodes]
+
+
+def node_marks(lines: list[ProposalLine], *, several_pools: bool) -> dict[str, NodeMark]:
+    """Node name → its mark, for the campaign nodes and kept-empty nodes of `lines`."""
+    marks: dict[str, NodeMark] = {}
+    for line in lines:
+        prefix = f"{line.pool} " if several_pools else ""   # positions are per pool
+        for node in line.plan.nodes:
+            moves = _moves_text(line.plan, node.node)
+            label = f"{prefix}#{node.position}"
+            marks[node.node] = NodeMark(label=label, text=_cut(f"{label} {moves}"),
+                                        title=f"campaign {prefix}#{node.position}: frees "
+                                              f"{_plural(node.gpus, 'GPU', 'GPUs')}; its pods {moves}")
+        for name in line.plan.kept_empty:
+            marks[name] = NodeMark(label=f"{prefix}kept empty", text=_cut(f"{prefix}kept empty"),
+                                   title=f"kept empty by the {line.pool} campaign: cordoned while it runs, so the "
+                                         "scheduler puts no moved pod on it, and returned to service at the end",
+                                   kept_empty=True)
+    return marks
