@@ -27,7 +27,7 @@ from tests.browser.conftest import WRAPPED_JS, shot
 
 # The prune tests' simulated cluster with DCGM history and a real Prometheus.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pruning"))
-from prometheus_fixtures import PrometheusServer  # noqa: E402
+from tests.prometheus_fixtures import PrometheusServer  # noqa: E402
 from pruning_world import World, deployment, knative_service  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.prometheus, pytest.mark.django_db(transaction=True)]

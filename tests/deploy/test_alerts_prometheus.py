@@ -100,7 +100,7 @@ def _one_message_waiting_on_long() -> None:
 
 @pytest.mark.django_db(transaction=True)   # the live server reads the rows from its own thread
 def test_prometheus_fires_the_alerts_and_answers_every_panel(live_server, settings, sim_cluster_factory, tmp_path):
-    from prometheus_fixtures import PROMETHEUS, PrometheusServer
+    from tests.prometheus_fixtures import PROMETHEUS, PrometheusServer
 
     if not Path(PROMETHEUS).exists():
         message = f"prometheus not found at {PROMETHEUS} (make system-deps installs it)"
