@@ -10,7 +10,9 @@ Per node pool and step of the window:
   where the exporter has it, else `DCGM_FI_DEV_GPU_UTIL / 100`; a NaN peak is not idle), so a
   GPU the chart calls idle over a step is one the pruner would call idle over it. A GPU is
   placed in a pool through its node: DCGM's `Hostname` joined with the node name of
-  `gpu_capacity_node_pool_info`;
+  `gpu_capacity_node_pool_info`, as last exported within `NODE_POOL_LOOKBACK` before the step
+  (a node seldom changes pools, and the control plane exports a cluster only while it keeps a
+  reading of it: DCGM's samples still count while the exports lapse);
 * idle: allocated − used, never below 0, and missing wherever either is.
 
 A step without samples is missing (None: a gap in the chart, and a sentence saying so),
@@ -36,6 +38,7 @@ STYLE = {ALLOCATED: {"colour": PALETTE[4], "dash": []},         # blue, solid
          USED: {"colour": PALETTE[0], "dash": [8, 4]},          # orange, dashed
          IDLE: {"colour": PALETTE[2], "dash": [2, 3]}}          # bluish green, dotted
 LABELS = {ALLOCATED: "GPUs allocated", USED: "GPUs used", IDLE: "GPUs idle (allocated − used)"}
+NODE_POOL_LOOKBACK = "1d"
 GAPS_SAID_MAX = 5   # gap sentences per pool and line; more are counted in one sentence
 
 
@@ -95,9 +98,10 @@ def used_promql(*, cluster: str, step_seconds: int, idle_threshold: float) -> st
     # Per GPU (its series merged across the pods it served): the peak, GR_ENGINE first.
     peak = f"max by (Hostname, gpu, UUID) ((max_over_time({GR_ENGINE}{s})) or (max_over_time({GPU_UTIL}{s}) / 100))"
     busy = f"(1 - ({peak} < bool {threshold}))"   # 1 unless under the threshold (NaN counts busy)
-    # One pool per node (the latest reading's, should a node change pools within a step).
-    pools = (f"label_replace(topk by (node) (1, max_over_time({NODE_POOL_METRIC}{{cluster={promql_string(cluster)}}}"
-             f"{s})), \"Hostname\", \"$1\", \"node\", \"(.*)\")")
+    # One pool per node: its last export (one of them, should the node have changed pools).
+    nodes = f"{NODE_POOL_METRIC}{{cluster={promql_string(cluster)}}}"
+    pools = (f"label_replace(topk by (node) (1, last_over_time({nodes}[{NODE_POOL_LOOKBACK}])), "
+             f"\"Hostname\", \"$1\", \"node\", \"(.*)\")")
     return f"sum by (pool) ({busy} * on (Hostname) group_left (pool) {pools})"
 
 
