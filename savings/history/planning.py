@@ -39,6 +39,8 @@ STYLE = {ALLOCATED: {"colour": PALETTE[4], "dash": []},         # blue, solid
          IDLE: {"colour": PALETTE[2], "dash": [2, 3]}}          # bluish green, dotted
 LABELS = {ALLOCATED: "GPUs allocated", USED: "GPUs used", IDLE: "GPUs idle (allocated − used)"}
 NODE_POOL_LOOKBACK = "1d"
+# A time label on the chart every 3 hours, day or 5 days (UTC multiples: 03:00, 06:00…).
+TICK_SECONDS = {"day": 3 * 3600, "week": 86400, "month": 5 * 86400}
 GAPS_SAID_MAX = 5   # gap sentences per pool and line; more are counted in one sentence
 
 
@@ -139,7 +141,8 @@ class PoolHistory:
                 "scales": {
                     "x": {"type": "linear", "utcTime": "time" if window == "day" else "date",
                           "min": round(start.timestamp() * 1000), "max": round(end.timestamp() * 1000),
-                          "title": {"display": True, "text": "time (UTC)"}, "ticks": {"maxTicksLimit": 8}},
+                          "title": {"display": True, "text": "time (UTC)"},
+                          "ticks": {"stepSize": TICK_SECONDS[window] * 1000, "maxTicksLimit": 10}},
                     "y": {"beginAtZero": True, "title": {"display": True, "text": "GPUs"},
                           "ticks": {"precision": 0}},
                 },
