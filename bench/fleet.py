@@ -42,7 +42,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "pruning")]
+sys.path[:0] = [str(ROOT)]
 
 NODES, PODS = 5000, 50000
 MIB, GIB = 1024 ** 2, 1024 ** 3
@@ -112,7 +112,7 @@ def cluster_serve(index: int, workdir: Path, nodes: int, pods: int) -> None:
 def prometheus_start(folder: Path, gpus: list[list], now: datetime):
     """A Prometheus in `folder` holding WINDOW of DCGM utilization history, to `now`, for each
     GPU of `gpus` (as cluster_docs gives them), backfilled with promtool; started."""
-    from prometheus_fixtures import PrometheusServer, Series, gpu_labels
+    from tests.prometheus_fixtures import PrometheusServer, Series, gpu_labels
 
     times, t = [], now - WINDOW - timedelta(minutes=5)
     while t <= now:

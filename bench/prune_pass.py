@@ -50,7 +50,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "pruning")]
+sys.path[:0] = [str(ROOT)]
 
 GPUS_PER_NODE = 8
 PODS_PER_WORKLOAD = 10
@@ -118,7 +118,7 @@ def cluster_docs(pods: int, idle: int) -> tuple[list[dict], dict[tuple[str, str]
 
 
 def history(util: dict, window: timedelta, every: timedelta):
-    from prometheus_fixtures import Series, gpu_labels
+    from tests.prometheus_fixtures import Series, gpu_labels
 
     out = []
     times = []
@@ -340,7 +340,7 @@ def worker(args) -> int:
 
 
 def scenario(pods: int, idle: int, repeat: int, workdir: Path) -> dict:
-    from prometheus_fixtures import PrometheusServer
+    from tests.prometheus_fixtures import PrometheusServer
 
     docs, util = cluster_docs(pods, idle)
     server = PrometheusServer(workdir / f"prom-{pods}-{idle}")

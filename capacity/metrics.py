@@ -9,11 +9,12 @@ from django.db.models import Case, Count, DateTimeField, DurationField, Expressi
 from django.db.models.functions import Coalesce, Greatest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from clusters.selectors import cluster_names
+from clusters.selectors import cluster_names, clusters_all
 from config.observability import database_metrics
 
 from capacity.binpack.models import BinpackRun
 from capacity.defrag.models import RUNNING_STATES, DefragJob, JobState
+from capacity.gpumap.selectors import pool_gpus_kept
 from capacity.runbook.models import RunbookAction
 
 class _Seconds(Func):
@@ -99,3 +100,38 @@ def lease_metrics() -> Iterator[Metric]:
             if row["oldest"] is not None:
                 family.add_metric([kind, row["cluster__name"] or ""], _epoch(row["oldest"]))
     yield family
+
+
+@database_metrics
+def pool_gpu_metrics() -> Iterator[Metric]:
+    """GPUs per node pool from the reading the dashboard and the GPU map keep of each cluster
+    (capacity/gpumap/selectors.py), never from a read of the cluster: a scrape every few
+    seconds must not list every pod. A cluster with no kept reading exports nothing (no
+    series, not a 0 it does not know); the GPU history and the Grafana panel show the gap."""
+    gpus = GaugeMetricFamily(
+        "gpu_capacity_pool_gpus",
+        "GPUs per cluster, node pool and GPU product: allocatable (the nodes' nvidia.com/gpu) and allocated "
+        "(requested by the live pods bound to them), from the control plane's last reading of the cluster.",
+        labels=["cluster", "pool", "gpu_product", "state"])
+    nodes = GaugeMetricFamily(
+        "gpu_capacity_node_pool_info",
+        "1 for each GPU node of the last reading, naming its node pool (joins per-node series such as DCGM's, "
+        "by node name, to pools).",
+        labels=["cluster", "node", "pool"])
+    taken = GaugeMetricFamily(
+        "gpu_capacity_gpu_reading_timestamp_seconds",
+        "When the reading behind gpu_capacity_pool_gpus and gpu_capacity_node_pool_info was taken.",
+        labels=["cluster"])
+    for cluster in clusters_all():
+        reading = pool_gpus_kept(cluster=cluster)
+        if reading is None:
+            continue
+        taken.add_metric([cluster.name], reading.taken_at.timestamp())
+        for (pool, product), (allocatable, allocated) in reading.value.gpus.items():
+            gpus.add_metric([cluster.name, pool, product, "allocatable"], allocatable)
+            gpus.add_metric([cluster.name, pool, product, "allocated"], allocated)
+        for node, pool in reading.value.node_pools.items():
+            nodes.add_metric([cluster.name, node, pool], 1)
+    yield gpus
+    yield nodes
+    yield taken

@@ -10,11 +10,15 @@ from django.contrib.auth.decorators import permission_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
+from clusters.errors import PrometheusError
 from clusters.selectors import cluster_find, clusters_all
 from config import clock
+from pruning.services import prometheus_for
 
 from savings.planning import (MECHANISM_BASIS, MECHANISMS, UNKNOWN_MODEL, SavingsInputError, savings_plan,
                               window)
+from savings.history.planning import LABELS, SERIES, STYLE, WINDOWS, HistoryInputError, window_choose
+from savings.history.selectors import gpu_history
 from savings.selectors import savings_facts
 
 CLUSTER_CONTENTS_PERMISSION = "capacity.view_cluster_contents"
@@ -40,8 +44,33 @@ def _report(request, cluster: str):
     return row, savings_plan(savings_facts(cluster=row, now=now, since=since), now=now, days=days), None
 
 
+def _history(row, *, window, now) -> dict:
+    """The GPU history beside the savings, or the sentence saying why there is none (no
+    Prometheus for the cluster, or no answer from it): the savings are shown either way."""
+    if not (row.prometheus_url or settings.PROMETHEUS_URL):
+        return {"message": f"No Prometheus is configured for cluster {row.name} (its Prometheus URL in Admin → "
+                           "Clusters, or PROMETHEUS_URL): GPUs allocated, used and idle over time cannot be shown."}
+    try:
+        history = gpu_history(prometheus=prometheus_for(cluster=row), cluster=row.name, window=window, now=now,
+                              idle_threshold=settings.PRUNER_IDLE_THRESHOLD)
+    except (PrometheusError, HistoryInputError) as exc:
+        return {"message": f"GPUs allocated, used and idle over time cannot be shown: {exc}"}
+    pools = []
+    for i, pool in enumerate(history.pools, start=1):
+        pools.append({"pool": pool.pool, "chart_id": f"gpu-history-{i}", "gaps": pool.gaps,
+                      "config": pool.chart_config(start=history.start, end=history.end, window=window.name),
+                      "lines": [{"name": line, "label": LABELS[line], "colour": STYLE[line]["colour"],
+                                 "average": pool.average(line), "steps": pool.steps_with_data(line)}
+                                for line in SERIES]})
+    return {"history": history, "pools": pools, "points": window.points}
+
+
 @cluster_contents_required
 def savings_page(request, cluster: str):
+    try:   # before any read: a bad window is refused as it is, not after the cluster was read
+        history_window = window_choose(request.GET.get("window"))
+    except HistoryInputError as exc:
+        return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain; charset=utf-8")
     row, report, error = _report(request, cluster)
     if error is not None:
         return error
@@ -60,7 +89,10 @@ def savings_page(request, cluster: str):
         "report": report, "days": len(report.days), "mechanisms": mechanisms, "mechanism_names": MECHANISMS,
         "per_org": per_org, "per_day": per_day, "total": figures.total, "chart": report.chart_config(),
         "money_total": figures.money_total, "unpriced_total": sum(figures.unpriced_totals.values()), "currency": settings.SAVINGS_CURRENCY, "figures": figures,
-        "prices": sorted(report.prices.items()), "day_choices": (7, 14, 30, 90)})
+        "prices": sorted(report.prices.items()), "day_choices": (7, 14, 30, 90),
+        "window": history_window.name, "window_choices": list(WINDOWS),
+        "gpu_history": _history(row, window=history_window, now=clock.now()),
+        "idle_threshold_percent": f"{settings.PRUNER_IDLE_THRESHOLD * 100:g}"})
 
 
 @cluster_contents_required

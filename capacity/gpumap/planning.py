@@ -309,3 +309,25 @@ def gpu_summary(view: FragmentationView, *, top: int = DASHBOARD_CANDIDATES) -> 
             t["fragmented_nodes"] += 1
     products = tuple(ProductTotals(product=name, **t) for name, t in sorted(acc.items()))
     return GpuSummary(products=products, candidates=view.candidates[:top], advice=view.advice)
+
+
+# ---- GPUs per pool, for /metrics and the GPU history ------------------------------------
+
+@dataclass(frozen=True)
+class PoolGpus:
+    """Per (pool, GPU product): the GPUs the nodes offer (`nvidia.com/gpu` allocatable) and
+    those the live pods bound to them request; and each GPU node's pool, so that a per-node
+    series (DCGM's `Hostname`) can be counted per pool. Small beside the map: /metrics reads
+    it on every scrape."""
+
+    gpus: Mapping[tuple[str, str], tuple[int, int]]   # (pool, product) -> (allocatable, allocated)
+    node_pools: Mapping[str, str]                      # node name -> pool
+
+
+def pool_gpus(view: FragmentationView) -> PoolGpus:
+    gpus: dict[tuple[str, str], tuple[int, int]] = {}
+    for row in view.rows:
+        key = (row.pool, row.gpu_product or "unlabelled")
+        allocatable, allocated = gpus.get(key, (0, 0))
+        gpus[key] = (allocatable + row.total, allocated + row.used)
+    return PoolGpus(gpus=dict(sorted(gpus.items())), node_pools={row.name: row.pool for row in view.rows})

@@ -37,9 +37,11 @@ from audit.selectors import entries_filter
 from capacity.gpumap.planning import (
     FragmentationView,
     GpuSummary,
+    PoolGpus,
     fragmentation_pool,
     fragmentation_view,
     gpu_summary,
+    pool_gpus,
 )
 from capacity.selectors import defrag_jobs_live_by_node
 
@@ -107,6 +109,17 @@ def gpu_summary_recent(*, cluster: Cluster, now: datetime,
     return _recent(cluster, now, "summary", gateway)
 
 
+def pool_gpus_kept(*, cluster: Cluster) -> Reading[PoolGpus] | None:
+    """The GPUs per pool of the cluster's kept reading, whatever its age (it is kept
+    `CAPACITY_MAP_CACHE_SECONDS` + `REFRESH_WAIT_SECONDS` at most), or None when none is kept:
+    never a read of the cluster (/metrics asks on every scrape)."""
+    identity = _identity(cluster)
+    kept = _cache_get(_cache_key(identity, "pools"))
+    if kept is None or kept.get("cluster") != identity or not isinstance(kept.get("pools"), PoolGpus):
+        return None
+    return Reading(kept["pools"], kept["taken_at"])
+
+
 def _drawn_with(cluster: Cluster, identity: str) -> dict:
     """What a reading depends on besides the cluster's API: a kept reading whose values
     differ is not used."""
@@ -148,6 +161,7 @@ def _draw(cluster: Cluster, identity: str, drawn_with: dict, now: datetime,
                                             scoring=drawn_with["scoring"])}
         del snapshot
         drawn["summary"] = gpu_summary(drawn["view"])
+        drawn["pools"] = pool_gpus(drawn["view"])
         if ttl:
             # Kept past its serving time so that it can serve while the next one is drawn.
             for name, value in drawn.items():
@@ -208,7 +222,7 @@ def readings_forget(*, cluster: Cluster) -> None:
     """Drop what is kept of the cluster for its pages (readings, a queued refresh's mark, a
     failure): the next page reads the cluster itself."""
     identity = _identity(cluster)
-    for part in ("view", "summary", "refresh", "failed"):
+    for part in ("view", "summary", "pools", "refresh", "failed"):
         _cache_delete(_cache_key(identity, part))
 
 

@@ -28,7 +28,7 @@ from tests.browser.conftest import WRAPPED_JS, shot
 
 # The prune tests' simulated cluster with DCGM history and a real Prometheus.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pruning"))
-from prometheus_fixtures import PrometheusServer  # noqa: E402
+from tests.prometheus_fixtures import PrometheusServer, Series  # noqa: E402
 from pruning_world import World, deployment, knative_service  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.prometheus, pytest.mark.django_db(transaction=True)]
@@ -101,6 +101,7 @@ def panel(tmp_path, settings):
         # A second model, which a campaign can move off its node.
         world.create(knative_service("summarize", "team-b", gpus=2, util="40"))
         world.record_history(minutes=40)
+        _pool_history(world.history)
         prom = world.prometheus()
         cluster = Cluster.objects.create(name="sim", kubeconfig_path=world.kubeconfig, prometheus_url=prom.url)
         # The product's clock reads the simulated one, so "now" on every page is the run's now.
@@ -121,6 +122,22 @@ def panel(tmp_path, settings):
         finally:
             for server in servers:
                 server.stop()
+
+
+def _pool_history(history: dict) -> None:
+    """The control plane's own pool series beside DCGM's, as its /metrics would have had them
+    scraped at the same moments: the a10g pool's GPUs held by pods (DCGM's series with a pod),
+    and its nodes."""
+    util = [s for (name, _), s in history.items() if name == "DCGM_FI_DEV_GPU_UTIL"]
+    moments = sorted({t for s in util for t, _ in s.samples})
+    held = {t: sum(1 for s in util if s.labels.get("pod") and any(m == t for m, _ in s.samples)) for t in moments}
+    own = {"cluster": "sim", "job": "gpu-capacity", "instance": "web-0:8000"}
+    rows = [Series("gpu_capacity_pool_gpus", {**own, "pool": "a10g", "gpu_product": "NVIDIA-A10G",
+                                              "state": "allocated"}, [(t, held[t]) for t in moments])]
+    rows += [Series("gpu_capacity_node_pool_info", {**own, "node": node, "pool": "a10g"}, [(t, 1) for t in moments])
+             for node in sorted({s.labels["Hostname"] for s in util})]
+    for row in rows:
+        history[(row.metric, tuple(sorted(row.labels.items())))] = row
 
 
 def _wall_now():
@@ -277,7 +294,11 @@ def test_five_pages_at_1366x768_clip_no_link_draw_their_icons_and_chart_with_tit
     page.wait_for_function("typeof Chart !== 'undefined' && Object.keys(Chart.instances).length > 0")
     charts = _check(page, "savings", problems)
     assert [(c["type"], c["x"], c["y"], c["datasets"]) for c in charts] == [
-        ("bar", "day (UTC)", "GPU-hours freed", 4)]
+        ("bar", "day (UTC)", "GPU-hours freed", 4), ("line", "time (UTC)", "GPUs", 3)]
+    # The GPU history of the pool: its legend's three lines, the averages beside the chart.
+    assert page.locator('#gpu-history .pool[data-pool="a10g"] tr[data-line]').count() == 3
+    history_box = page.locator('#gpu-history .pool[data-pool="a10g"] canvas').bounding_box()
+    assert history_box["width"] >= 600 and history_box["height"] >= 200, history_box
     total = float(page.locator("#savings-total").inner_text())
     # dormancy 10 + 14 + 20 h × 2 GPUs, the trainer's 4 GPUs for 30 h, gpu-3's 8 GPUs for 3 days
     assert total >= 88 + 120 + 8 * 72

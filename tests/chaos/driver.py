@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,13 +39,10 @@ from orgs.activity import org_activity_record
 from orgs.models import DormancySwitch, Org
 from pruning.models import PruneDecision, PruneRun
 from tests.celery_workers import pool_children
+from tests.prometheus_fixtures import PrometheusServer, Series, gpu_labels
 
 from .world import MODEL_NS, NODES, ORG_KINDS, PRUNE_DEPLOYMENTS, PRUNE_NODE, RUNBOOK_MODEL, SERVICES, Kube, \
     org_slug, prune_ns, pynode_min_scale, runbook_ns, scenario_objects
-
-# The pruner's tests keep the real Prometheus they start beside them (tests/pruning is no package).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pruning"))
-from prometheus_fixtures import PrometheusServer, Series, gpu_labels  # noqa: E402
 
 WORKERS = ("w1", "w2")
 RESUME_EVERY_S = next(p.every_seconds for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume")

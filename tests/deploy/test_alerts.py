@@ -138,6 +138,7 @@ def _rows_behind_every_family(sim) -> None:
     """A row for each family of /metrics that is empty without one."""
     from capacity.binpack.models import BinpackRun
     from capacity.defrag.models import DefragJob, JobState
+    from capacity.gpumap.selectors import gpu_summary_recent
     from capacity.runbook.models import RunbookAction
     from config import clock
     from orgs.models import DormancySwitch, Org
@@ -158,6 +159,8 @@ def _rows_behind_every_family(sim) -> None:
     org = Org.objects.create(slug="team", cluster=cluster, namespace="team", pending=["ksvc team/x: 500"],
                              pending_since=now)
     DormancySwitch.objects.create(org=org, at=now, direction="dormant", cause="sweep")
+    # The GPUs per pool are exported from the reading the dashboard keeps.
+    gpu_summary_recent(cluster=cluster, now=now)
 
 
 @pytest.mark.django_db

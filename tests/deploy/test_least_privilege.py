@@ -269,7 +269,7 @@ def feature_defrag_to_drain(make_world, role):
 
 def feature_prune_scale_down(make_world, role, tmp_path):
     """pruning: every owner kind scaled to zero with Events, through Prometheus history."""
-    from prometheus_fixtures import PrometheusServer, parse_exposition
+    from tests.prometheus_fixtures import PrometheusServer, parse_exposition
 
     from clusters.prometheus import PrometheusGateway
     from pruning.services import PruneParams, prune_run_execute

@@ -12,7 +12,7 @@ from datetime import datetime
 
 import kubernetes
 from kubernetes import client as k8s
-from prometheus_fixtures import parse_exposition
+from tests.prometheus_fixtures import parse_exposition
 
 from clusters.kube import KubeGateway
 from clusters.prometheus import PrometheusGateway

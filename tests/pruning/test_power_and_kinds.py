@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 from kubernetes import client as k8s
-from prometheus_fixtures import Series, to_exported_scheme
+from tests.prometheus_fixtures import Series, to_exported_scheme
 
 from clusters.models import Cluster
 from pruning.models import PruneRun

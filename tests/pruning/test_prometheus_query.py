@@ -3,7 +3,7 @@ with backfilled DCGM history."""
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from prometheus_fixtures import Series, gpu_labels
+from tests.prometheus_fixtures import Series, gpu_labels
 
 from clusters.errors import PrometheusError
 from clusters.prometheus import PrometheusGateway

@@ -131,7 +131,7 @@ def test_a_series_named_as_no_pod_can_be_is_planned_not_found_and_never_read(mak
     """An exporter's label the cluster could never hold as a pod's or namespace's name (a
     relabelling gone wrong, a hostile exporter) is not sent to the API, where "?" or "/" would
     address another object, and does not fail the pass: the pod is not in the cluster."""
-    from prometheus_fixtures import Series
+    from tests.prometheus_fixtures import Series
 
     world = make_world(team_a_busy=True)
     solo = [s for s in world.history.values() if s.samples and s.labels.get("pod", "").startswith("solo-1")]
@@ -211,7 +211,7 @@ class FollowupTimed:
 
 @pytest.mark.parametrize("late", [False, True], ids=["follow-up first", "follow-up late"])
 def test_a_pod_with_a_busy_gpu_is_read_with_the_candidates_but_never_planned(tmp_path, prometheus_factory, late):
-    from prometheus_fixtures import Series
+    from tests.prometheus_fixtures import Series
 
     with World.start(tmp_path) as world:
         world.prometheus_factory = prometheus_factory

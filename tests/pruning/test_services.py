@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from kubernetes import client as k8s
-from prometheus_fixtures import to_exported_scheme
+from tests.prometheus_fixtures import to_exported_scheme
 
 from audit.models import AuditEntry
 from clusters.prometheus import PrometheusGateway
@@ -318,7 +318,7 @@ def test_hostile_filters_match_nothing_and_invalid_ones_are_refused_before_a_run
 
 def _two_of_three_busy(series):
     """Of the three pods of "mixed", the first stays idle; the other two ran at 85 %."""
-    from prometheus_fixtures import Series
+    from tests.prometheus_fixtures import Series
 
     names = sorted({s.labels.get("pod", "") for s in series if s.labels.get("pod", "").startswith("mixed-")})
     busy = set(names[1:])
@@ -444,7 +444,7 @@ def test_a_scale_made_just_before_the_prunes_write_is_read_again_and_kept_for_re
 
 
 def test_the_audit_says_the_utilization_as_a_percentage(world: World):
-    from prometheus_fixtures import Series
+    from tests.prometheus_fixtures import Series
 
     world.create(deployment("web", "team-a", util="0"))
     world.record_history(minutes=40)

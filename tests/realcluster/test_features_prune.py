@@ -18,7 +18,7 @@ from clusters import kube
 from clusters.prometheus import PrometheusGateway
 from pruning.models import PruneDecision, PruneRun
 from pruning.services import PruneParams, prune_decision_restore, prune_run_execute
-from tests.pruning.prometheus_fixtures import PrometheusServer, Series, gpu_labels
+from tests.prometheus_fixtures import PrometheusServer, Series, gpu_labels
 
 from .pool import GpuPool
 

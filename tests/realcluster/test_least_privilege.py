@@ -470,7 +470,7 @@ def scale_to_zero_on_knative_1_21(p: Probe) -> str:
 
 def _prune(p: Probe, prometheus, pool: GpuPool, pods: list) -> str:
     """The pruner in scale-down mode over `pool`'s namespace, `pods` idle for its window."""
-    from tests.pruning.prometheus_fixtures import Series, gpu_labels
+    from tests.prometheus_fixtures import Series, gpu_labels
 
     backend = pool.backend
     youngest = max(pod.metadata.creation_timestamp for pod in pods)
@@ -522,7 +522,7 @@ ORDERED = sorted(PAIRS, key=lambda entry: PROBES.get(entry[1]) in PRUNE_PROBES)
 @pytest.fixture
 def prometheus(tmp_path):
     from clusters.prometheus import PrometheusGateway
-    from tests.pruning.prometheus_fixtures import PrometheusServer
+    from tests.prometheus_fixtures import PrometheusServer
 
     servers = []
 

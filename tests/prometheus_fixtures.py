@@ -1,6 +1,8 @@
 """A real Prometheus server per test: Debian's `prometheus` binary on a free port with a
-temporary data dir (never the system service), DCGM history backfilled with
-`promtool tsdb create-blocks-from openmetrics` so windows are exact.
+temporary data dir (never the system service), history (DCGM's, the control plane's own
+metrics) backfilled with `promtool tsdb create-blocks-from openmetrics` so windows are exact.
+Shared by the pruner's, the savings page's, the deploy checks' and the browser tests;
+`prometheus_factory` is the fixture their conftest modules take in.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 import yaml
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -124,6 +127,24 @@ class PrometheusServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path):
+    """`make(history=[Series…], scrape_configs=[…])` → a started `PrometheusServer`."""
+    servers: list[PrometheusServer] = []
+
+    def make(history=None, *, scrape_configs=None, scrape_interval="15s", tls=None) -> PrometheusServer:
+        server = PrometheusServer(tmp_path / f"prom{len(servers)}", scrape_configs=scrape_configs,
+                                  scrape_interval=scrape_interval, tls=tls)
+        if history:
+            server.backfill(history)
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()
 
 
 def parse_exposition(text: str, moment: datetime, into: dict) -> None:
