@@ -2,12 +2,14 @@
 
 Each feature keeps its models in its own package; this module is the one place that
 imports them, so that they register with the app. Import a model from its feature
-package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.models`),
+package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.models`,
+`capacity.campaigns.models`),
 not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackRun
+from capacity.campaigns.models import Campaign, CampaignNode
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackRun", "DefragJob", "DefragLogLine", "DefragOrphan",
+__all__ = ["BinpackCluster", "BinpackRun", "Campaign", "CampaignNode", "DefragJob", "DefragLogLine", "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]
