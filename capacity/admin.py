@@ -3,7 +3,8 @@
 Each feature registers its own admin in its package; importing them here registers them.
 """
 from capacity.binpack import admin as binpack_admin
+from capacity.campaigns import admin as campaign_admin
 from capacity.defrag import admin as defrag_admin
 from capacity.runbook import admin as runbook_admin
 
-__all__ = ["binpack_admin", "defrag_admin", "runbook_admin"]
+__all__ = ["binpack_admin", "campaign_admin", "defrag_admin", "runbook_admin"]
