@@ -9,6 +9,7 @@ from capacity.campaigns.models import Campaign, CampaignState, NodeRole, NodeSta
 from capacity.campaigns.services import CampaignError, campaign_abort, campaign_start
 from capacity.defrag.models import DefragOrphan, JobState
 from campaign_cluster import OPERATOR, half_full_pool, plan_now, run, start, tick
+from defrag_builders import make_pod
 from defrag_cluster import NS
 
 pytestmark = pytest.mark.django_db
@@ -164,3 +165,20 @@ def test_abort_midway_uncordons_what_the_campaign_cordoned_and_leaves_what_it_di
                                                                          f"Node/{second.node_name}"}
     second.refresh_from_db()
     assert second.job is None                          # never started, never touched again
+
+
+def test_a_replacement_the_scheduler_cannot_place_drops_its_node_with_the_schedulers_reason(defrag_world):
+    world = defrag_world(half_full_pool())
+    campaign = start(world, max_in_flight=1)
+    campaign = tick(world, campaign)                   # all three cordoned, the first started
+    first = campaign.nodes.get(position=1)
+    outside = set(pods_by_node(world)) - set(campaign.nodes.values_list("node_name", flat=True))
+    for node in sorted(outside):                       # the room the plan counted on is taken
+        world.kube.core.create_namespaced_pod(NS, make_pod(f"hog-{node}", node=node, gpus=4))
+
+    campaign = run(world, campaign, until=lambda c: c.nodes.get(pk=first.pk).state == NodeState.DROPPED)
+
+    first.refresh_from_db()
+    assert first.dropped_reason.startswith(f"replacement {NS}/")
+    assert "cannot be scheduled: " in first.dropped_reason and "Insufficient nvidia.com/gpu" in first.dropped_reason
+    assert first.job.abort_requested_at is not None and not world.kube.node_cordoned(first.node_name)
