@@ -7,10 +7,10 @@ package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.
 not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackNodeFreed, BinpackRun
-from capacity.campaigns.models import CampaignProposal
+from capacity.campaigns.models import Campaign, CampaignNode, CampaignProposal
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "CampaignProposal", "DefragJob", "DefragLogLine",
-           "DefragOrphan",
+__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "Campaign", "CampaignNode", "CampaignProposal",
+           "DefragJob", "DefragLogLine", "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]

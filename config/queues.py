@@ -34,7 +34,7 @@ QUEUES: tuple[tuple[str, str, str], ...] = (
      "one task per cluster: one slow cluster holds one worker slot, not every cluster's sweep"),
     (APPLY, "scale to zero on one org (wake and sleep); a wake at a higher priority",
      "a wake jumps the sleeps a sweep queued and never waits behind a reconcile read"),
-    (LONG, "defrag steps, prune runs and their completion, binpack writes, runbook settles",
+    (LONG, "defrag and campaign steps, prune runs and their completion, binpack writes, runbook settles",
      "seconds to a minute at fleet size: kept off the queues that must answer within their beat"),
 )
 
@@ -56,6 +56,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
         "capacity.runbook.tasks.runbook_actions_settle_all",
         "capacity.tasks.defrag_jobs_resume",
         "capacity.campaigns.tasks.campaign_proposals_all",
+        "capacity.tasks.campaigns_resume",
     ),
     SWEEP: (
         "orgs.tasks.scale_to_zero_reconcile_cluster",
@@ -71,6 +72,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
     ),
     LONG: (
         "capacity.tasks.defrag_job_run",
+        "capacity.tasks.campaign_run",
         "pruning.tasks.prune_cluster",
         "pruning.tasks.prune_runs_reconcile",
         "capacity.binpack.tasks.binpack_cluster",

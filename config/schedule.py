@@ -39,6 +39,14 @@ SCHEDULES: tuple[Periodic, ...] = (
                     "job is stepped again within 10 s of its 30 s lease lapsing).",
     ),
     Periodic(
+        name="capacity: campaigns resume",
+        task="capacity.tasks.campaigns_resume",
+        # 10 s, as the defrag jobs' resume: a killed worker's campaign is stepped again within
+        # 10 s of its 30 s lease lapsing.
+        every_seconds=10,
+        description="Re-queue every live consolidation campaign no worker holds whose next pass is due.",
+    ),
+    Periodic(
         name="orgs: dormancy sweep",
         task="orgs.tasks.dormancy_sweep",
         every_seconds=3600,

@@ -390,6 +390,15 @@ CAPACITY_DEFRAG_ABORT_DEADLINE_SECONDS = _env_number("CAPACITY_DEFRAG_ABORT_DEAD
 CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS = _env_number("CAPACITY_DEFRAG_ABORT_RECHECK_SECONDS", default=300, kind=int,
                                                     low=10, high=86_400,
                                                     what="the seconds between two checks of an abort-stuck job")
+# --- Capacity: consolidation campaigns --------------------------------------------------
+# The most of one Knative revision's ready pods a campaign's running defrag jobs may be moving
+# at once (0 < fraction <= 1). A revision no running job moves may always move one node's pods.
+CAPACITY_CAMPAIGN_REVISION_FRACTION = _env_number("CAPACITY_CAMPAIGN_REVISION_FRACTION", default=0.5, kind=float,
+                                                  low=0, above=True, high=1,
+                                                  what="the fraction of a revision's ready pods a campaign moves at once")
+# Seconds between two passes of a running campaign (its defrag jobs keep their own poll).
+CAPACITY_CAMPAIGN_POLL_SECONDS = _env_number("CAPACITY_CAMPAIGN_POLL_SECONDS", default=10.0, kind=float, low=0.1,
+                                             high=3600, what="the seconds between two passes of a campaign")
 # Seconds one reading of a cluster serves its dashboard and GPU map (the pages say how old
 # it is); 0 reads the cluster for every page. At 5,000 nodes a reading takes about two
 # seconds; longer than the dashboard's own 10 s reload, so an open page reads at most every

@@ -1,16 +1,144 @@
-"""Campaign proposals: the best campaign of each GPU pool, computed on a schedule.
+"""Consolidation campaigns and their proposals: the campaign (the plan it started from, its budgets, its state)
+and one row per node it frees or keeps empty (its audit entries live in the audit trail,
+subject "campaign").
 
-A proposal is advice, not the record of an act: nothing was done to the cluster when it
-was written, so it is replaced as the cluster changes and its history is kept only
-`CAPACITY_CAMPAIGN_PROPOSAL_DAYS` days (capacity/campaigns/services.py). The panel still
-never edits one (read-only admin): what the dashboard and the GPU map show is what the
-schedule computed.
+A campaign's nodes are emptied by defrag jobs it starts, each linked from its node's row; the
+campaign's own side effects are the cordons it lays and lifts, each written under an intent
+first so a restarted worker knows which cordons are its own (see `capacity.campaigns.services`).
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
+from config.actors import actor_label_current
+
 from capacity.campaigns.planning import CampaignPlan
+
+
+class CampaignState(models.TextChoices):
+    RUNNING = "running", "running (cordoning, then emptying its nodes)"
+    DONE = "done", "done (every node safe, drained or dropped)"
+    ABORTING = "aborting", "aborting"
+    ABORTED = "aborted", "aborted"
+
+
+# A live campaign holds its nodes: no other campaign plans them.
+LIVE_CAMPAIGN_STATES = (CampaignState.RUNNING, CampaignState.ABORTING)
+
+
+class NodeRole(models.TextChoices):
+    FREED = "freed", "freed (emptied by a defrag job)"
+    KEPT_EMPTY = "kept-empty", "kept empty (cordoned while the campaign runs)"
+
+
+class NodeState(models.TextChoices):
+    PLANNED = "planned", "planned (not touched yet)"
+    CORDONED = "cordoned", "cordoned, waiting its turn"
+    RUNNING = "running", "its defrag job is emptying it"
+    SAFE = "safe", "safe to remove (its defrag job is safe)"
+    DRAINED = "drained", "drained"
+    DROPPED = "dropped", "dropped (see the reason)"
+    ABORTED = "aborted", "left by the campaign's abort"
+    RETURNED = "returned", "returned to service"
+
+
+# A freed node's outcome, once the campaign is done with it.
+FREED_FINAL_STATES = (NodeState.SAFE, NodeState.DRAINED, NodeState.DROPPED, NodeState.ABORTED)
+# A row the campaign no longer acts on (its cordon, if it was the campaign's, is lifted).
+FINAL_NODE_STATES = (*FREED_FINAL_STATES, NodeState.RETURNED)
+
+
+class Campaign(models.Model):
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="campaigns",
+                                help_text="The cluster whose pool the campaign frees.")
+    selector = models.JSONField(help_text="The pool: node labels (KEY: VALUE) every node of it carries.")
+    goal = models.PositiveIntegerField(null=True, blank=True,
+                                       help_text="Nodes asked to be freed; empty: as many as can be.")
+    max_in_flight = models.PositiveIntegerField(help_text="Defrag jobs of the campaign emptying nodes at once.")
+    drain_when_safe = models.BooleanField(
+        default=False, help_text="The operator chose at start that each safe node is drained by the campaign; "
+                                 "otherwise the drain is the operator's step.")
+    state = models.CharField(max_length=10, choices=CampaignState.choices, default=CampaignState.RUNNING,
+                             help_text="Where the campaign is; a restarted worker resumes from it.")
+    plan = models.JSONField(help_text="The plan it started from (the campaign planner's value, as confirmed).")
+    source = models.CharField(max_length=60, default="cli",
+                              help_text="Where it was started: cli, panel or proposal:<id>.")
+    version = models.PositiveIntegerField(
+        default=0, help_text="Bumped by every record of a step: a step whose campaign changed under it re-reads "
+                             "and decides again (compare-and-set).")
+    error = models.TextField(blank=True, help_text="Why the last step could not finish (retried on the next).")
+    next_check_at = models.DateTimeField(null=True, blank=True, help_text="Earliest time of the next step.")
+    abort_requested_at = models.DateTimeField(null=True, blank=True,
+                                              help_text="An operator asked for the abort; the next step does it.")
+    abort_requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                           on_delete=models.SET_NULL, related_name="+",
+                                           help_text="Who asked for the abort (empty: a command).")
+    abort_requested_label = models.CharField(max_length=150, blank=True,
+                                             help_text="Where the abort was asked when not in the panel.")
+    lease_owner = models.CharField(max_length=200, blank=True,
+                                   help_text="The worker stepping the campaign now; empty when none.")
+    lease_expires_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="The owner's lease ends here; then any worker may take it.")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+", help_text="The operator who started the campaign.")
+    requested_by_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Where the campaign was started when not in the panel: cli:<os user>@<host>.")
+    created_at = models.DateTimeField(help_text="When the campaign was started (the injected clock).")
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="When it was done or aborted.")
+    updated_at = models.DateTimeField(auto_now=True, help_text="Last write.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"campaign #{self.pk} ({self.cluster}): {self.state}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_CAMPAIGN_STATES
+
+    @property
+    def abort_pending(self) -> bool:
+        return self.abort_requested_at is not None and self.state == CampaignState.RUNNING
+
+
+class CampaignNode(models.Model):
+    """One node the campaign frees (by a defrag job) or keeps empty while it runs."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.PROTECT, related_name="nodes",
+                                 help_text="The campaign.")
+    node_name = models.CharField(max_length=253, help_text="The node.")
+    role = models.CharField(max_length=10, choices=NodeRole.choices, default=NodeRole.FREED,
+                            help_text="Freed by a defrag job, or kept empty while the campaign runs.")
+    position = models.PositiveIntegerField(help_text="Its place in the plan's order (kept-empty nodes after).")
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.PLANNED,
+                             help_text="Where the node is in the campaign.")
+    job = models.ForeignKey("capacity.DefragJob", null=True, blank=True, on_delete=models.PROTECT,
+                            related_name="campaign_nodes", help_text="The defrag job emptying it.")
+    cordoned_by_campaign = models.BooleanField(
+        default=False, help_text="It was schedulable and the campaign cordoned it: the campaign uncordons it at "
+                                 "the end, on a drop or an abort. A node cordoned before is left as it was.")
+    cordon_intent_at = models.DateTimeField(
+        null=True, blank=True, help_text="Written before the cordon patch: a node found cordoned after this was "
+                                         "cordoned by the campaign, even if the worker died before recording it.")
+    uncordon_intent_at = models.DateTimeField(
+        null=True, blank=True, help_text="Written before the uncordon patch: a node found schedulable after this "
+                                         "was uncordoned by the campaign.")
+    uncordoned = models.BooleanField(default=False, help_text="The campaign lifted its own cordon.")
+    waiting_reason = models.CharField(max_length=500, blank=True,
+                                      help_text="Why its turn has not come though a slot is free (a budget).")
+    dropped_reason = models.TextField(blank=True, help_text="Why the campaign dropped the node.")
+    updated_at = models.DateTimeField(auto_now=True, help_text="Last write.")
+
+    class Meta:
+        ordering = ["campaign", "position"]
+        constraints = [models.UniqueConstraint(fields=["campaign", "node_name"],
+                                               name="capacity_one_row_per_campaign_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} ({self.role}): {self.state}"
 
 
 class CampaignProposal(models.Model):

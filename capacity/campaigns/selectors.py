@@ -1,14 +1,82 @@
-"""Reads of campaign proposals for the dashboard and the GPU map."""
+"""Campaign reads: the nodes live defrag jobs and campaigns hold, the workloads the product
+exempts or snoozes (as the planner takes them), the campaigns a worker should step, and a
+campaign's progress as the CLI prints it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from datetime import datetime
 
-from django.db.models import Max
+from django.conf import settings
+from django.db.models import Max, Q
 
-from capacity.campaigns.models import CampaignProposal
+from clusters import kube
+from clusters.selectors import snapshot_take
+from orgs.selectors import prune_holds
 
-if TYPE_CHECKING:
-    from clusters.models import Cluster
+from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, CampaignNode, CampaignProposal, NodeRole
+from capacity.campaigns.planning import CampaignPlan, campaign_plan
+from capacity.defrag.models import LIVE_STATES, DefragJob
+
+# How an exempted workload kind appears on its pods' labels (the planner's `holds` keys).
+_HOLD_KINDS = ("InferenceService", "Service")
+
+
+def campaign_held_nodes(*, cluster, exclude: int | None = None) -> dict[str, str]:
+    """node → who holds it: a live defrag job, or another live campaign (`exclude`: this one)."""
+    held = {node: f"defrag job #{pk}" for node, pk in DefragJob.objects.filter(
+        cluster=cluster, state__in=LIVE_STATES).values_list("node_name", "pk")}
+    rows = CampaignNode.objects.filter(campaign__cluster=cluster, campaign__state__in=LIVE_CAMPAIGN_STATES)
+    if exclude is not None:
+        rows = rows.exclude(campaign_id=exclude)
+    for node, pk in rows.values_list("node_name", "campaign_id"):
+        held.setdefault(node, f"campaign #{pk}")
+    return held
+
+
+def campaign_holds(*, cluster, namespaces: Iterable[str], now: datetime) -> dict[tuple[str, str], str]:
+    """(namespace, workload) → why it stays: each model or pynode exempted or snoozed now."""
+    holds = prune_holds(cluster=cluster, namespaces=set(namespaces), now=now)
+    return {(namespace, name): f"exempted: {word}" for (kind, namespace, name), word in holds.owners.items()
+            if kind in _HOLD_KINDS}
+
+
+def campaigns_due(*, now: datetime) -> list[int]:
+    """Live campaigns a worker should step and none does: no live lease, next step due, on a
+    cluster in service."""
+    unleased = Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    due = Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
+    return list(Campaign.objects.filter(unleased & due, state__in=LIVE_CAMPAIGN_STATES,
+                                        cluster__retired_at__isnull=True).order_by("pk").values_list("pk", flat=True))
+
+
+def campaign_nodes(*, campaign: Campaign, role: str = NodeRole.FREED) -> list[CampaignNode]:
+    return list(campaign.nodes.filter(role=role).select_related("job").order_by("position"))
+
+
+def campaign_progress(*, campaign: Campaign) -> dict:
+    """The campaign as the CLI's --json prints it and the panel follows it."""
+    return {
+        "campaign": campaign.pk, "state": campaign.state, "error": campaign.error,
+        "progress": [{"node": n.node_name, "position": n.position, "state": n.state,
+                      "job": n.job_id, "job_state": n.job.state if n.job else None,
+                      "cordoned_by_campaign": n.cordoned_by_campaign, "waiting": n.waiting_reason,
+                      "dropped_reason": n.dropped_reason} for n in campaign_nodes(campaign=campaign)],
+        "kept_empty_progress": [{"node": n.node_name, "state": n.state, "cordoned_by_campaign": n.cordoned_by_campaign}
+                                for n in campaign_nodes(campaign=campaign, role=NodeRole.KEPT_EMPTY)],
+    }
+
+
+def campaign_plan_read(*, cluster, selector, goal: int | None, now: datetime, scoring: str | None = None,
+                       gateway: kube.KubeGateway | None = None, exclude: int | None = None) -> CampaignPlan:
+    """The campaign plan over the cluster as it is now: a fresh reading, the nodes live defrag
+    jobs and other campaigns hold, and the workloads on hold. Raises CampaignInputError for a
+    pool or goal that cannot be planned."""
+    gateway = gateway or kube.gateway_for(cluster)
+    snapshot = snapshot_take(gateway, now=now)
+    held = campaign_held_nodes(cluster=cluster, exclude=exclude)
+    holds = campaign_holds(cluster=cluster, namespaces={p.namespace for p in snapshot.pods}, now=now)
+    return campaign_plan(snapshot, selector=selector, goal=goal,
+                         scoring=scoring or settings.CAPACITY_SCHEDULER_SCORING, held_nodes=set(held), holds=holds)
 
 
 def proposals_latest(*, cluster: Cluster) -> list[CampaignProposal]:

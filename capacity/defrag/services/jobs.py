@@ -118,8 +118,11 @@ def defrag_discover(*, cluster: Cluster, node_name: str, gateway: kube.KubeGatew
 
 def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, actor=None,
                      timeout_seconds: int | None = None, poll_interval_seconds: float | None = None,
-                     now: datetime | None = None, enqueue: bool = True) -> DefragJob:
-    """Create the confirmed job (the operator saw `plan`) and hand it to a worker."""
+                     now: datetime | None = None, enqueue: bool = True, on_behalf_of: str = "") -> DefragJob:
+    """Create the confirmed job (the operator saw `plan`) and hand it to a worker.
+
+    `on_behalf_of`: what started it when not an operator's own confirmation ("campaign #7"):
+    kept with the report and named in the cause of every audit entry of the job."""
     now = now or clock.now()
     timeout_seconds = settings.CAPACITY_DEFRAG_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
     poll = settings.CAPACITY_DEFRAG_POLL_SECONDS if poll_interval_seconds is None else poll_interval_seconds
@@ -145,7 +148,9 @@ def defrag_job_start(*, cluster: Cluster, node_name: str, plan: DefragPlan, acto
                 raise DefragError(f"cluster {cluster.name!r} already runs {running} defrag job(s); "
                                   f"the limit is {limit} (CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER)")
             job = DefragJob.objects.create(
-                cluster=cluster, node_name=node_name, report=plan.to_dict(), timeout_seconds=int(timeout_seconds),
+                cluster=cluster, node_name=node_name,
+                report={**plan.to_dict(), **({"on_behalf_of": on_behalf_of} if on_behalf_of else {})},
+                timeout_seconds=int(timeout_seconds),
                 poll_interval_seconds=float(poll), requested_by=actor, operator=actor, created_at=now)
             _log_write(job.pk, plan.report_lines() + ["Proceed with defrag? (y/n): y"])
             job.refresh_from_db(fields=["log_seq"])

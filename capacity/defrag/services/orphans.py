@@ -21,6 +21,7 @@ from capacity.defrag.planning import (
 from capacity.defrag.selectors import defrag_revision_orphan_names
 from capacity.defrag.services.record import (
     _append_log,
+    _cause,
     _commit,
     _event,
     _get_pod,
@@ -218,7 +219,7 @@ def _end_orphans(job: DefragJob, gateway: kube.KubeGateway, now: datetime, *, ev
         action, done, _ = _end_words(end)
         line = f"Pod {pod_key} {done}"
         if evict:
-            cause = f"defrag job #{job.pk} ({job.state})"
+            cause = _cause(job)
             _end_intent_write(job, orphan, end=end, cause=cause, now=now)
             try:
                 gateway.evict(orphan.pod_name, namespace=orphan.namespace)

@@ -99,13 +99,20 @@ def _log_write(job_id: int, lines: list[str]) -> None:
         DefragLogLine.objects.filter(job_id=job_id, seq__gte=dropped[0], seq__lte=dropped[1]).delete()
 
 
+def _cause(job: DefragJob) -> str:
+    """The cause of the job's acts in the audit trail: the job, its state, and what started it
+    when not an operator's own confirmation ("… of campaign #7")."""
+    of = f" of {job.report['on_behalf_of']}" if (job.report or {}).get("on_behalf_of") else ""
+    return f"defrag job #{job.pk} ({job.state}){of}"
+
+
 def _audit(job: DefragJob, *, now: datetime, action: str, target: str, old=None, new=None, actor=None,
            cause: str = "") -> None:
     """One step of the job in the audit trail, under the job (subject defrag_job)."""
     actor = actor or job.operator
     # A worker acts for whoever asked: with no panel user, the command that confirmed the job.
     label = None if actor is not None else (actor_label_current() or job.requested_by_label)
-    audit(app="defrag", action=action, at=now, actor=actor, cause=cause or f"defrag job #{job.pk} ({job.state})",
+    audit(app="defrag", action=action, at=now, actor=actor, cause=cause or _cause(job),
           target=target, cluster_id=job.cluster_id, subject=("defrag_job", job.pk), old=old, new=new,
           actor_label=label)
 
