@@ -57,6 +57,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
         "capacity.tasks.defrag_jobs_resume",
         "capacity.campaigns.tasks.campaign_proposals_all",
         "capacity.tasks.campaigns_resume",
+        "capacity.gpumap.tasks.gpu_readings_keep",
     ),
     SWEEP: (
         "orgs.tasks.scale_to_zero_reconcile_cluster",
@@ -64,6 +65,7 @@ _ROUTED: dict[str, tuple[str, ...]] = {
         "clusters.tasks.discovery_refresh_cluster",
         "capacity.runbook.tasks.registry_sync_cluster",
         "capacity.gpumap.tasks.gpu_view_refresh",
+        "capacity.gpumap.tasks.gpu_reading_keep",
         "capacity.binpack.tasks.binpack_freed_check_cluster",
         "capacity.campaigns.tasks.campaign_proposals_cluster",
     ),

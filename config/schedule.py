@@ -114,6 +114,18 @@ SCHEDULES: tuple[Periodic, ...] = (
                     "counts under binpack.",
     ),
     Periodic(
+        name="capacity: GPU readings kept",
+        task="capacity.gpumap.tasks.gpu_readings_keep",
+        # 60 s: Prometheus scrapes /metrics every 30 s, and the GPUs per pool it exports come
+        # from the cluster's kept reading (CAPACITY_MAP_CACHE_SECONDS, 15 s by default, plus
+        # the refresh wait): a reading drawn each minute leaves no step of the savings page's
+        # history without one. A cluster a page read within the setting is not read again.
+        every_seconds=60,
+        description="Read each cluster's GPUs (one list of nodes and pods) when no page has within "
+                    "CAPACITY_MAP_CACHE_SECONDS, so the GPUs per pool on /metrics — the savings page's "
+                    "allocated and idle history — have no gaps when no one views the map.",
+    ),
+    Periodic(
         name="capacity: model registry sync",
         task="capacity.runbook.tasks.registry_sync_all_clusters",
         every_seconds=300,

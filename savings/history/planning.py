@@ -211,8 +211,8 @@ def history_shape(*, cluster: str, window: HistoryWindow, start: datetime, end: 
     if not allocated_by_pool:
         notes.append(f"No samples for {POOL_METRIC} of cluster {cluster} between {_when(start)} and {_when(end)} in "
                      f"Prometheus at {source}: the GPUs allocated per pool come from the control plane's own "
-                     "/metrics, which that Prometheus must scrape (deploy/servicemonitor.yaml), and a cluster is "
-                     "exported only while its dashboard or GPU map reading is kept.")
+                     "/metrics, which that Prometheus must scrape (deploy/servicemonitor.yaml), from a reading of "
+                     "the cluster the schedule draws every minute (capacity: GPU readings kept).")
     pools = []
     for pool in sorted(allocated_by_pool):
         a = allocated_by_pool[pool]

@@ -73,3 +73,31 @@ def test_pool_gpus_come_from_the_kept_reading_and_a_scrape_reads_no_cluster(
     sim.gateway.delete(kube.PODS, "big", namespace="team")
     sim.advance(60)
     assert _pool_samples(scrape(), "pools-sim")[("gpu_capacity_pool_gpus", "h100", "allocated", None)] == 5
+
+
+def test_the_schedule_keeps_a_reading_when_no_page_asks(sim_cluster_factory, scrape, settings):
+    from capacity.gpumap.selectors import readings_forget
+    from capacity.gpumap.tasks import gpu_reading_keep
+    from config.schedule import SCHEDULES
+
+    settings.CAPACITY_MAP_CACHE_SECONDS = 15
+    sim = sim_cluster_factory(_scenario(), name="kept-sim")
+    sim.advance(10)
+    gateway = kube.gateway_for(sim.cluster)
+    assert _pool_samples(scrape(), "kept-sim") == {}
+    keep = next(p for p in SCHEDULES if p.task == "capacity.gpumap.tasks.gpu_readings_keep")
+    assert keep.every_seconds <= 60      # no step of the history (5 min at its finest) without a reading
+
+    # No page viewed the cluster: the scheduled keep reads it, and /metrics exports its pools.
+    assert gpu_reading_keep(sim.cluster.pk) is True
+    assert _pool_samples(scrape(), "kept-sim")[("gpu_capacity_pool_gpus", "h100", "allocated", None)] == 5
+    # A reading younger than CAPACITY_MAP_CACHE_SECONDS is not drawn again.
+    calls = sum(gateway.calls.values())
+    assert gpu_reading_keep(sim.cluster.pk) is True
+    assert sum(gateway.calls.values()) == calls
+    # Once the kept reading is gone (expired), the next keep reads the cluster as it is now.
+    sim.gateway.delete(kube.PODS, "big", namespace="team")
+    sim.advance(60)
+    readings_forget(cluster=sim.cluster)
+    assert gpu_reading_keep(sim.cluster.pk) is True
+    assert _pool_samples(scrape(), "kept-sim")[("gpu_capacity_pool_gpus", "h100", "allocated", None)] == 2

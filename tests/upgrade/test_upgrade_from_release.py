@@ -421,9 +421,35 @@ def fill_after_release(*, now) -> None:
     """A row in each table a migration after the release created (the release's database has
     none of them, so fill() cannot write one), written as the product writes it, so that every
     admin page still has a row to open."""
+    from capacity.binpack.models import BinpackNodeFreed, BinpackRun
+    from capacity.campaigns.models import Campaign, CampaignNode, CampaignProposal, NodeState
+    from capacity.campaigns.planning import CampaignMove, CampaignPlan
+    from capacity.campaigns.planning import CampaignNode as PlannedNode
+    from clusters.selectors import cluster_find
     from savings.services import gpu_price_set
 
     gpu_price_set(gpu_model=H100, price="2.50", actor=None, now=now, currency="USD")
+    cluster = cluster_find(name="east")
+    # The release's binpack run marked h100-1, which was then free for an hour: 8 GPU-hours.
+    BinpackNodeFreed.objects.create(
+        cluster=cluster, run=BinpackRun.objects.get(cluster=cluster), node="h100-1", marked_at=now - timedelta(hours=3),
+        gpus=8, gpu_model=H100, workloads=[f"{NS_MODEL}/x"], freed_at=now - timedelta(hours=2),
+        last_seen_free_at=now - timedelta(hours=1), ended_at=now - timedelta(hours=1),
+        end_reason="held GPU pods again")
+    plan = CampaignPlan(
+        selector={"karpenter.sh/nodepool": "h100"}, goal=None, scoring="MostAllocated",
+        nodes=(PlannedNode(node="h100-2", position=1, gpus=8, gpus_moved=1,
+                           moves=(CampaignMove(pod=f"{NS_MODEL}/y", gpus=1, source="h100-2", to="h100-1"),),
+                           why="its 1 pod (1 GPU) fits on h100-1 (1 GPU)"),),
+        left_out=(), kept_empty=(), pool_nodes=2, pool_gpus=16, gpus_requested=4, lower_bound=1)
+    CampaignProposal.objects.create(
+        cluster=cluster, pool="h100", selector=dict(plan.selector), scoring=plan.scoring, computed_at=now,
+        plan=plan.to_dict(), freed=plan.freed, gpus_freed=plan.gpus_freed, pods_moved=plan.pods_moved,
+        lower_bound=plan.lower_bound)
+    campaign = Campaign.objects.create(
+        cluster=cluster, selector=dict(plan.selector), max_in_flight=1, state="aborted", plan=plan.to_dict(),
+        created_at=now - timedelta(hours=1), finished_at=now - timedelta(minutes=50))
+    CampaignNode.objects.create(campaign=campaign, node_name="h100-2", position=1, state=NodeState.ABORTED)
 
 
 def _the_defrag_job_resumes(cluster, client, ids) -> None:
@@ -461,7 +487,7 @@ def _the_defrag_job_resumes(cluster, client, ids) -> None:
 
 def _the_savings_add_up(client) -> None:
     """Dormancy 1 x 2 GPUs x 3 h, pruning 2 GPUs x 3 h + 1 GPU x 1 h (still down), the
-    drained node 8 GPUs x 2 h: 29 GPU-hours."""
+    drained node 8 GPUs x 2 h, the node binpack freed 8 GPUs x 1 h: 37 GPU-hours."""
     rows = list(csv.DictReader(io.StringIO(
         client.get("/savings/clusters/east/savings.csv", {"days": "7"}).content.decode())))
 
@@ -471,9 +497,10 @@ def _the_savings_add_up(client) -> None:
     assert hours("beta", "dormancy") == pytest.approx(6.0, abs=0.01)
     assert hours("gamma", "pruning") == pytest.approx(7.0, abs=0.01)
     assert hours("(whole nodes)", "defrag/drain") == pytest.approx(16.0, abs=0.01)
+    assert hours("(whole nodes)", "binpack") == pytest.approx(8.0, abs=0.01)
     page = client.get("/savings/clusters/east/")
     assert page.status_code == 200
-    assert re.search(r'id="savings-total">29\.00<', page.content.decode())
+    assert re.search(r'id="savings-total">37\.00<', page.content.decode())
 
 
 def _the_prune_decision_restores(cluster, client, ids) -> None:
