@@ -24,7 +24,7 @@ from capacity.campaigns.services import CampaignError, campaign_abort
 
 
 @admin.register(Campaign)
-class CampaignAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class CampaignAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "cluster", "pool", "state", "nodes_freed", "asked_by", "created_at", "finished_at"]
     list_filter = ["state", "cluster"]
     readonly_fields = [f.name for f in Campaign._meta.fields]

@@ -322,12 +322,42 @@ def feature_prune_scale_down(make_world, role, tmp_path):
     assert world.apps.read_namespaced_deployment("web", ns).spec.replicas == 0
 
 
+def feature_campaign(make_world, role):
+    """capacity: a campaign cordons its nodes, checks each node's budgets (PodDisruptionBudgets
+    among them) before its defrag job starts, and ends with every planned node safe."""
+    from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, CampaignState
+    from capacity.campaigns.selectors import campaign_plan_read
+    from capacity.campaigns.services import campaign_start, campaign_step
+    from capacity.defrag.models import LIVE_STATES, DefragJob
+
+    ns = "org-c"
+    world = make_world([*gpu_nodes(3), namespace(ns), *(knative_service(f"m{i}", ns, min_scale=1) for i in range(3))],
+                       role)
+    plan = campaign_plan_read(cluster=world.cluster, selector={"nvidia.com/gpu.product": H100}, goal=1,
+                              gateway=world.gateway, now=world.now())
+    assert plan.freed == 1, plan.report_lines()
+    campaign = campaign_start(cluster=world.cluster, plan=plan, actor=None, max_in_flight=1, gateway=world.gateway,
+                              now=world.now(), enqueue=False)
+    for _ in range(200):
+        campaign = campaign_step(campaign=campaign, gateway=world.gateway, now=world.now(), enqueue=False)
+        for job in DefragJob.objects.filter(campaign_nodes__campaign=campaign, state__in=LIVE_STATES):
+            defrag.defrag_job_step(job=job, gateway=world.gateway, now=world.now())
+        if world.denials():
+            raise AssertionError(f"campaign {campaign.state}: the cluster refused {world.denials()}")
+        if campaign.state not in LIVE_CAMPAIGN_STATES:
+            break
+        world.advance(2)
+    assert campaign.state == CampaignState.DONE, (campaign.state, campaign.error)
+    assert [n.state for n in campaign.nodes.filter(role="freed")] == ["safe"], campaign.error
+
+
 FEATURES = {
     "binpack": lambda mk, role, tmp: feature_binpack(mk, role),
     "sweep": lambda mk, role, tmp: feature_sweep_and_scale_to_zero(mk, role),
     "runbook": lambda mk, role, tmp: feature_runbook(mk, role),
     "defrag": lambda mk, role, tmp: feature_defrag_to_drain(mk, role),
     "prune": feature_prune_scale_down,
+    "campaign": lambda mk, role, tmp: feature_campaign(mk, role),
 }
 
 

@@ -269,6 +269,20 @@ def _steps(p: Probe, job, until: set, *, seconds: float = SECONDS):
     raise AssertionError(f"defrag job stuck in {job.state}: {job_said(job)}")
 
 
+@needs(("policy", "poddisruptionbudgets", "list"))
+def campaign_checks_a_nodes_budgets(p: Probe) -> str:
+    """A campaign's check of its next node before that node's defrag job starts: the node and
+    its pods read afresh, discovery, then the PodDisruptionBudgets of the pods' namespaces."""
+    from capacity.campaigns.models import Campaign, CampaignNode
+    from capacity.campaigns.services.budgets import node_start_verdict
+
+    campaign = Campaign.objects.create(cluster=p.cluster, selector={"kubernetes.io/hostname": p.scene.kn_node},
+                                       max_in_flight=1, plan={}, created_at=p.now)
+    row = CampaignNode.objects.create(campaign=campaign, node_name=p.scene.kn_node, position=1)
+    verdict = node_start_verdict(campaign, row, p.gateway, p.now)
+    return f"start: {verdict.plan is not None}, wait: {verdict.wait!r}, drop: {verdict.drop!r}"
+
+
 @needs(("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "patch"))
 def defrag_cordon_and_orphan(p: Probe) -> str:
     """Defrag on the model's node: cordon (node patch), re-read and orphan the pod (pod get, patch)."""
