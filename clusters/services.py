@@ -131,6 +131,17 @@ def cluster_retire(*, cluster: Cluster, actor, now: datetime, cause: str = "") -
     return [org.slug for org in orgs]
 
 
+def cluster_copy_register(*, name: str, kubeconfig_path: str, actor, now: datetime, cause: str) -> Cluster:
+    """Register a copy of a cluster (a simulated cluster loaded from a dump, for a rehearsal)
+    so that services can act on it as on any cluster: created retired in one transaction, so
+    no list, lookup by name or periodic job that acts ever reaches it, and what is done on it
+    stays in history under its own name. The retirement is audited with `cause`."""
+    with transaction.atomic():
+        copy = Cluster.all_objects.create(name=name, kubeconfig_path=kubeconfig_path)
+        cluster_retire(cluster=copy, actor=actor, now=now, cause=cause)
+    return copy
+
+
 def cluster_delete(*, cluster: Cluster, actor, now: datetime) -> None:
     """Delete a cluster row nothing names (registered by mistake, never used), audited.
     Raises `RecordsKept` saying what names it otherwise: such a cluster is retired instead."""
