@@ -73,7 +73,10 @@ def cluster_lock(*, cluster: Cluster) -> None:
     """Lock the cluster's row until the surrounding transaction ends: a writer that counts
     what runs on the cluster before adding to it (defrag's per-cluster job limit) holds it
     so that two requests cannot both pass the count. Call inside `transaction.atomic()`."""
-    Cluster.objects.select_for_update().only("pk").get(pk=cluster.pk)
+    # all_objects: the lock serialises writers and decides nothing about whether the cluster
+    # is in service (what acts reaches only clusters in service through `objects`); a
+    # rehearsal's copy, registered retired, is acted on under the same lock.
+    Cluster.all_objects.select_for_update().only("pk").get(pk=cluster.pk)
 
 
 def schedules_install(*, using: str = "default") -> list[str]:

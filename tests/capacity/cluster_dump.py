@@ -28,9 +28,17 @@ def cluster_dump(kubeconfig_path: str, out: Path) -> Path:
     kubernetes.config.load_kube_config(config_file=kubeconfig_path, client_configuration=config)
     items = []
     with kubernetes.client.ApiClient(config) as api:
+        core, apps = kubernetes.client.CoreV1Api(api), kubernetes.client.AppsV1Api(api)
+        policy, custom = kubernetes.client.PolicyV1Api(api), kubernetes.client.CustomObjectsApi(api)
+        lists = {"nodes": core.list_node, "pods": core.list_pod_for_all_namespaces,
+                 "replicasets": apps.list_replica_set_for_all_namespaces,
+                 "deployments": apps.list_deployment_for_all_namespaces,
+                 "poddisruptionbudgets": policy.list_pod_disruption_budget_for_all_namespaces}
         for group, version, plural, kind in KINDS:
-            path = f"/api/{version}/{plural}" if not group else f"/apis/{group}/{version}/{plural}"
-            response = api.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False)[0]
+            if plural in lists:
+                response = lists[plural](_preload_content=False)
+            else:
+                response = custom.list_cluster_custom_object(group, version, plural, _preload_content=False)
             api_version = f"{group}/{version}" if group else version
             items += [{"apiVersion": api_version, "kind": kind, **item}
                       for item in json.loads(response.data)["items"]]
