@@ -255,6 +255,8 @@ def test_the_rehearsal_record_is_read_only_in_the_admin(client, django_user_mode
         error="the copy stopped answering", plan={}, planned=0, started_at=clock.now())
     admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     client.force_login(admin)
+    listing = client.get("/admin/capacity/campaignrehearsal/").content.decode()
+    assert f"/admin/capacity/campaignrehearsal/{record.pk}/change/" in listing and "Add campaign rehearsal" not in listing
     url = f"/admin/capacity/campaignrehearsal/{record.pk}/change/"
     page = client.get(url)
     assert page.status_code == 200 and "the copy stopped answering" in page.content.decode()
