@@ -632,6 +632,15 @@ def gateway_for(cluster: Any) -> KubeGateway:
         return gateway
 
 
+def gateway_forget(cluster: Any) -> None:
+    """Close and drop the shared gateway of one cluster row, if one was built (the cluster is gone)."""
+    key = (cluster.name, cluster.kubeconfig_path, cluster.kube_context, cluster.in_cluster)
+    with _GATEWAYS_LOCK:
+        gateway = _GATEWAYS.pop(key, None)
+    if gateway is not None:
+        gateway.close()
+
+
 def forget_gateways() -> None:
     """Drop cached gateways (a cluster's kubeconfig was rewritten, or between tests)."""
     with _GATEWAYS_LOCK:

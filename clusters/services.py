@@ -73,7 +73,10 @@ def cluster_lock(*, cluster: Cluster) -> None:
     """Lock the cluster's row until the surrounding transaction ends: a writer that counts
     what runs on the cluster before adding to it (defrag's per-cluster job limit) holds it
     so that two requests cannot both pass the count. Call inside `transaction.atomic()`."""
-    Cluster.objects.select_for_update().only("pk").get(pk=cluster.pk)
+    # all_objects: the lock serialises writers and decides nothing about whether the cluster
+    # is in service (what acts reaches only clusters in service through `objects`); a
+    # rehearsal's copy, registered retired, is acted on under the same lock.
+    Cluster.all_objects.select_for_update().only("pk").get(pk=cluster.pk)
 
 
 def schedules_install(*, using: str = "default") -> list[str]:
@@ -129,6 +132,17 @@ def cluster_retire(*, cluster: Cluster, actor, now: datetime, cause: str = "") -
                   old={"retired_at": None}, new={"retired_at": now.isoformat()})
     cluster.retired_at, cluster.retired_by, cluster.retired_by_label = now, actor, label
     return [org.slug for org in orgs]
+
+
+def cluster_copy_register(*, name: str, kubeconfig_path: str, actor, now: datetime, cause: str) -> Cluster:
+    """Register a copy of a cluster (a simulated cluster loaded from a dump, for a rehearsal)
+    so that services can act on it as on any cluster: created retired in one transaction, so
+    no list, lookup by name or periodic job that acts ever reaches it, and what is done on it
+    stays in history under its own name. The retirement is audited with `cause`."""
+    with transaction.atomic():
+        copy = Cluster.all_objects.create(name=name, kubeconfig_path=kubeconfig_path)
+        cluster_retire(cluster=copy, actor=actor, now=now, cause=cause)
+    return copy
 
 
 def cluster_delete(*, cluster: Cluster, actor, now: datetime) -> None:

@@ -16,7 +16,7 @@ from config.actors import actor_describe
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table
 from config.admin_lookups import ListFiltersCheckedMixin
 
-from capacity.campaigns.models import Campaign, CampaignProposal, CampaignState, NodeRole
+from capacity.campaigns.models import Campaign, CampaignProposal, CampaignRehearsal, CampaignState, NodeRole
 from capacity.campaigns.planning import CampaignPlan, pool_selector_text
 from capacity.campaigns.pools import consolidate_command
 from capacity.campaigns.selectors import campaign_nodes
@@ -139,7 +139,10 @@ class CampaignProposalAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.M
 
     @admin.display(description="rehearsed", ordering="rehearsed")
     def rehearsed_shown(self, row: CampaignProposal) -> str:
-        return "yes" if row.rehearsed else "no"
+        if not row.rehearsed or row.rehearsal_id is None:
+            return "no"
+        url = reverse("admin:capacity_campaignrehearsal_change", args=[row.rehearsal_id])
+        return format_html('yes: <a href="{}">rehearsal #{}</a>', url, row.rehearsal_id)
 
     @admin.display(description="command that runs it")
     def command(self, row: CampaignProposal) -> str:
@@ -148,3 +151,54 @@ class CampaignProposalAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.M
     @admin.display(description="plan")
     def report(self, row: CampaignProposal) -> str:
         return format_html("<pre>{}</pre>", "\n".join(row.campaign.report_lines()))
+
+
+@admin.register(CampaignRehearsal)
+class CampaignRehearsalAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """A campaign run on a copy of a cluster loaded from a dump: a record, shown and never added,
+    changed or deleted here."""
+
+    list_display = ("id", "cluster", "pool", "state", "freed_shown", "time_to_all_safe", "asked_by", "started_at")
+    list_filter = ("state", "cluster")
+    date_hierarchy = "started_at"
+    fields = ("cluster", "state", "pool", "goal", "max_in_flight", "drain_when_safe", "scoring", "dump_path",
+              "dump_sha256", "dump_nodes", "dump_pods", "freed_shown", "simulated_seconds", "time_to_all_safe",
+              "error", "requested_by", "requested_by_label", "started_at", "finished_at", "copy_cluster",
+              "campaign_link", "plan_report", "outcome_report")
+    readonly_fields = fields
+
+    asked_by = actor_display("requested_by", "requested_by_label", "asked by", ordering="requested_by")
+
+    @admin.display(description="pool")
+    def pool(self, row: CampaignRehearsal) -> str:
+        return pool_selector_text(row.selector)
+
+    @admin.display(description="freed / planned")
+    def freed_shown(self, row: CampaignRehearsal) -> str:
+        return f"{row.freed if row.freed is not None else '-'} / {row.planned}"
+
+    @admin.display(description="time to all safe (simulated)")
+    def time_to_all_safe(self, row: CampaignRehearsal) -> str:
+        if row.seconds_to_all_safe is None:
+            return "not all safe" if row.state == "done" else "-"
+        minutes, secs = divmod(round(row.seconds_to_all_safe), 60)
+        return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+    @admin.display(description="campaign on the copy")
+    def campaign_link(self, row: CampaignRehearsal) -> str:
+        if row.campaign_id is None:
+            return "-"
+        return format_html('<a href="{}">campaign #{}</a>',
+                           reverse("admin:capacity_campaign_change", args=[row.campaign_id]), row.campaign_id)
+
+    @admin.display(description="plan")
+    def plan_report(self, row: CampaignRehearsal) -> str:
+        if not row.plan:
+            return "-"
+        return format_html("<pre>{}</pre>", "\n".join(CampaignPlan.from_dict(row.plan).report_lines()))
+
+    @admin.display(description="outcome")
+    def outcome_report(self, row: CampaignRehearsal) -> str:
+        if not row.outcome:
+            return "-"
+        return format_html("<pre>{}</pre>", "\n".join(row.outcome.get("report_lines", [])))

@@ -31,6 +31,7 @@ class ProposalLine:
     plan: CampaignPlan
     command: str
     age: str             # "3 min", "under a minute"
+    rehearsed: str = "no"   # "yes — freed 2 of 2 (5 min)", "yes — freed 1 of 2: see rehearsal #4"
 
     @property
     def pool(self) -> str:
@@ -48,13 +49,24 @@ class ProposalLine:
                 f"{'1 pod moves once' if row.pods_moved == 1 else f'{row.pods_moved} pods move once each'}; at most {self.plan.most_freeable} could be freed by any plan (the pool's requests fit "
                 f"on {_plural(row.lower_bound, 'node', 'nodes')} of its {self.plan.pool_nodes}"
                 f"{f', {self.plan.empty_nodes} already empty' if self.plan.empty_nodes else ''}); "
-                f"rehearsed: {'yes' if row.rehearsed else 'no'}")
+                f"rehearsed: {self.rehearsed}")
+
+
+def rehearsed_words(row: CampaignProposal, *, now: datetime) -> str:
+    """Whether a rehearsal on a dump of the cluster ran this proposal's plan, and what it freed."""
+    rehearsal = row.rehearsal if row.rehearsed else None
+    if rehearsal is None:
+        return "no"
+    if rehearsal.freed_all:
+        when = rehearsal.finished_at or rehearsal.started_at
+        return f"yes — freed {rehearsal.freed} of {rehearsal.planned} ({duration_words(now - when)} ago)"
+    return f"yes — freed {rehearsal.freed or 0} of {rehearsal.planned}: see rehearsal #{rehearsal.pk}"
 
 
 def proposal_lines(rows: list[CampaignProposal], *, cluster: str, now: datetime) -> list[ProposalLine]:
     """The proposals that free a node, by pool: a pool with nothing to free has no line."""
     return [ProposalLine(row=row, plan=row.campaign, command=consolidate_command(cluster=cluster, selector=row.selector),
-                         age=duration_words(now - row.computed_at))
+                         age=duration_words(now - row.computed_at), rehearsed=rehearsed_words(row, now=now))
             for row in rows if row.freed > 0]
 
 

@@ -160,7 +160,11 @@ class CampaignProposal(models.Model):
     pods_moved = models.PositiveIntegerField(help_text="Pods it moves, each once.")
     lower_bound = models.PositiveIntegerField(help_text="The fewest nodes the pool's GPU requests could fit on: "
                                                         "no plan frees more than the pool's nodes less this.")
-    rehearsed = models.BooleanField(default=False, help_text="A rehearsal of this campaign exists (none yet).")
+    rehearsed = models.BooleanField(default=False, help_text="A rehearsal on a dump of the cluster planned the same "
+                                                             "nodes in the same order (see the rehearsal).")
+    rehearsal = models.ForeignKey("capacity.CampaignRehearsal", null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="proposals",
+                                  help_text="The latest rehearsal whose plan freed these nodes in this order.")
 
     class Meta:
         ordering = ["-computed_at", "cluster", "pool"]
@@ -172,3 +176,71 @@ class CampaignProposal(models.Model):
     @property
     def campaign(self) -> CampaignPlan:
         return CampaignPlan.from_dict(self.plan)
+
+
+class RehearsalState(models.TextChoices):
+    RUNNING = "running", "running on the copy"
+    DONE = "done", "done (see the outcome)"
+    FAILED = "failed", "failed (see the error)"
+
+
+class CampaignRehearsal(models.Model):
+    """A campaign run on a copy of a cluster: a `kubectl get … -o json` dump loaded into a
+    simulated cluster with its own clock, run there to the end, and what happened. Nothing is
+    sent to the cluster the dump was taken of. The copy is registered as a retired cluster
+    (`copy_cluster`, named rehearsal-<id>) so that no list or periodic job ever acts on it,
+    and the campaign, defrag jobs and audit entries of the run stay in history under it."""
+
+    cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="campaign_rehearsals",
+                                help_text="The cluster the dump was taken of (--cluster); empty when none was named "
+                                          "and there is no default cluster. It received no request.")
+    copy_cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="+",
+                                     help_text="The copy the campaign ran on: a simulated cluster loaded from the "
+                                               "dump, registered retired (no act of the product reaches it).")
+    campaign = models.ForeignKey(Campaign, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                                 help_text="The campaign run on the copy.")
+    dump_path = models.CharField(max_length=1000, help_text="The dump file, as given (DUMP).")
+    dump_sha256 = models.CharField(max_length=64, help_text="SHA-256 of the dump file's bytes.")
+    dump_nodes = models.PositiveIntegerField(help_text="Nodes in the dump.")
+    dump_pods = models.PositiveIntegerField(help_text="Pods in the dump.")
+    selector = models.JSONField(help_text="The pool: node labels (KEY: VALUE) every node of it carries.")
+    goal = models.PositiveIntegerField(null=True, blank=True,
+                                       help_text="Nodes asked to be freed; empty: as many as can be.")
+    max_in_flight = models.PositiveIntegerField(help_text="Defrag jobs of the campaign emptying nodes at once.")
+    drain_when_safe = models.BooleanField(default=False, help_text="Each safe node was drained by the campaign.")
+    scoring = models.CharField(max_length=20, help_text="The scheduler scoring the copy's scheduler placed pods "
+                                                        "with (CAPACITY_SCHEDULER_SCORING).")
+    state = models.CharField(max_length=10, choices=RehearsalState.choices, default=RehearsalState.RUNNING,
+                             help_text="Running on the copy, done, or failed (the error says why).")
+    plan = models.JSONField(help_text="The campaign plan over the dump (the campaign planner's value).")
+    outcome = models.JSONField(null=True, blank=True,
+                               help_text="What the campaign did on the copy: nodes freed and dropped, pods moved, "
+                                         "where their replacements landed, stuck pods with the scheduler's reason.")
+    planned = models.PositiveIntegerField(help_text="Nodes the plan frees.")
+    freed = models.PositiveIntegerField(null=True, blank=True, help_text="Nodes the campaign freed on the copy.")
+    simulated_seconds = models.FloatField(null=True, blank=True,
+                                          help_text="Seconds of the copy's clock from the start to the end of the "
+                                                    "campaign (the clock is fast-forwarded between passes).")
+    seconds_to_all_safe = models.FloatField(null=True, blank=True,
+                                            help_text="Seconds of the copy's clock from the start until every "
+                                                      "planned node was safe; empty when not all were.")
+    error = models.TextField(blank=True, help_text="Why the rehearsal could not finish.")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+", help_text="The operator who asked for the rehearsal.")
+    requested_by_label = models.CharField(
+        max_length=150, blank=True, default=actor_label_current, db_default="",
+        help_text="Where the rehearsal was asked when not in the panel: cli:<os user>@<host>.")
+    started_at = models.DateTimeField(help_text="When the rehearsal began (the product's clock).")
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="When it ended (the product's clock).")
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"rehearsal #{self.pk}: {self.state}"
+
+    @property
+    def freed_all(self) -> bool:
+        return self.state == RehearsalState.DONE and self.freed == self.planned

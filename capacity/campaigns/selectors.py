@@ -86,6 +86,7 @@ def proposals_latest(*, cluster: Cluster) -> list[CampaignProposal]:
     if latest is None:
         return []
     by_pool: dict[str, CampaignProposal] = {}
-    for row in CampaignProposal.objects.filter(cluster=cluster, computed_at=latest).order_by("pool", "-pk"):
+    for row in (CampaignProposal.objects.filter(cluster=cluster, computed_at=latest).select_related("rehearsal")
+                .order_by("pool", "-pk")):
         by_pool.setdefault(row.pool, row)
     return list(by_pool.values())

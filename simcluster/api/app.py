@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 from werkzeug.wrappers import Request, Response
 
@@ -47,6 +48,11 @@ class ApiServer:
         self.auth = auth.Authorizer(sim)   # bearer tokens and RBAC (see auth.py)
         # Set when the server stops, so open watches end instead of holding threads.
         self.stopping = threading.Event()
+        # API requests served, by HTTP method (the simulator's control endpoints and health
+        # checks aside), as kube-apiserver's apiserver_request_total counts them: what shows
+        # that a caller left this cluster alone.
+        self.requests: Counter[str] = Counter()
+        self._requests_lock = threading.Lock()
 
     def __call__(self, environ, start_response):
         request = Request(environ)
@@ -65,6 +71,8 @@ class ApiServer:
             return Response("ok", content_type="text/plain")
         if path.startswith("/simcluster/") or path == "/metrics":
             return simcontrol.handle(self.sim, self.faults, request)
+        with self._requests_lock:
+            self.requests[request.method] += 1
         # IMPORTANT: authenticate before serving anything else (401 for a bad token).
         user = request.environ[auth.USER_KEY] = self.auth.authenticate(request)
         if path == "/version":

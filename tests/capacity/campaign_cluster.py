@@ -6,9 +6,8 @@ from config.actors import acting_as
 
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign
 from capacity.campaigns.selectors import campaign_plan_read
-from capacity.campaigns.services import campaign_start, campaign_step
-from capacity.defrag.models import LIVE_STATES, RUNNING_STATES, DefragJob
-from capacity.defrag.services import defrag_job_step
+from capacity.campaigns.services import campaign_drive, campaign_pass, campaign_start
+from capacity.defrag.models import RUNNING_STATES, DefragJob
 from defrag_builders import make_node
 from defrag_cluster import NS, knative_service
 
@@ -38,22 +37,20 @@ def start(world, *, goal=None, max_in_flight: int = 1, **kwargs) -> Campaign:
 
 def tick(world, campaign: Campaign) -> Campaign:
     """One pass of the campaign, then one step of each of its live defrag jobs."""
-    campaign = campaign_step(campaign=campaign, gateway=world.gateway, now=world.now(), enqueue=False)
-    for job in DefragJob.objects.filter(campaign_nodes__campaign=campaign, state__in=LIVE_STATES):
-        defrag_job_step(job=job, gateway=world.gateway, now=world.now())
-    return campaign
+    return campaign_pass(campaign=campaign, gateway=world.gateway, now=world.now())
 
 
 def run(world, campaign: Campaign, *, until=None, dt: float = 2.0, max_ticks: int = 300, seen_running=None):
     """Tick until the campaign is no longer live (or `until(campaign)` holds). `seen_running`,
     a list, receives how many of its jobs were running after each tick."""
-    for _ in range(max_ticks):
-        campaign = tick(world, campaign)
-        if seen_running is not None:
-            seen_running.append(DefragJob.objects.filter(campaign_nodes__campaign=campaign,
-                                                         state__in=RUNNING_STATES).count())
-        if (until(campaign) if until else campaign.state not in LIVE_CAMPAIGN_STATES):
-            return campaign
-        world.advance(dt)
+    def count_running(campaign):
+        seen_running.append(DefragJob.objects.filter(campaign_nodes__campaign=campaign,
+                                                     state__in=RUNNING_STATES).count())
+
+    campaign = campaign_drive(campaign=campaign, gateway=world.gateway, now=world.now, advance=world.advance,
+                              poll_seconds=dt, max_seconds=dt * (max_ticks - 1), until=until,
+                              after_pass=count_running if seen_running is not None else None)
+    if until(campaign) if until else campaign.state not in LIVE_CAMPAIGN_STATES:
+        return campaign
     rows = [(n.node_name, n.state, n.waiting_reason, n.dropped_reason) for n in campaign.nodes.all()]
     raise AssertionError(f"campaign stuck in {campaign.state}: {rows} {campaign.error}")

@@ -19,6 +19,8 @@ Where each part lives:
   cordons.py   the campaign's own cordons, laid and lifted under intents
   record.py    the pass's record (compare-and-set), audit entries, the lease
   proposals.py the scheduled proposals: the best campaign of each pool, shown on the pages
+  drive.py     a campaign and its defrag jobs stepped in this process on a clock the caller moves
+  rehearsal.py a campaign rehearsed on a copy of the cluster loaded from a dump, and its record
 Reads are in capacity/campaigns/selectors.py, decisions in capacity/campaigns/planning.py.
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ from capacity.campaigns.services.record import (
 from capacity.campaigns.services.proposals import campaign_proposals_compute
 from capacity.campaigns.services.start import campaign_abort, campaign_start
 from capacity.campaigns.services.step import ERROR_RETRY_SECONDS, campaign_step
+from capacity.campaigns.services.drive import campaign_drive, campaign_pass
+from capacity.campaigns.services.rehearsal import Rehearsal, RehearsalError, campaign_rehearse
 
 __all__ = [
     "CAMPAIGN_RUN_TASK",
@@ -42,11 +46,16 @@ __all__ = [
     "LEASE_SECONDS",
     "CampaignError",
     "StaleCampaign",
+    "Rehearsal",
+    "RehearsalError",
     "campaign_abort",
+    "campaign_drive",
     "campaign_lease_acquire",
     "campaign_lease_release",
     "campaign_lease_renew",
+    "campaign_pass",
     "campaign_proposals_compute",
+    "campaign_rehearse",
     "campaign_start",
     "campaign_step",
 ]

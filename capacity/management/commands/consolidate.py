@@ -7,11 +7,20 @@ starts the campaign and follows it until it is done: exit 0 only when every plan
 campaign did not drop is safe (or drained, with --drain-when-safe); 1 otherwise, as when the
 operator answers no. Draining and removing the freed nodes stay the operator's step unless
 --drain-when-safe was given.
+
+`--rehearse DUMP` runs the campaign on a copy of the cluster instead: DUMP is the output of
+`kubectl get nodes,pods,replicasets,deployments,services.serving.knative.dev,revisions,
+podautoscalers,pdb -A -o json`, loaded into a simulated cluster whose clock is
+fast-forwarded. It prints the plan over the dump and what the campaign did there (nodes
+freed, pods moved, where their replacements landed, time to all safe, anything dropped or
+stuck), then the command that would run it for real. Nothing is sent to the cluster, so
+nothing is asked; exit 0 when the rehearsal freed every planned node, 1 otherwise.
 """
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -26,12 +35,15 @@ from config import clock
 from config.actors import acting_as, cli_label
 
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, CampaignState, NodeRole, NodeState
-from capacity.campaigns.planning import CampaignInputError, CampaignPlan, pool_selector_parse
+from capacity.campaigns.planning import CampaignInputError, CampaignPlan, pool_selector_parse, pool_selector_text
 from capacity.campaigns.selectors import campaign_plan_read, campaign_progress
 from capacity.campaigns.services import (
     CampaignError,
+    Rehearsal,
+    RehearsalError,
     campaign_lease_acquire,
     campaign_lease_release,
+    campaign_rehearse,
     campaign_start,
     campaign_step,
 )
@@ -76,6 +88,11 @@ class Command(BaseCommand):
                             help="Nodes emptied at once (default 1; at most CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER).")
         parser.add_argument("--cluster", default=None, help="Cluster name (default: the default cluster).")
         parser.add_argument("--dry-run", action="store_true", help="Print the plan; change nothing.")
+        parser.add_argument("--rehearse", metavar="DUMP", default=None,
+                            help="Run the campaign on a copy of the cluster loaded from DUMP (kubectl get nodes,pods,"
+                                 "replicasets,deployments,services.serving.knative.dev,revisions,podautoscalers,pdb "
+                                 "-A -o json), clock fast-forwarded, and report what happened; nothing is sent to "
+                                 "the cluster.")
         parser.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
         parser.add_argument("--json", action="store_true", help="Print one JSON object instead of lines.")
         parser.add_argument("--drain-when-safe", action="store_true",
@@ -84,8 +101,15 @@ class Command(BaseCommand):
                             help="Act as this panel user (audited as them, their permissions checked).")
 
     def handle(self, *args, pool: str, free: str | None, free_max: bool, max_in_flight: str, cluster: str | None,
-               dry_run: bool, yes: bool, json: bool, drain_when_safe: bool, as_user: str | None = None, **_):
+               dry_run: bool, yes: bool, json: bool, drain_when_safe: bool, as_user: str | None = None,
+               rehearse: str | None = None, **_):
         # IMPORTANT: every flag is checked before anything is read or changed.
+        if rehearse is not None and dry_run:
+            raise CommandError("--rehearse and --dry-run exclude each other: --dry-run prints the plan over the "
+                               "cluster, --rehearse runs the campaign on a copy of DUMP; neither changes the cluster")
+        if rehearse is not None and yes:
+            raise CommandError("--rehearse starts nothing on the cluster, so there is nothing to confirm: "
+                               "leave out --yes")
         try:
             selector = pool_selector_parse(pool)
         except CampaignInputError as exc:
@@ -98,6 +122,9 @@ class Command(BaseCommand):
                                f"({limit}, CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER)")
         actor = None if dry_run else self._actor(as_user, drain_when_safe)
         self.as_json = json
+        if rehearse is not None:
+            return self._rehearse(rehearse, selector=selector, goal=goal, in_flight=in_flight, cluster=cluster,
+                                  drain_when_safe=drain_when_safe, actor=actor)
         try:
             cluster_row = cluster_resolve(name=cluster)
         except Exception as exc:  # Cluster.DoesNotExist names the known clusters
@@ -142,6 +169,51 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
+    def _rehearse(self, dump: str, *, selector: dict, goal: int | None, in_flight: int, cluster: str | None,
+                  drain_when_safe: bool, actor) -> None:
+        """The campaign run on a copy of DUMP; the cluster named is only recorded (never read)."""
+        if cluster is not None:
+            try:
+                cluster_row = cluster_resolve(name=cluster)
+            except Exception as exc:  # Cluster.DoesNotExist names the known clusters
+                raise CommandError(str(exc)) from None
+        else:
+            try:
+                cluster_row = cluster_resolve(name=None)
+            except Exception:  # no default cluster: the rehearsal names none
+                cluster_row = None
+        with acting_as(cli_label()):
+            try:
+                rehearsal = campaign_rehearse(dump=dump, selector=selector, goal=goal, max_in_flight=in_flight,
+                                              drain_when_safe=drain_when_safe, actor=actor, cluster=cluster_row)
+            except (CampaignInputError, RehearsalError) as exc:
+                raise CommandError(str(exc)) from None
+        command = self._real_command(rehearsal, cluster_row, selector=selector, goal=goal, in_flight=in_flight,
+                                     drain_when_safe=drain_when_safe)
+        code = 0 if rehearsal.freed_all else EXIT_NOT_FREED
+        if self.as_json:
+            self._result(rehearsal.plan, None, state=rehearsal.campaign.state, rehearsal=rehearsal, command=command)
+        else:
+            self.stdout.write("\n".join(rehearsal.plan.report_lines()))
+            self.stdout.write("")
+            self.stdout.write("\n".join(rehearsal.report_lines()))
+            self.stdout.write(f"Nothing was sent to the cluster. To run it for real: {command}")
+        if code:
+            sys.exit(code)
+
+    @staticmethod
+    def _real_command(rehearsal: Rehearsal, cluster_row, *, selector: dict, goal: int | None, in_flight: int,
+                      drain_when_safe: bool) -> str:
+        words = ["manage.py", "consolidate"]
+        if cluster_row is not None:
+            words += ["--cluster", cluster_row.name]
+        words += ["--pool", pool_selector_text(selector), *(["--free", str(goal)] if goal else ["--max"])]
+        if in_flight != 1:
+            words += ["--max-in-flight", str(in_flight)]
+        if drain_when_safe:
+            words.append("--drain-when-safe")
+        return shlex.join(words)
+
     def _actor(self, username: str | None, drain: bool):
         if username is None:
             return None
@@ -165,7 +237,8 @@ class Command(BaseCommand):
             return False
         return answer in ("y", "yes")
 
-    def _result(self, plan: CampaignPlan, campaign: Campaign | None, state: str = "planned") -> None:
+    def _result(self, plan: CampaignPlan, campaign: Campaign | None, state: str = "planned",
+                rehearsal: Rehearsal | None = None, command: str = "") -> None:
         if not self.as_json:
             return
         out = {"campaign": campaign.pk if campaign else None, "state": campaign.state if campaign else state,
@@ -177,6 +250,14 @@ class Command(BaseCommand):
                "summary": plan.summary}
         if campaign is not None:
             out.update({k: v for k, v in campaign_progress(campaign=campaign).items() if k != "campaign"})
+        if rehearsal is not None:
+            out["rehearsal"] = {"id": rehearsal.record.pk, **rehearsal.outcome.to_dict(),
+                                "simulated_seconds": rehearsal.simulated_seconds,
+                                "copy_cluster": rehearsal.record.copy_cluster.name,
+                                "campaign_on_copy": rehearsal.campaign.pk, "node_states": {
+                                    node: {"state": state, "dropped_reason": why}
+                                    for node, (state, why) in rehearsal.node_states.items()},
+                                "command": command}
         self.stdout.write(json.dumps(out, indent=2, default=str))
 
     def _follow(self, campaign: Campaign) -> Campaign:
