@@ -1,7 +1,7 @@
-"""Regenerate docs/screenshots/: the dashboard, GPU map, runbook, a prune run, its decisions
-and the savings page at 1366×768, in Debian's Chromium.
+"""Regenerate docs/screenshots/: the dashboard, GPU map, runbook, a prune run, its decisions,
+the savings page, and a campaign with its abort confirmation at 1366×768, in Debian's Chromium.
 
-It runs the panel's browser test, which starts everything the pages need on its own —
+It runs the panel's browser tests, which starts everything the pages need on its own —
 a simulated cluster with DCGM history, a real Prometheus, a throwaway PostgreSQL
 database and Django's live server — and, with SCREENSHOTS_DIR set, saves each page
 after checking it. Usage: `make screenshots` (or `python scripts/screenshots.py [DIR]`)."""
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST = "tests/browser/test_pages_1366.py"
+TESTS = ["tests/browser/test_pages_1366.py", "tests/browser/test_campaign_1366.py"]
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     for old in target.glob("*.png"):
         old.unlink()
     env = {**os.environ, "SCREENSHOTS_DIR": str(target)}
-    code = subprocess.call([sys.executable, "-m", "pytest", TEST, "-q", "-x"], cwd=ROOT, env=env)
+    code = subprocess.call([sys.executable, "-m", "pytest", *TESTS, "-q", "-x"], cwd=ROOT, env=env)
     saved = sorted(p.name for p in target.glob("*.png"))
     if code != 0:
         print(f"screenshots: the page checks failed (pytest exit {code}); {len(saved)} page(s) saved in {target}",

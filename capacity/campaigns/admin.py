@@ -16,7 +16,8 @@ from config.actors import actor_describe
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table
 from config.admin_lookups import ListFiltersCheckedMixin
 
-from capacity.campaigns.models import Campaign, CampaignProposal, CampaignRehearsal, CampaignState, NodeRole
+from capacity.campaigns.models import (Campaign, CampaignProposal, CampaignRehearsal, CampaignState, NodeRole,
+                                       NodeState)
 from capacity.campaigns.planning import CampaignPlan, pool_selector_text
 from capacity.campaigns.pools import consolidate_command
 from capacity.campaigns.selectors import campaign_nodes
@@ -68,6 +69,8 @@ class CampaignAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmi
                 rows=[{"row": r, "moves": moves.get(r.node_name, ()),
                        "gpus": next((n.gpus for n in plan.nodes if n.node == r.node_name), "")} for r in rows],
                 kept=campaign_nodes(campaign=campaign, role=NodeRole.KEPT_EMPTY),
+                done_count=sum(1 for r in rows if r.state in (NodeState.SAFE, NodeState.DRAINED)),
+                dropped_count=sum(1 for r in rows if r.state == NodeState.DROPPED),
                 can_abort=request.user.has_perm("capacity.change_campaign") and campaign.is_live
                 and not campaign.abort_requested_at,
                 next_step=self._next_step(campaign),

@@ -9,11 +9,12 @@ a proposal shows is the one `consolidate --pool KEY=VALUE` plans for the same no
 from __future__ import annotations
 
 import shlex
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from clusters.labels import GPU_PRODUCT_LABEL, ISVC_LABEL, KNATIVE_SERVICE_LABEL, NODE_POOL_LABELS
-from clusters.snapshot import ClusterSnapshot, NodeView
+from clusters.snapshot import ClusterSnapshot, NodeView, PodView
+from orgs.planning import HELD_EXEMPT, HELD_SNOOZED
 
 from capacity.campaigns.planning import CampaignPlan, campaign_plan, pool_selector_text
 from capacity.gpumap.advice import Scoring, node_pool
@@ -37,21 +38,27 @@ def gpu_pools(snapshot: ClusterSnapshot) -> dict[str, dict[str, str]]:
     return dict(sorted(pools.items()))
 
 
-def workload_holds(snapshot: ClusterSnapshot, *, namespaces: Mapping[str, str],
+# How a hold reads in a plan's "left out" line and in a dropped node's reason.
+HOLD_WORDS = {HELD_EXEMPT: "exempted by an operator", HELD_SNOOZED: "snoozed by an operator"}
+
+
+def workload_holds(pods: Iterable[PodView], *, namespaces: Mapping[str, str],
                    owners: Mapping[tuple[str, str, str], str]) -> dict[tuple[str, str], str]:
     """The holds `campaign_plan` takes ((namespace, workload) → reason) from what the orgs
-    keep: whole namespaces (an exempt or snoozed org: each of its models and pynodes with a
-    pod in the snapshot) and single workloads ((kind, namespace, name): an exempt or snoozed
-    model or pynode)."""
-    holds = {(namespace, name): reason for (_, namespace, name), reason in owners.items()}
+    keep (`orgs.selectors.prune_holds`, its words HELD_EXEMPT / HELD_SNOOZED): whole
+    namespaces (an exempt or snoozed org: each of its models and pynodes with a pod among
+    `pods`) and single workloads ((kind, namespace, name): an exempt or snoozed model or
+    pynode). The one reading of holds: the proposals, the plan a campaign starts from and
+    each node's check before its defrag job starts all take it from here."""
+    holds = {(namespace, name): HOLD_WORDS.get(word, word) for (_, namespace, name), word in owners.items()}
     if namespaces:
-        for pod in snapshot.pods:
-            reason = namespaces.get(pod.namespace)
-            if reason is None:
+        for pod in pods:
+            word = namespaces.get(pod.namespace)
+            if word is None:
                 continue
             for label in (ISVC_LABEL, KNATIVE_SERVICE_LABEL):
                 if name := pod.labels.get(label):
-                    holds.setdefault((pod.namespace, name), f"its org is {reason}")
+                    holds.setdefault((pod.namespace, name), f"its org is {HOLD_WORDS.get(word, word)}")
     return holds
 
 

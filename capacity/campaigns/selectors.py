@@ -11,14 +11,13 @@ from django.db.models import Max, Q
 
 from clusters import kube
 from clusters.selectors import snapshot_take
+from clusters.snapshot import PodView
 from orgs.selectors import prune_holds
 
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, CampaignNode, CampaignProposal, NodeRole
 from capacity.campaigns.planning import CampaignPlan, campaign_plan
+from capacity.campaigns.pools import workload_holds
 from capacity.defrag.models import LIVE_STATES, DefragJob
-
-# How an exempted workload kind appears on its pods' labels (the planner's `holds` keys).
-_HOLD_KINDS = ("InferenceService", "Service")
 
 
 def campaign_held_nodes(*, cluster, exclude: int | None = None) -> dict[str, str]:
@@ -33,11 +32,13 @@ def campaign_held_nodes(*, cluster, exclude: int | None = None) -> dict[str, str
     return held
 
 
-def campaign_holds(*, cluster, namespaces: Iterable[str], now: datetime) -> dict[tuple[str, str], str]:
-    """(namespace, workload) → why it stays: each model or pynode exempted or snoozed now."""
-    holds = prune_holds(cluster=cluster, namespaces=set(namespaces), now=now)
-    return {(namespace, name): f"exempted: {word}" for (kind, namespace, name), word in holds.owners.items()
-            if kind in _HOLD_KINDS}
+def campaign_holds(*, cluster, pods: Iterable[PodView], now: datetime) -> dict[tuple[str, str], str]:
+    """(namespace, workload) → why it stays, for the workloads of `pods`: each model or pynode
+    exempted or snoozed now, and every one of an org exempted or snoozed now. What the
+    proposals, a campaign's plan and its nodes' checks all go by."""
+    pods = list(pods)
+    kept = prune_holds(cluster=cluster, namespaces={p.namespace for p in pods}, now=now)
+    return workload_holds(pods, namespaces=kept.namespaces, owners=kept.owners)
 
 
 def campaigns_due(*, now: datetime) -> list[int]:
@@ -74,7 +75,7 @@ def campaign_plan_read(*, cluster, selector, goal: int | None, now: datetime, sc
     gateway = gateway or kube.gateway_for(cluster)
     snapshot = snapshot_take(gateway, now=now)
     held = campaign_held_nodes(cluster=cluster, exclude=exclude)
-    holds = campaign_holds(cluster=cluster, namespaces={p.namespace for p in snapshot.pods}, now=now)
+    holds = campaign_holds(cluster=cluster, pods=snapshot.pods, now=now)
     return campaign_plan(snapshot, selector=selector, goal=goal,
                          scoring=scoring or settings.CAPACITY_SCHEDULER_SCORING, held_nodes=set(held), holds=holds)
 

@@ -3,12 +3,15 @@ defrag tasks are (config/queues.py routes them by these names)."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 
 from celery import shared_task
 
 from clusters.fanout import cluster_for_task, clusters_fan_out
 from config import clock
+from config.leases import LeaseHeartbeat
 from config.retries import RetryTransient
 
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign
@@ -27,6 +30,10 @@ log = logging.getLogger(__name__)
 # A run stops after this many seconds of wall time and re-queues itself: a killed worker
 # loses at most this much, well inside the campaign's 30 s lease.
 STEP_BUDGET_SECONDS = 15.0
+# How often a running pass renews the campaign's lease (seconds), from a thread of its own
+# so that a pass blocked in slow API calls (each request may wait 30 s, the gateway retries)
+# keeps the campaign: a third of LEASE_SECONDS, so two renewals may fail before it lapses.
+HEARTBEAT_SECONDS = 10.0
 # The longest a campaign's next pass is queued ahead (seconds): below the visibility timeout.
 MAX_COUNTDOWN_SECONDS = 60.0
 
@@ -51,25 +58,35 @@ def campaign_run(self, campaign_id: int) -> str:
     owner = _owner(self)
     if not campaign_lease_acquire(campaign_id=campaign_id, owner=owner, now=clock.now()):
         return "leased"
+    log.info("campaign %s: stepped by %s on %s pid %s", campaign_id, owner, socket.gethostname(), os.getpid())
     campaign = Campaign.objects.filter(pk=campaign_id).first()
     if campaign is None:
         return "missing"
     started = time.monotonic()
     try:
-        while True:
-            campaign = campaign_step(campaign=campaign, now=clock.now())
-            if campaign.state not in LIVE_CAMPAIGN_STATES:
-                return campaign.state
-            if not campaign_lease_renew(campaign_id=campaign_id, owner=owner, now=clock.now()):
-                return "lease lost"
-            pause = _pause(campaign)
-            if pause > STEP_BUDGET_SECONDS - (time.monotonic() - started):
-                break
-            time.sleep(pause)
+        with _heartbeat(campaign_id=campaign_id, owner=owner) as heartbeat:
+            while True:
+                campaign = campaign_step(campaign=campaign, now=clock.now())
+                if campaign.state not in LIVE_CAMPAIGN_STATES:
+                    return campaign.state
+                if heartbeat.lost.is_set() or not campaign_lease_renew(campaign_id=campaign_id, owner=owner,
+                                                                       now=clock.now()):
+                    return "lease lost"
+                pause = _pause(campaign)
+                if pause > STEP_BUDGET_SECONDS - (time.monotonic() - started):
+                    break
+                time.sleep(pause)
     finally:
         campaign_lease_release(campaign_id=campaign_id, owner=owner)
     campaign_run.apply_async((campaign_id,), countdown=min(_pause(campaign), MAX_COUNTDOWN_SECONDS))
     return campaign.state
+
+
+def _heartbeat(*, campaign_id: int, owner: str) -> LeaseHeartbeat:
+    """Renews the campaign's lease every HEARTBEAT_SECONDS while a pass runs; its `lost` is
+    set once another worker took the campaign (the task then stops after its pass)."""
+    return LeaseHeartbeat(renew=lambda: campaign_lease_renew(campaign_id=campaign_id, owner=owner, now=clock.now()),
+                          every_seconds=HEARTBEAT_SECONDS, name=f"campaign-lease-{campaign_id}")
 
 
 @shared_task(name="capacity.tasks.campaigns_resume", ignore_result=True)

@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 
 from celery import shared_task
-from django.db import connections
 
 from clusters.errors import KubeError
 from config import clock
+from config.leases import LeaseHeartbeat
 
 from capacity.defrag.models import DefragJob, JobState
 from capacity.defrag.selectors import defrag_jobs_due
@@ -72,7 +71,7 @@ def defrag_job_run(self, job_id: int) -> str:
         return "missing"
     started = time.monotonic()
     try:
-        with _Heartbeat(job_id=job_id, owner=owner) as heartbeat:
+        with _heartbeat(job_id=job_id, owner=owner) as heartbeat:
             while True:
                 job = defrag_job_step(job=job, now=clock.now())
                 if defrag_job_resting(job=job, now=clock.now()):
@@ -92,40 +91,11 @@ def defrag_job_run(self, job_id: int) -> str:
     return job.state
 
 
-class _Heartbeat:
-    """Renews the job's lease every HEARTBEAT_SECONDS while the task steps it. `lost` is set
-    once a renewal finds the lease taken (it lapsed and another worker acquired it): the
-    task then stops at its next step. Dies with its process, so a killed worker's lease
-    lapses on time."""
-
-    def __init__(self, *, job_id: int, owner: str):
-        self.job_id, self.owner = job_id, owner
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"defrag-lease-{job_id}", daemon=True)
-
-    def __enter__(self) -> "_Heartbeat":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=HEARTBEAT_SECONDS)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(HEARTBEAT_SECONDS):
-                try:
-                    held = defrag_job_lease_renew(job_id=self.job_id, owner=self.owner, now=clock.now())
-                except Exception:  # noqa: BLE001 - the database blinked: the next beat tries again
-                    log.warning("defrag job %s: lease renewal failed", self.job_id, exc_info=True)
-                    continue
-                if not held:
-                    log.warning("defrag job %s: lease lost by %s", self.job_id, self.owner)
-                    self.lost.set()
-                    return
-        finally:
-            connections.close_all()   # this thread's own connections only
+def _heartbeat(*, job_id: int, owner: str) -> LeaseHeartbeat:
+    """Renews the job's lease every HEARTBEAT_SECONDS while the task steps it; its `lost` is
+    set once the lease was taken by another worker (the task then stops at its next step)."""
+    return LeaseHeartbeat(renew=lambda: defrag_job_lease_renew(job_id=job_id, owner=owner, now=clock.now()),
+                          every_seconds=HEARTBEAT_SECONDS, name=f"defrag-lease-{job_id}")
 
 
 def _pause(job: DefragJob) -> float:

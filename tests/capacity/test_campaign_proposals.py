@@ -204,3 +204,44 @@ def test_the_empty_nodes_a_spreading_scheduler_would_fill_are_marked_kept_empty(
     assert 'class="campaign-mark kept-empty" data-campaign="kept empty"' in h5
     assert "Kept empty while it runs" in page and "h5" in re.search(
         r'<p class="campaign-kept-empty">(.*?)</p>', page, re.S).group(1)
+
+
+def test_the_proposal_and_a_consolidate_dry_run_hold_the_same_workloads_and_agree(sim_cluster_factory, settings,
+                                                                                  capsys):
+    """An exempt org, a snoozed model and a snooze that has ended: the schedule's proposal and
+    the plan `consolidate --dry-run` prints leave out the same nodes for the same reasons and
+    free the same nodes with the same moves."""
+    import json
+
+    from django.core.management import call_command
+
+    settings.CAPACITY_SCHEDULER_SCORING = "MostAllocated"
+    docs = objects() + [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-b"}}, make_node("h6"),
+                        running(make_model_pod("solo-1", revision="solo-00001", namespace="org-b", node="h6",
+                                               gpus=2))]
+    handle = sim_cluster_factory(docs, name="sim")
+    handle.control.advance(5)
+    now = clock.now()
+    org_a = Org.objects.create(slug="org-a", cluster=handle.cluster, namespace="org-a")
+    Org.objects.create(slug="org-b", cluster=handle.cluster, namespace="org-b", exempt=True)
+    WorkloadExemption.objects.create(org=org_a, kind=WorkloadExemption.Kind.PYNODE, name="small1",
+                                     until=now + timedelta(hours=4), created_at=now)
+    WorkloadExemption.objects.create(org=org_a, kind=WorkloadExemption.Kind.PYNODE, name="small2",
+                                     until=now - timedelta(minutes=1), created_at=now - timedelta(days=1))
+
+    from capacity.campaigns.services import campaign_proposals_compute
+
+    [proposal] = [r for r in campaign_proposals_compute(cluster=handle.cluster, now=now) if r.pool == "h100"]
+    call_command("consolidate", "--pool", "karpenter.sh/nodepool=h100", "--max", "--cluster", "sim", "--dry-run",
+                 "--json")
+    printed = json.loads(capsys.readouterr().out)
+
+    plan = proposal.campaign
+    why = {o.node: o.why for o in plan.left_out}
+    assert why["h6"] == "org-b/solo is on hold (its org is exempted by an operator)"
+    assert why["h1"] == "org-a/small1 is on hold (snoozed by an operator)"
+    assert "h2" in plan.node_names, "the snooze of small2 has ended: its node is freed"
+    assert printed["nodes"] == list(plan.node_names)
+    assert printed["left_out"] == [{"node": o.node, "reason": o.reason, "why": o.why} for o in plan.left_out]
+    assert printed["moves"] == [{"pod": m.pod, "gpus": m.gpus, "from": m.source, "to": m.to} for m in plan.moves]
+    assert printed["summary"] == plan.summary and printed["kept_empty"] == list(plan.kept_empty)

@@ -18,128 +18,41 @@ import random
 import signal
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from kubernetes.client.exceptions import ApiException
-
-from capacity.defrag.services import LEASE_SECONDS, defrag_discover, defrag_job_abort, defrag_job_drain, \
-    defrag_job_start
-from audit.selectors import entries_filter, entries_of_subject
+from audit.selectors import entries_of_subject
+from capacity.binpack.models import BinpackRun
 from capacity.defrag.models import FINAL_STATES, LIVE_STATES, RESTING_STATES, DefragJob, DefragOrphan, \
     JobState
-from capacity.runbook.models import RunbookAction, ServedModel
-from clusters.errors import KubeError
+from capacity.defrag.services import defrag_discover, defrag_job_abort, defrag_job_drain, defrag_job_start
 from clusters.labels import BINPACK_MARKER, DELETION_COST
-from capacity.binpack.models import BinpackRun
 from config import clock, queues
-from config.schedule import SCHEDULES
 from orgs.activity import org_activity_record
 from orgs.models import DormancySwitch, Org
-from pruning.models import PruneDecision, PruneRun
 from tests.celery_workers import pool_children
-from tests.prometheus_fixtures import PrometheusServer, Series, gpu_labels
+from tests.prometheus_fixtures import PrometheusServer
 
-from .world import MODEL_NS, NODES, ORG_KINDS, PRUNE_DEPLOYMENTS, PRUNE_NODE, RUNBOOK_MODEL, SERVICES, Kube, \
-    org_slug, prune_ns, pynode_min_scale, runbook_ns, scenario_objects
+from .serving import PRUNER_ENV, ServingPhases
+from .stats import GAP_BOUND_S, RESUME_EVERY_S, ChaosStuck, PendingGap, Stats
+from .world import MODEL_NS, NODES, ORG_KINDS, SERVICES, Kube, org_slug, pynode_min_scale, scenario_objects
+
+__all__ = ["BEAT_TASKS", "GAP_BOUND_S", "PRUNER_ENV", "ChaosDriver", "ChaosStuck", "Stats"]
 
 WORKERS = ("w1", "w2")
-RESUME_EVERY_S = next(p.every_seconds for p in SCHEDULES if p.task == "capacity.tasks.defrag_jobs_resume")
-# How long a killed job may stay unstepped (product seconds). A pool process's message is
-# redelivered at once and takes its own lease back: within one lease. A whole worker's
-# unacknowledged message waits for the broker's visibility timeout, so the resume beat
-# re-queues the job once its lease has run out: a lease plus one beat period, plus the
-# fast-forward's 5 s step and a beat tick.
-GAP_BOUND_S = {"pool": LEASE_SECONDS, "whole": LEASE_SECONDS + RESUME_EVERY_S + 10.0}
 FORWARD_STEP_S = 5.0          # product seconds added per fast-forward tick
 FORWARD_AFTER_WALL_S = 4.0    # wall seconds a killed job gets before time is fast-forwarded
 PHASE_LIMIT_WALL_S = 150.0    # the longest any phase may take (wall seconds) before it is a violation
 SWEEP_TASK = "orgs.tasks.dormancy_sweep"
 BINPACK_TASK = "capacity.binpack.tasks.binpack_cluster"
-PRUNE_TASK = "pruning.tasks.prune_cluster"
-REGISTRY_TASK = "capacity.runbook.tasks.registry_sync_cluster"
-BEAT_TASKS = ("capacity.tasks.defrag_jobs_resume", "orgs.tasks.scale_to_zero_retry",
-              "orgs.tasks.scale_to_zero_reconcile", "clusters.tasks.discovery_refresh_all",
-              "capacity.binpack.tasks.binpack_all_clusters", "pruning.tasks.prune_all_clusters",
-              "pruning.tasks.prune_runs_reconcile", "capacity.runbook.tasks.registry_sync_all_clusters")
-# The workers' pruner settings (test_chaos.py puts them in their environment): scale down for
-# real, over a 10-minute idle window with no grace beyond it.
-PRUNER_ENV = {"PRUNER_RUN_MODE": "scale-down", "PRUNER_DURATION_MINUTES": "10", "PRUNER_GRACE_SECONDS": "0"}
-PRUNE_WINDOW_S = 600
-# How far past the prune phase's start the GPU history reaches (product seconds): beyond any
-# fast-forward a phase can do within PHASE_LIMIT_WALL_S.
-PRUNE_HISTORY_AHEAD_S = 3 * 3600
-PRESSES = 6   # how often the operator presses a panel button whose action failed before it counts as lost
+BEAT_TASKS = ("capacity.tasks.defrag_jobs_resume", "capacity.tasks.campaigns_resume",
+              "orgs.tasks.scale_to_zero_retry", "orgs.tasks.scale_to_zero_reconcile",
+              "clusters.tasks.discovery_refresh_all", "capacity.binpack.tasks.binpack_all_clusters",
+              "pruning.tasks.prune_all_clusters", "pruning.tasks.prune_runs_reconcile",
+              "capacity.runbook.tasks.registry_sync_all_clusters")
 
 
-class ChaosStuck(Exception):
-    """A wait ran past its deadline: recorded as a violation, the scenario moves on."""
-
-
-@dataclass
-class Stats:
-    seed: int
-    scenarios: int = 0
-    kills: Counter = field(default_factory=Counter)        # "pool" / "whole"
-    aborts: int = 0
-    drains: int = 0
-    activities: int = 0
-    prune_acted: int = 0     # scale-downs that took effect (decisions succeeded)
-    restores: int = 0        # of those, restored from the panel
-    runbook_actions: int = 0  # redeploys and unblocks done from the panel
-    panel_presses: int = 0   # panel buttons pressed (a press a fault failed is pressed again)
-    faults: Counter = field(default_factory=Counter)       # from simcluster's injected counts
-    violations: list[str] = field(default_factory=list)
-    gaps: dict = field(default_factory=lambda: {"pool": [], "whole": []})   # product seconds after a kill
-    longest_span: float = 0.0    # first kill to next step, across back-to-back kills
-    forwarded_s: float = 0.0
-    wall_s: float = 0.0
-
-    def table(self) -> str:
-        def longest(kind):
-            return f"{max(self.gaps[kind]):.1f} s (n={len(self.gaps[kind])})" if self.gaps[kind] else "-"
-        rows = [
-            ("seed", str(self.seed)),
-            ("scenarios run", str(self.scenarios)),
-            ("worker kills (pool process / whole worker)", f"{self.kills['pool']} / {self.kills['whole']}"),
-            ("aborts sent / drains sent", f"{self.aborts} / {self.drains}"),
-            ("activity racing the sweep", str(self.activities)),
-            ("prune scale-downs acted / restored", f"{self.prune_acted} / {self.restores}"),
-            ("runbook actions done (panel presses)", f"{self.runbook_actions} ({self.panel_presses})"),
-            ("faults injected (5xx / 409 / 429 / watches cut)",
-             f"{self.faults['internal_error']} / {self.faults['conflict']} / {self.faults['throttled']} / "
-             f"{self.faults['watch_dropped']}"),
-            ("requests delayed (latency)", str(self.faults["delayed"])),
-            ("invariant violations", str(len(self.violations))),
-            ("longest unstepped gap after a pool-process kill (bound)",
-             f"{longest('pool')} ({GAP_BOUND_S['pool']:.0f} s)"),
-            ("longest unstepped gap after a whole-worker kill (bound)",
-             f"{longest('whole')} ({GAP_BOUND_S['whole']:.0f} s)"),
-            ("longest unstepped span across back-to-back kills", f"{self.longest_span:.1f} s"),
-            ("product time fast-forwarded", f"{self.forwarded_s:.0f} s"),
-            ("wall time", f"{self.wall_s:.0f} s"),
-        ]
-        width = max(len(k) for k, _ in rows)
-        lines = [f"{k.ljust(width)} | {v}" for k, v in rows]
-        lines += [f"  violation: {v}" for v in self.violations]
-        return "\n".join(lines)
-
-
-@dataclass
-class PendingGap:
-    """A job whose stepping process was killed, not stepped since. Another kill before it is
-    stepped again (the worker that got its message, or the one that would run the resume)
-    starts the bound again from that kill, and a whole-worker kill makes it a whole kill;
-    `first_killed_at` keeps the whole unstepped span."""
-    kind: str
-    job_id: int
-    killed_at: object        # product time of the latest kill
-    killed_wall: float
-    first_killed_at: object = None
-
-
-class ChaosDriver:
+class ChaosDriver(ServingPhases):
     def __init__(self, *, seed: int, procs, make_cluster, send_task, say=print, panel=None, workdir=None):
         self.seed = seed
         self.rng = random.Random(seed)
@@ -190,11 +103,15 @@ class ChaosDriver:
                 raise ChaosStuck(f"{self.where()} worker {name} not ready within 60 s\n{self.procs.logs()}")
             time.sleep(0.2)
 
-    def _holder_pid(self) -> int | None:
-        """The PID of the pool process stepping the job now (from the workers' logs)."""
+    def lease_owner(self) -> str | None:
+        """Who holds the lease on what the scenario steps now (its defrag job)."""
         if self.job is None:
             return None
-        owner = DefragJob.objects.filter(pk=self.job.pk).values_list("lease_owner", flat=True).first()
+        return DefragJob.objects.filter(pk=self.job.pk).values_list("lease_owner", flat=True).first()
+
+    def _holder_pid(self) -> int | None:
+        """The PID of the pool process stepping the scenario's work now (from the workers' logs)."""
+        owner = self.lease_owner()
         if not owner:
             return None
         marker = f"stepped by {owner} on "
@@ -235,7 +152,7 @@ class ChaosDriver:
         self.stats.kills[kind] += 1
         held = holder is not None and holder in pids
         self.say(f"{self.where()} SIGKILL {kind} {target} pids {pids}"
-                 + (f" (stepping job #{job.pk} in {job.state})" if held else ""))
+                 + (f" (stepping {f'job #{job.pk} in {job.state}' if job else 'it'})" if held else ""))
         for gap in self.pending:
             gap.killed_at, gap.killed_wall = killed_at, time.monotonic()
             gap.kind = "whole" if kind == "whole" else gap.kind
@@ -329,12 +246,17 @@ class ChaosDriver:
             self.stats.wall_s = time.monotonic() - started
         return self.stats
 
+    # The simulated cluster's clock runs 5-50 times faster than the wall: the slower, the
+    # longer replacements take to start, so kills and aborts land mid-wait more often.
+    SPEEDS = (5.0, 20.0, 50.0)
+
+    def objects(self) -> list[dict]:
+        """The scenario's cluster."""
+        return scenario_objects(self.index)
+
     def scenario(self) -> None:
         sub_seed = self.rng.randrange(2 ** 31)
-        # The simulated cluster's clock runs 5-50 times faster than the wall: the slower, the
-        # longer replacements take to start, so kills and aborts land mid-wait more often.
-        handle = self.make_cluster(scenario_objects(self.index), f"chaos-{self.index}",
-                                   self.rng.choice((5.0, 20.0, 50.0)))
+        handle = self.make_cluster(self.objects(), f"chaos-{self.index}", self.rng.choice(self.SPEEDS))
         kube = Kube(handle.kubeconfig_path)
         try:
             self._scenario(handle, kube, sub_seed)
@@ -540,99 +462,6 @@ class ChaosDriver:
                 self.violation(f"pod {pod.metadata.name}: deletion cost {notes.get(DELETION_COST)!r} half-written "
                                f"(marker {notes[BINPACK_MARKER]!r})")
 
-    # ---- prune scale-down and restore ----------------------------------------------------------
-    def prune_phase(self, cluster, kube: Kube) -> None:
-        """A prune run queued as the schedule does, its worker killed at random moments; then
-        the operator restores every scale-down from the panel.
-
-        Time: the pruner judges pod ages by the product clock against the cluster's creation
-        stamps, and idleness by the GPU history at the product's "now". So the product clock
-        is first moved past the pods' idle window, and the history Prometheus holds (a real
-        one, backfilled) is laid along the product clock from a window before it to hours
-        after, so whatever moment a run is evaluated at (after a kill, a reconcile, a beat,
-        a fast-forward) finds the same history."""
-        ns = prune_ns(self.index)
-        pods = self.wait(lambda: _prune_pods_running(kube, ns), "the prune Deployments' pods run", limit_s=60)
-        newest = max(created for _, created in pods.values())
-        behind = (newest + timedelta(seconds=PRUNE_WINDOW_S + 60) - clock.now()).total_seconds()
-        if behind > 0:
-            self.forward(behind)
-        self.prometheus_start(ns, pods)
-        cluster.prometheus_url = self.prometheus.url
-        cluster.save(update_fields=["prometheus_url"])
-        self.kill_times = []
-        self.schedule_kills(self.rng.randint(1, 3), 2.0)
-        self.send_task(PRUNE_TASK, [cluster.pk])
-        self.say(f"{self.where()} prune queued ({len(pods)} pods, Prometheus {self.prometheus.url})")
-        # A run whose worker was killed is completed by the reconcile beat once its lease
-        # lapses; owners it never reached are the next scheduled run's (fast-forwarded to).
-        self.wait(lambda: _prune_settled(cluster, kube, ns), "the idle Deployments are scaled to zero, no run "
-                  "left running", forward_after=8.0)
-        cluster.prometheus_url = ""     # no further scheduled runs: the operator restores now
-        cluster.save(update_fields=["prometheus_url"])
-        self.prune_restore(cluster)
-        wanted = {name: replicas for name, replicas, _ in PRUNE_DEPLOYMENTS}
-        self.wait(lambda: _deployment_replicas(kube, ns) == wanted, "the restored Deployments are back")
-
-    def prometheus_start(self, ns: str, pods: dict) -> None:
-        now = clock.now()
-        first, last = now - timedelta(seconds=PRUNE_WINDOW_S + 600), now + timedelta(seconds=PRUNE_HISTORY_AHEAD_S)
-        moments = [first + timedelta(minutes=m) for m in range(int((last - first).total_seconds() // 60) + 1)]
-        utilization = {name: float(util) for name, _, util in PRUNE_DEPLOYMENTS}   # DCGM percent
-        history = [Series("DCGM_FI_DEV_GPU_UTIL", gpu_labels(ns, pod, 0, node=PRUNE_NODE),
-                          [(t, utilization[owner]) for t in moments])
-                   for pod, (owner, _) in pods.items()]
-        server = PrometheusServer(self.workdir / f"prometheus-{self.index}")
-        server.backfill(history)
-        self.prometheus = server.start()
-
-    def prune_restore(self, cluster) -> None:
-        """The operator selects every acted decision in the panel, presses Restore and confirms
-        the page that lists what it does; a press whose restore a fault failed is pressed again."""
-        acted = PruneDecision.objects.filter(run__cluster=cluster, result=PruneDecision.Result.SUCCEEDED)
-        self.stats.prune_acted += acted.count()
-        for _ in range(PRESSES):
-            todo = [d.pk for d in acted if d.restore != PruneDecision.Restore.RESTORED]
-            if not todo:
-                break
-            form = {"action": "restore_selected", "_selected_action": todo}
-            page = self.panel.post("/admin/pruning/prunedecision/", form)   # the confirmation page
-            if page.status_code == 200 and 'name="confirm"' in page.content.decode():
-                page = self.panel.post("/admin/pruning/prunedecision/", {**form, "confirm": "yes"})
-            self.stats.panel_presses += 1
-            if page.status_code not in (200, 302):
-                self.violation(f"the panel's restore answered {page.status_code}")
-                return
-            acted = acted.all()
-        self.stats.restores += acted.filter(restore=PruneDecision.Restore.RESTORED).count()
-
-    def check_prune(self, cluster, kube: Kube) -> None:
-        ns = prune_ns(self.index)
-        running = list(PruneRun.objects.filter(cluster=cluster, status=PruneRun.Status.RUNNING)
-                       .values_list("pk", flat=True))
-        if running:
-            self.violation(f"prune run(s) {running} left running")
-        decisions = PruneDecision.objects.filter(run__cluster=cluster)
-        for d in decisions.filter(result=PruneDecision.Result.ACTING):
-            self.violation(f"prune decision #{d.pk} ({d.owner_name}) left acting")
-        replicas = _deployment_replicas(kube, ns) or {}
-        acted = Counter(decisions.filter(result=PruneDecision.Result.SUCCEEDED).values_list("owner_name", flat=True))
-        for name, asked, util in PRUNE_DEPLOYMENTS:
-            wanted = 1 if util == "0" else 0
-            if acted[name] != wanted:
-                self.violation(f"Deployment {name}: {acted[name]} acted prune decision(s), wanted {wanted}")
-            if replicas.get(name) != asked:
-                self.violation(f"Deployment {ns}/{name} at {replicas.get(name)} replicas, its owner asked {asked}")
-        originals = {name: asked for name, asked, _ in PRUNE_DEPLOYMENTS}
-        for d in decisions.filter(result=PruneDecision.Result.SUCCEEDED):
-            if d.restore_state != {"replicas": originals[d.owner_name]}:
-                self.violation(f"prune decision #{d.pk} ({d.owner_name}) holds restore state {d.restore_state}, "
-                               f"the Deployment had {originals[d.owner_name]}")
-            if d.restore != PruneDecision.Restore.RESTORED:
-                self.violation(f"prune decision #{d.pk} ({d.owner_name}) not restorable: restore {d.restore!r}, "
-                               f"{d.error}")
-        self._check_events(kube, "gpu-capacity-pruner", "prune")
-
     def _check_events(self, kube: Kube, component: str, what: str) -> None:
         events = Counter()
         for event in kube.core.list_event_for_all_namespaces().items:
@@ -641,73 +470,6 @@ class ChaosDriver:
         repeated = {k: n for k, n in events.items() if n > 1}
         if repeated:
             self.violation(f"{what}: Events posted more than once: {repeated}")
-
-    # ---- a runbook action from the panel ---------------------------------------------------------
-    def runbook_phase(self, cluster, kube: Kube) -> None:
-        """The operator redeploys a 1-GPU model from the panel: its new revision waits for the
-        GPU the old one holds; the registry (synced by a worker task, killed at random) shows
-        it blocked, and the operator deletes the old revision from the panel to unblock it.
-        Each press a fault failed is pressed again, as an operator would."""
-        ns = runbook_ns(self.index)
-        old = f"{RUNBOOK_MODEL}-predictor-00001"
-        self.wait(lambda: _revision_pods(kube, ns) == {old: "Running"}, "the runbook model runs", limit_s=60)
-        self.kill_times = []
-        self.schedule_kills(self.rng.randint(1, 2), 2.0)
-        self.send_task(REGISTRY_TASK, [cluster.pk])
-        model = self.wait(lambda: ServedModel.objects.filter(cluster=cluster, namespace=ns, name=RUNBOOK_MODEL,
-                                                             ready=True, gone=False).first(),
-                          "a registry sync lists the model", forward_after=8.0)
-        self.press(lambda: self.panel.post("/admin/capacity/servedmodel/", {
-            "action": "redeploy", "_selected_action": [model.pk], "confirm": "yes"}),
-            done=lambda: RunbookAction.objects.filter(cluster=cluster, action="model_redeploy",
-                                                     state=RunbookAction.State.DONE).exists(),
-            what="redeploy")
-        self.schedule_kills(self.rng.randint(0, 2), 2.0)
-        self.send_task(REGISTRY_TASK, [cluster.pk])
-        self.wait(lambda: any(b["old_revision"] == old for b in ServedModel.objects.get(pk=model.pk).blocked),
-                  "a registry sync shows the new revision blocked by the old one", forward_after=8.0)
-        self.press(lambda: self.panel.post(f"/admin/capacity/servedmodel/{model.pk}/unblock/{old}/",
-                                           {"confirm": "yes"}),
-                   done=lambda: RunbookAction.objects.filter(cluster=cluster, action="revision_delete_old",
-                                                             state=RunbookAction.State.DONE).exists(),
-                   what="unblock")
-        new = f"{RUNBOOK_MODEL}-predictor-00002"
-        self.wait(lambda: _revision_pods(kube, ns) == {new: "Running"}, "the new revision runs on the freed GPU")
-
-    def press(self, action, *, done, what: str) -> None:
-        for _ in range(PRESSES):
-            self.stats.panel_presses += 1
-            try:
-                page = action()
-            except KubeError as exc:      # the page failed: what did the press do?
-                self.violation(f"the panel's {what} answered an error page ({exc}); done: {done()}")
-            else:
-                if page.status_code not in (200, 302):
-                    raise ChaosStuck(f"{self.where()} the panel's {what} answered {page.status_code}")
-            if done():
-                self.stats.runbook_actions += 1
-                return
-            self.tick()
-        raise ChaosStuck(f"{self.where()} the panel's {what} not done after {PRESSES} presses")
-
-    def check_runbook(self, cluster, kube: Kube) -> None:
-        ns = runbook_ns(self.index)
-        # A press a fault failed leaves a truthful `failed` row and is pressed again; what must
-        # hold is that each action was done once.
-        audits = Counter(RunbookAction.objects.filter(cluster=cluster, state=RunbookAction.State.DONE)
-                         .values_list("action", "target"))
-        wanted = {("model_redeploy", f"{ns}/{RUNBOOK_MODEL}"): 1,
-                  ("revision_delete_old", f"{ns}/{RUNBOOK_MODEL}-predictor-00001"): 1}
-        if dict(audits) != wanted:
-            self.violation(f"runbook actions {dict(audits)}, wanted each action done once: {wanted}")
-        entries = Counter(entries_filter(app="runbook", cluster=cluster, action__in=[a for a, _ in wanted])
-                          .values_list("action", "target"))
-        if dict(entries) != wanted:
-            self.violation(f"runbook audit entries {dict(entries)}, wanted each action done audited once: {wanted}")
-        revisions = sorted(r["metadata"]["name"] for r in kube.custom.list_namespaced_custom_object(
-            "serving.knative.dev", "v1", ns, "revisions")["items"])
-        if revisions != [f"{RUNBOOK_MODEL}-predictor-00002"]:
-            self.violation(f"runbook model revisions {revisions}: wanted only the redeployed one")
 
 
 def _binpack_changes(cluster) -> list | None:
@@ -731,50 +493,6 @@ def _binpack_settled(cluster, since) -> bool:
     finished = BinpackRun.objects.filter(cluster=cluster, dry_run=False, started_at__gte=since,
                                          finished_at__isnull=False).exists()
     return finished and _binpack_changes(cluster) == []
-
-
-def _quietly(read, default=None):
-    """A read of the faulty cluster, as a poll: a fault answers `default`, the next poll tries again."""
-    try:
-        return read()
-    except ApiException:
-        return default
-
-
-def _prune_pods_running(kube: Kube, ns: str) -> dict | None:
-    """{pod: (Deployment, created)} once every prune Deployment's pods run, else None."""
-    items = _quietly(lambda: kube.core.list_namespaced_pod(ns).items)
-    if items is None:
-        return None
-    pods = {p.metadata.name: (p.metadata.labels["app"], p.metadata.creation_timestamp) for p in items
-            if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
-    return pods if len(pods) == sum(replicas for _, replicas, _ in PRUNE_DEPLOYMENTS) else None
-
-
-def _deployment_replicas(kube: Kube, ns: str) -> dict | None:
-    items = _quietly(lambda: kube.apps.list_namespaced_deployment(ns).items)
-    return None if items is None else {d.metadata.name: d.spec.replicas for d in items}
-
-
-def _prune_settled(cluster, kube: Kube, ns: str) -> bool:
-    if PruneRun.objects.filter(cluster=cluster, status=PruneRun.Status.RUNNING).exists():
-        return False
-    decisions = PruneDecision.objects.filter(run__cluster=cluster)
-    if decisions.filter(result=PruneDecision.Result.ACTING).exists():
-        return False
-    idle = {name for name, _, util in PRUNE_DEPLOYMENTS if util == "0"}
-    acted = set(decisions.filter(result=PruneDecision.Result.SUCCEEDED).values_list("owner_name", flat=True))
-    replicas = _deployment_replicas(kube, ns)
-    return acted >= idle and replicas is not None and all(replicas[name] == 0 for name in idle)
-
-
-def _revision_pods(kube: Kube, ns: str) -> dict | None:
-    items = _quietly(lambda: kube.core.list_namespaced_pod(
-        ns, label_selector=f"serving.kserve.io/inferenceservice={RUNBOOK_MODEL}").items)
-    if items is None:
-        return None
-    return {p.metadata.labels["serving.knative.dev/revision"]: p.status.phase for p in items
-            if not p.metadata.deletion_timestamp}
 
 
 def _resume_beat_passed(job: DefragJob) -> bool:

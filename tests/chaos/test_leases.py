@@ -30,7 +30,7 @@ def test_a_step_longer_than_the_lease_keeps_the_job_through_its_heartbeat(monkey
     monkeypatch.setattr(tasks.clock, "now", lambda: timezone.now() + timedelta(seconds=moved["seconds"]))
     monkeypatch.setattr(tasks, "HEARTBEAT_SECONDS", 0.05)
     assert defrag_job_lease_acquire(job_id=job.pk, owner="w1", now=tasks.clock.now())
-    with tasks._Heartbeat(job_id=job.pk, owner="w1") as heartbeat:
+    with tasks._heartbeat(job_id=job.pk, owner="w1") as heartbeat:
         # One step blocked in slow API calls for twice the lease (time moved, not waited).
         for _ in range(4):
             moved["seconds"] += LEASE_SECONDS / 2
@@ -51,7 +51,7 @@ def test_a_worker_whose_lease_lapsed_and_was_taken_learns_it_at_its_next_heartbe
     assert defrag_job_lease_acquire(job_id=job.pk, owner="w1", now=now)
     # w1 stalled (a paused VM): its lease lapsed and w2 took the job.
     assert defrag_job_lease_acquire(job_id=job.pk, owner="w2", now=now + timedelta(seconds=LEASE_SECONDS + 1))
-    with tasks._Heartbeat(job_id=job.pk, owner="w1") as heartbeat:
+    with tasks._heartbeat(job_id=job.pk, owner="w1") as heartbeat:
         assert heartbeat.lost.wait(5)
     assert DefragJob.objects.get(pk=job.pk).lease_owner == "w2", "the loser did not take it back"
 

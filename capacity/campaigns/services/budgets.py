@@ -107,7 +107,7 @@ def node_start_verdict(campaign: Campaign, row: CampaignNode, gateway: kube.Kube
     for pod in pods:
         if pod.annotations.get(DO_NOT_DISRUPT) == "true":
             return Verdict(drop=f'pod {pod.namespace}/{pod.name} says {DO_NOT_DISRUPT}: "true"')
-    holds = campaign_holds(cluster=campaign.cluster, namespaces={p.namespace for p in pods}, now=now)
+    holds = campaign_holds(cluster=campaign.cluster, pods=pods, now=now)
     for pod in pods:
         for label in (ISVC_LABEL, KNATIVE_SERVICE_LABEL):
             name = pod.labels.get(label)

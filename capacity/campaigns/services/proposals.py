@@ -17,32 +17,26 @@ from django.db import transaction
 
 from clusters import kube
 from clusters.selectors import snapshot_take
-from orgs.planning import HELD_EXEMPT, HELD_SNOOZED
-from orgs.selectors import prune_holds
 
 from capacity.campaigns.models import CampaignProposal
-from capacity.campaigns.pools import proposals_plan, workload_holds
-from capacity.selectors import defrag_jobs_live_by_node
+from capacity.campaigns.pools import proposals_plan
+from capacity.campaigns.selectors import campaign_held_nodes, campaign_holds
 
 if TYPE_CHECKING:
     from clusters.models import Cluster
-
-_HOLD_WORDS = {HELD_EXEMPT: "exempt by an operator", HELD_SNOOZED: "snoozed by an operator"}
 
 
 def campaign_proposals_compute(*, cluster: Cluster, now: datetime,
                                gateway: kube.KubeGateway | None = None) -> list[CampaignProposal]:
     """Read the cluster once (its GPU nodes and their pods) and write the best campaign of
-    each of its GPU pools, with the nodes live defrag jobs hold and the workloads the orgs
-    exempt or snooze kept out. A pool whose plan is the one its latest proposal already
-    holds only moves that proposal's time forward. Raises the gateway's errors (nothing
+    each of its GPU pools, with the nodes live defrag jobs and campaigns hold and the
+    workloads the orgs exempt or snooze kept out (as `consolidate` plans it). A pool whose
+    plan is the one its latest proposal already holds only moves that proposal's time forward. Raises the gateway's errors (nothing
     written then)."""
     snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now, gpu_nodes_only=True)
-    kept = prune_holds(cluster=cluster, namespaces={p.namespace for p in snapshot.pods}, now=now)
-    holds = workload_holds(snapshot, namespaces={ns: _HOLD_WORDS.get(w, w) for ns, w in kept.namespaces.items()},
-                           owners={key: _HOLD_WORDS.get(w, w) for key, w in kept.owners.items()})
+    holds = campaign_holds(cluster=cluster, pods=snapshot.pods, now=now)
     scoring = settings.CAPACITY_SCHEDULER_SCORING
-    proposals = proposals_plan(snapshot, held_nodes=set(defrag_jobs_live_by_node(cluster=cluster)), holds=holds,
+    proposals = proposals_plan(snapshot, held_nodes=set(campaign_held_nodes(cluster=cluster)), holds=holds,
                                scoring=scoring)
     del snapshot
     rows: list[CampaignProposal] = []

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 # The step task's registered name (capacity/campaigns/tasks.py registers it under it).
 CAMPAIGN_RUN_TASK = "capacity.tasks.campaign_run"
 # A worker owns a campaign through a lease this long (seconds); the step task renews it
-# after every pass, and the 10 s resume beat hands a killed worker's campaign on once it lapses.
+# every HEARTBEAT_SECONDS while a pass runs (capacity/campaigns/tasks.py) and after every
+# pass, and the 10 s resume beat hands a killed worker's campaign on once it lapses.
 LEASE_SECONDS = 30.0
 
 
