@@ -7,10 +7,11 @@ package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.
 not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackNodeFreed, BinpackRun
-from capacity.campaigns.models import Campaign, CampaignNode, CampaignProposal
+from capacity.campaigns.models import Campaign, CampaignNode, CampaignPolicy, CampaignProposal
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "Campaign", "CampaignNode", "CampaignProposal",
+__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "Campaign", "CampaignNode", "CampaignPolicy",
+           "CampaignProposal",
            "DefragJob", "DefragLogLine", "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]

@@ -19,6 +19,7 @@ Where each part lives:
   cordons.py   the campaign's own cordons, laid and lifted under intents
   record.py    the pass's record (compare-and-set), audit entries, the lease
   proposals.py the scheduled proposals: the best campaign of each pool, shown on the pages
+  acting.py    the schedule starting a proposal under the pool's policy (window, node budget), audited
 Reads are in capacity/campaigns/selectors.py, decisions in capacity/campaigns/planning.py.
 """
 from __future__ import annotations
@@ -33,6 +34,8 @@ from capacity.campaigns.services.record import (
     campaign_lease_renew,
 )
 from capacity.campaigns.services.proposals import campaign_proposals_compute
+from capacity.campaigns.services.acting import campaign_proposals_act
+from capacity.campaigns.services.policies import campaign_policy_delete, campaign_policy_save
 from capacity.campaigns.services.start import campaign_abort, campaign_start
 from capacity.campaigns.services.step import ERROR_RETRY_SECONDS, campaign_step
 
@@ -46,6 +49,9 @@ __all__ = [
     "campaign_lease_acquire",
     "campaign_lease_release",
     "campaign_lease_renew",
+    "campaign_policy_delete",
+    "campaign_policy_save",
+    "campaign_proposals_act",
     "campaign_proposals_compute",
     "campaign_start",
     "campaign_step",
