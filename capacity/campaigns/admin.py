@@ -246,9 +246,9 @@ class CampaignPolicyAdmin(admin.ModelAdmin):
     list_display = ("cluster", "selector", "enabled", "schedule", "duration", "nodes", "max_in_flight",
                     "changed_by", "last_act_at")
     list_filter = ("cluster", "enabled")
-    readonly_fields = ("changed_by", "changed_at", "last_act_at", "last_act", "history")
+    readonly_fields = ("acting_now", "changed_by", "changed_at", "last_act_at", "last_act", "history")
     fieldsets = [
-        (None, {"fields": ["cluster", "selector", "enabled"]}),
+        (None, {"fields": ["cluster", "selector", "enabled", "acting_now"]}),
         ("Window (UTC, as a Karpenter disruption budget)", {"fields": ["schedule", "duration"]}),
         ("Budgets", {"fields": ["nodes", "max_in_flight", "drain_when_safe"]}),
         ("Who changed it, and what the schedule did", {"fields": ["changed_by", "changed_at", "last_act_at",
@@ -280,6 +280,16 @@ class CampaignPolicyAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         for obj in queryset:
             campaign_policy_delete(policy=obj, actor=request.user)
+
+    @admin.display(description="as the dashboard says it")
+    def acting_now(self, obj) -> str:
+        if obj is None or obj.pk is None:
+            return "—"
+        proposal = (CampaignProposal.objects.filter(cluster=obj.cluster, selector=pool_selector_parse(obj.selector))
+                    .order_by("-computed_at").first())
+        if proposal is None:
+            return "no proposal for the pool yet: its nodes are counted at the next reading of the cluster"
+        return obj.terms.words(pool_nodes=proposal.campaign.pool_nodes, now=clock.now())
 
     @admin.display(description="changes and acts")
     def history(self, obj) -> str:

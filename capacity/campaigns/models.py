@@ -198,8 +198,9 @@ class CampaignPolicy(models.Model):
     nodes = models.CharField(max_length=10, default="10%",
                              help_text="The most nodes one automatic campaign frees: a count (3) or a percentage of "
                                        "the pool's nodes (10%), rounded up as Karpenter rounds a budget's nodes.")
-    max_in_flight = models.PositiveIntegerField(default=1, help_text="Nodes an automatic campaign empties at once "
-                                                                     "(at most CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER).")
+    max_in_flight = models.PositiveIntegerField(
+        default=1, help_text="Nodes an automatic campaign empties at once "
+                             "(at most CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER).")
     drain_when_safe = models.BooleanField(
         default=False, help_text="Each safe node is drained by the campaign (needs the drain permission to set); "
                                  "otherwise it stays cordoned with its orphans serving until an operator drains it.")

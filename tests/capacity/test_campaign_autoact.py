@@ -219,6 +219,11 @@ def test_a_change_is_audited_with_the_operator_and_shown_on_the_dashboard(cluste
                     f"— {window.text}")
     page = client.get("/capacity/clusters/sim/gpu-map/?pool=h100&campaign=1").content.decode()
     assert _text(re.search(r'<p class="campaign-acting">(.*?)</p>', page, re.S).group(1)) == line
+    # The policy's own page says the same, with its history: who changed what.
+    own = client.get(reverse("admin:capacity_campaignpolicy_change", args=[row.pk])).content.decode()
+    assert line in _text(own)
+    history = re.findall(r"<tr><td>[^<]*</td><td>([a-z_]+)</td><td>([^<]*)</td>", own)
+    assert history == [("policy_change", "lead"), ("policy_create", "lead")]
 
 
 def test_without_the_permission_the_policies_are_not_editable(cluster, client, django_user_model):
