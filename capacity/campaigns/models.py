@@ -175,6 +175,11 @@ class CampaignProposal(models.Model):
         return CampaignPlan.from_dict(self.plan)
 
 
+# Who starts a campaign on its own: the schedule, under the pool's policy ("…#<policy id>"),
+# on the campaign's requested_by_label and its audit entries.
+AUTO_ACTOR_LABEL = "schedule: campaign policy #"
+
+
 class CampaignPolicy(models.Model):
     """An operator's terms for a pool's proposed campaign to start on its own: enabled, in a
     window (a cron schedule in UTC and a duration, as Karpenter's disruption budgets), and

@@ -14,6 +14,7 @@ from clusters.selectors import snapshot_take
 from orgs.selectors import prune_holds
 
 from capacity.campaigns.models import (
+    AUTO_ACTOR_LABEL,
     LIVE_CAMPAIGN_STATES,
     Campaign,
     CampaignNode,
@@ -107,8 +108,9 @@ def campaign_policies(*, cluster) -> dict[str, CampaignPolicy]:
 
 
 def campaign_auto_last_start(*, cluster, selector: dict[str, str]) -> datetime | None:
-    """When the pool's latest campaign started from a proposal (on its own), or None."""
-    return (Campaign.objects.filter(cluster=cluster, source__startswith="proposal:", selector=selector)
+    """When the pool's latest campaign started on its own (by the schedule, from a proposal), or None."""
+    return (Campaign.objects.filter(cluster=cluster, source__startswith="proposal:", selector=selector,
+                                    requested_by__isnull=True, requested_by_label__startswith=AUTO_ACTOR_LABEL)
             .order_by("-created_at").values_list("created_at", flat=True).first())
 
 

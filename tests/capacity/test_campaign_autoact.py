@@ -12,9 +12,21 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from audit.selectors import entries_of_subject
-from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, CampaignPolicy, CampaignProposal
+from capacity.campaigns.models import (
+    LIVE_CAMPAIGN_STATES,
+    Campaign,
+    CampaignPolicy,
+    CampaignProposal,
+    CampaignState,
+)
 from capacity.campaigns.selectors import campaign_plan_read
-from capacity.campaigns.services import campaign_proposals_act, campaign_proposals_compute, campaign_start
+from capacity.campaigns.services import (
+    campaign_abort,
+    campaign_proposals_act,
+    campaign_proposals_compute,
+    campaign_start,
+    campaign_step,
+)
 from capacity.campaigns.tasks import campaign_proposals_all
 from clusters import kube
 from config import clock
@@ -86,6 +98,19 @@ def test_inside_its_window_the_proposal_starts_with_the_budget_goal_and_is_audit
     campaign_proposals_all.apply()
     assert len(auto_campaigns(cluster)) == 1
     assert len(entries_of_subject(subject_type="campaign_policy", subject_id=row.pk)) == 1
+
+    # An operator aborts it; the window's one campaign has been started, so none starts again.
+    campaign_abort(campaign=campaign, actor=None, enqueue=False)
+    campaign = campaign_step(campaign=campaign, now=clock.now(), enqueue=False)
+    assert campaign.state == CampaignState.ABORTED
+    product_clock.advance(timedelta(minutes=10))
+    campaign_proposals_all.apply()
+    assert len(auto_campaigns(cluster)) == 1
+    latest = CampaignProposal.objects.filter(cluster=cluster.cluster, pool="h100").latest("computed_at")
+    [act] = campaign_proposals_act(cluster=cluster.cluster, proposals=[latest], now=clock.now())
+    fired = now.replace(second=0, microsecond=0)
+    assert act.decision.why == (f"a campaign started on its own at {campaign.created_at:%Y-%m-%d %H:%M} UTC, since "
+                                f"the window opened at {fired:%Y-%m-%d %H:%M} UTC: one per window")
 
 
 @pytest.mark.parametrize("case", ["outside the window", "disabled", "no policy", "another campaign live"])

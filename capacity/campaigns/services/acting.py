@@ -23,7 +23,7 @@ from clusters import kube
 from clusters.services import cluster_lock
 from config.actors import acting_as
 
-from capacity.campaigns.models import CampaignPolicy, CampaignProposal
+from capacity.campaigns.models import AUTO_ACTOR_LABEL, CampaignPolicy, CampaignProposal
 from capacity.campaigns.planning import CampaignInputError, pool_selector_text
 from capacity.campaigns.policy import ActDecision, act_decide, window_words
 from capacity.campaigns.selectors import (
@@ -50,7 +50,7 @@ class PoolAct:
 
 def schedule_label(policy: CampaignPolicy) -> str:
     """Who acts: the schedule, under the pool's policy (the audit's and the campaign's label)."""
-    return f"schedule: campaign policy #{policy.pk}"
+    return f"{AUTO_ACTOR_LABEL}{policy.pk}"
 
 
 def campaign_proposals_act(*, cluster, proposals: list[CampaignProposal], now: datetime,
