@@ -7,11 +7,11 @@ package (`capacity.defrag.models`, `capacity.binpack.models`, `capacity.runbook.
 not from here.
 """
 from capacity.binpack.models import BinpackCluster, BinpackNodeFreed, BinpackRun
-from capacity.campaigns.models import Campaign, CampaignNode, CampaignProposal, CampaignRehearsal
+from capacity.campaigns.models import Campaign, CampaignNode, CampaignPolicy, CampaignProposal, CampaignRehearsal
 from capacity.defrag.models import DefragJob, DefragLogLine, DefragOrphan, DefragRevision
 from capacity.runbook.models import ResourceSpec, RunbookAction, ServedModel
 
-__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "Campaign", "CampaignNode", "CampaignProposal",
-           "CampaignRehearsal",
+__all__ = ["BinpackCluster", "BinpackNodeFreed", "BinpackRun", "Campaign", "CampaignNode", "CampaignPolicy",
+           "CampaignProposal", "CampaignRehearsal",
            "DefragJob", "DefragLogLine", "DefragOrphan",
            "DefragRevision", "ResourceSpec", "RunbookAction", "ServedModel"]

@@ -414,6 +414,11 @@ CAPACITY_MAP_CACHE_SECONDS = _env_number("CAPACITY_MAP_CACHE_SECONDS", default=1
 # proposal is kept whatever its age; older ones go after this many days. Above 0, at most a year.
 CAPACITY_CAMPAIGN_PROPOSAL_DAYS = _env_number("CAPACITY_CAMPAIGN_PROPOSAL_DAYS", default=3.0, kind=float, low=0,
                                               above=True, high=366, what="the days campaign proposals are kept")
+# The least minutes between two campaigns a pool starts on its own under a policy with no
+# schedule (always open); a scheduled policy starts at most one each time its schedule fires.
+CAPACITY_CAMPAIGN_AUTO_GAP_MINUTES = _env_number("CAPACITY_CAMPAIGN_AUTO_GAP_MINUTES", default=60, kind=int, low=1,
+                                                 high=10_080, what="the minutes between two automatic campaigns "
+                                                                   "of an always-open pool policy")
 CAPACITY_SCHEDULER_SCORING = env.str("CAPACITY_SCHEDULER_SCORING", default="LeastAllocated")
 if CAPACITY_SCHEDULER_SCORING not in ("LeastAllocated", "MostAllocated"):
     raise ImproperlyConfigured(f"CAPACITY_SCHEDULER_SCORING must be LeastAllocated (kube-scheduler's default) or "

@@ -1,27 +1,39 @@
 """Admin for consolidation campaigns: the campaign page (the plan it started from, each node's
 progress with its defrag job, the kept-empty nodes, the audit) and the abort with its
-confirmation. Campaigns are records: never added, edited or deleted here."""
+confirmation. Campaigns are records: never added, edited or deleted here. Pool policies
+(when a proposal starts on its own) are settings: edited here by an operator with
+capacity.change_campaignpolicy, every change audited."""
 from __future__ import annotations
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from audit.selectors import entries_of_subject
+from clusters.errors import KubeError
+from config import clock
 from config.actors import actor_describe
 from config.admin_display import ReadOnlyAdminMixin, actor_display, json_table
 from config.admin_lookups import ListFiltersCheckedMixin
 
-from capacity.campaigns.models import (Campaign, CampaignProposal, CampaignRehearsal, CampaignState, NodeRole,
-                                       NodeState)
-from capacity.campaigns.planning import CampaignPlan, pool_selector_text
+from capacity.campaigns.models import (Campaign, CampaignPolicy, CampaignProposal, CampaignRehearsal, CampaignState,
+                                       NodeRole, NodeState)
+from capacity.campaigns.planning import CampaignInputError, CampaignPlan, pool_selector_parse, pool_selector_text
+from capacity.campaigns.policy import PolicyInputError, duration_parse, nodes_check, schedule_check
 from capacity.campaigns.pools import consolidate_command
-from capacity.campaigns.selectors import campaign_nodes
-from capacity.campaigns.services import CampaignError, campaign_abort
+from capacity.campaigns.selectors import campaign_nodes, pool_nodes_read
+from capacity.campaigns.services import (
+    CampaignError,
+    campaign_abort,
+    campaign_policy_delete,
+    campaign_policy_save,
+)
 
 
 @admin.register(Campaign)
@@ -205,3 +217,144 @@ class CampaignRehearsalAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.
         if not row.outcome:
             return "-"
         return format_html("<pre>{}</pre>", "\n".join(row.outcome.get("report_lines", [])))
+
+
+POLICY_PERMISSION = "capacity.change_campaignpolicy"
+
+
+class CampaignPolicyForm(forms.ModelForm):
+    """Every value checked as Karpenter checks a disruption budget's, and the pool against the
+    cluster as it is now; an error names its field and nothing is saved."""
+
+    user = None   # the operator editing (set by the admin's get_form)
+
+    class Meta:
+        model = CampaignPolicy
+        fields = ["cluster", "selector", "enabled", "schedule", "duration", "nodes", "max_in_flight",
+                  "drain_when_safe"]
+
+    def _checked(self, name: str, check):
+        try:
+            return check(self.cleaned_data.get(name) or "")
+        except PolicyInputError as exc:
+            raise forms.ValidationError(f"{exc}") from None
+
+    def clean_selector(self) -> str:
+        text = self.cleaned_data.get("selector") or ""
+        try:
+            return pool_selector_text(pool_selector_parse(text))
+        except CampaignInputError:
+            raise forms.ValidationError(f"{text.strip()!r} is not a pool: give node labels as KEY=VALUE[,KEY=VALUE], "
+                                        "e.g. karpenter.sh/nodepool=h100") from None
+
+    def clean_schedule(self) -> str:
+        return self._checked("schedule", schedule_check) if (self.cleaned_data.get("schedule") or "").strip() else ""
+
+    def clean_duration(self) -> str:
+        text = (self.cleaned_data.get("duration") or "").strip()
+        if text:
+            self._checked("duration", duration_parse)
+        return text
+
+    def clean_nodes(self) -> str:
+        return self._checked("nodes", nodes_check)
+
+    def clean_max_in_flight(self) -> int:
+        value, limit = self.cleaned_data.get("max_in_flight"), settings.CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER
+        if value is not None and not 1 <= value <= limit:
+            raise forms.ValidationError(f"{value} nodes at once: from 1 to the defrag jobs a cluster may run at "
+                                        f"once ({limit}, CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER)")
+        return value
+
+    def clean(self):
+        data = super().clean()
+        if bool(data.get("schedule")) != bool(data.get("duration")) and not (
+                self.has_error("schedule") or self.has_error("duration")):
+            missing = "duration" if data.get("schedule") else "schedule"
+            self.add_error(missing, f"a {missing} is set with the {'schedule' if missing == 'duration' else 'duration'}"
+                                    " (both, or neither for a window open whenever enabled)")
+        if data.get("drain_when_safe") and not (self.instance.pk and self.instance.drain_when_safe) and not (
+                self.user is not None and self.user.has_perm("capacity.drain_defragjob")):
+            self.add_error("drain_when_safe", f"user {self.user} may not drain nodes (needs "
+                                              "capacity.drain_defragjob): leave drain when safe off")
+        cluster, selector = data.get("cluster"), data.get("selector")
+        if cluster is not None and selector and not self.has_error("selector"):
+            try:
+                nodes, pools = pool_nodes_read(cluster=cluster, selector=pool_selector_parse(selector),
+                                               now=clock.now())
+            except KubeError as exc:
+                self.add_error("selector", f"cluster {cluster.name} could not be read to check the pool: {exc}")
+            else:
+                if not nodes:
+                    self.add_error("selector", f"{selector} selects no GPU node of cluster {cluster.name}")
+                elif selector not in pools.values():
+                    self.add_error("selector", f"{selector} selects {len(nodes)} GPU node(s) of cluster "
+                                               f"{cluster.name} but is not a pool the proposals name; its pools: "
+                                               f"{', '.join(sorted(pools.values())) or 'none'}")
+        return data
+
+
+@admin.register(CampaignPolicy)
+class CampaignPolicyAdmin(admin.ModelAdmin):
+    """Settings: added, changed and removed by an operator with the permission; each change
+    audited (old and new values), shown below the form with the schedule's acts."""
+
+    form = CampaignPolicyForm
+    list_display = ("cluster", "selector", "enabled", "schedule", "duration", "nodes", "max_in_flight",
+                    "changed_by", "last_act_at")
+    list_filter = ("cluster", "enabled")
+    readonly_fields = ("acting_now", "changed_by", "changed_at", "last_act_at", "last_act", "history")
+    fieldsets = [
+        (None, {"fields": ["cluster", "selector", "enabled", "acting_now"]}),
+        ("Window (UTC, as a Karpenter disruption budget)", {"fields": ["schedule", "duration"]}),
+        ("Budgets", {"fields": ["nodes", "max_in_flight", "drain_when_safe"]}),
+        ("Who changed it, and what the schedule did", {"fields": ["changed_by", "changed_at", "last_act_at",
+                                                                   "last_act", "history"]}),
+    ]
+
+    def _may_change(self, request) -> bool:
+        return request.user.has_perm(POLICY_PERMISSION)
+
+    def has_add_permission(self, request) -> bool:
+        return self._may_change(request)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return self._may_change(request)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return self._may_change(request)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"user": request.user})
+
+    def save_model(self, request, obj, form, change) -> None:
+        campaign_policy_save(policy=obj, actor=request.user)
+
+    def delete_model(self, request, obj) -> None:
+        campaign_policy_delete(policy=obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset) -> None:
+        for obj in queryset:
+            campaign_policy_delete(policy=obj, actor=request.user)
+
+    @admin.display(description="as the dashboard says it")
+    def acting_now(self, obj) -> str:
+        if obj is None or obj.pk is None:
+            return "—"
+        proposal = (CampaignProposal.objects.filter(cluster=obj.cluster, selector=pool_selector_parse(obj.selector))
+                    .order_by("-computed_at").first())
+        if proposal is None:
+            return "no proposal for the pool yet: its nodes are counted at the next reading of the cluster"
+        return obj.terms.words(pool_nodes=proposal.campaign.pool_nodes, now=clock.now())
+
+    @admin.display(description="changes and acts")
+    def history(self, obj) -> str:
+        if obj is None or obj.pk is None:
+            return "—"
+        entries = entries_of_subject(subject_type="campaign_policy", subject_id=obj.pk, oldest_first=False)
+        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+            (f"{e.at:%Y-%m-%d %H:%M}", e.action, actor_describe(e.actor, e.actor_label), json_table(e.old),
+             json_table(e.new)) for e in entries[:50]))
+        return format_html('<table class="policy-history"><tr><th>at</th><th>what</th><th>by</th><th>before</th>'
+                           "<th>after</th></tr>{}</table>", rows) if entries else "—"

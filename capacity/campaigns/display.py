@@ -4,12 +4,13 @@ the empty nodes kept empty). Every number comes from the proposal row and its pl
 two pages and the row agree."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from orgs.planning import duration_words
 
-from capacity.campaigns.models import CampaignProposal
+from capacity.campaigns.models import CampaignPolicy, CampaignProposal
 from capacity.campaigns.planning import CampaignPlan, pool_selector_text
 from capacity.campaigns.pools import consolidate_command
 
@@ -32,6 +33,7 @@ class ProposalLine:
     command: str
     age: str             # "3 min", "under a minute"
     rehearsed: str = "no"   # "yes — freed 2 of 2 (5 min)", "yes — freed 1 of 2: see rehearsal #4"
+    acting: str = "acts on its own: off"   # the pool's policy: its window and budget, or off
 
     @property
     def pool(self) -> str:
@@ -63,11 +65,28 @@ def rehearsed_words(row: CampaignProposal, *, now: datetime) -> str:
     return f"yes — freed {rehearsal.freed or 0} of {rehearsal.planned}: see rehearsal #{rehearsal.pk}"
 
 
-def proposal_lines(rows: list[CampaignProposal], *, cluster: str, now: datetime) -> list[ProposalLine]:
-    """The proposals that free a node, by pool: a pool with nothing to free has no line."""
-    return [ProposalLine(row=row, plan=row.campaign, command=consolidate_command(cluster=cluster, selector=row.selector),
-                         age=duration_words(now - row.computed_at), rehearsed=rehearsed_words(row, now=now))
-            for row in rows if row.freed > 0]
+def acting_words(policy: CampaignPolicy | None, *, plan: CampaignPlan, now: datetime) -> str:
+    """"acts on its own: <schedule> for <duration> (UTC), at most <nodes> per campaign — next
+    window opens at …", or "acts on its own: off" (no policy for the pool: off)."""
+    if policy is None:
+        return "acts on its own: off"
+    return policy.terms.words(pool_nodes=plan.pool_nodes, now=now)
+
+
+def proposal_lines(rows: list[CampaignProposal], *, cluster: str, now: datetime,
+                   policies: Mapping[str, CampaignPolicy] | None = None) -> list[ProposalLine]:
+    """The proposals that free a node, by pool: a pool with nothing to free has no line.
+    `policies`: the cluster's pool policies by selector text."""
+    lines = []
+    for row in rows:
+        if row.freed <= 0:
+            continue
+        plan = row.campaign
+        lines.append(ProposalLine(
+            row=row, plan=plan, command=consolidate_command(cluster=cluster, selector=row.selector),
+            age=duration_words(now - row.computed_at), rehearsed=rehearsed_words(row, now=now),
+            acting=acting_words((policies or {}).get(pool_selector_text(row.selector)), plan=plan, now=now)))
+    return lines
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from django.db import models
 from config.actors import actor_label_current
 
 from capacity.campaigns.planning import CampaignPlan
+from capacity.campaigns.policy import ActingTerms
 
 
 class CampaignState(models.TextChoices):
@@ -244,3 +245,70 @@ class CampaignRehearsal(models.Model):
     @property
     def freed_all(self) -> bool:
         return self.state == RehearsalState.DONE and self.freed == self.planned
+
+
+# Who starts a campaign on its own: the schedule, under the pool's policy ("…#<policy id>"),
+# on the campaign's requested_by_label and its audit entries.
+AUTO_ACTOR_LABEL = "schedule: campaign policy #"
+
+
+class CampaignPolicy(models.Model):
+    """An operator's terms for a pool's proposed campaign to start on its own: enabled, in a
+    window (a cron schedule in UTC and a duration, as Karpenter's disruption budgets), and
+    within a node budget. A setting, edited in the panel with every change audited; a pool
+    without one, or with it disabled, never acts on its own."""
+
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="campaign_policies",
+                                help_text="The cluster of the pool.")
+    selector = models.CharField(
+        max_length=500, help_text="The pool, as its proposal selects it: node labels KEY=VALUE[,KEY=VALUE], e.g. "
+                                  "karpenter.sh/nodepool=h100 (what `consolidate --pool` takes).")
+    enabled = models.BooleanField(default=False, help_text="Off by default: the pool's campaigns start only when "
+                                                           "an operator starts them.")
+    schedule = models.CharField(
+        max_length=100, blank=True, help_text="When the window opens: a cron expression in UTC (minute hour "
+                                              "day-of-month month day-of-week, or @daily…), as a Karpenter budget's "
+                                              "schedule. Empty, with an empty duration: open whenever enabled.")
+    duration = models.CharField(max_length=20, blank=True,
+                                help_text="How long the window stays open after each time the schedule fires: "
+                                          "hours and minutes, as 2h, 30m or 1h30m. Set with the schedule.")
+    nodes = models.CharField(max_length=10, default="10%",
+                             help_text="The most nodes one automatic campaign frees: a count (3) or a percentage of "
+                                       "the pool's nodes (10%), rounded up as Karpenter rounds a budget's nodes.")
+    max_in_flight = models.PositiveIntegerField(
+        default=1, help_text="Nodes an automatic campaign empties at once "
+                             "(at most CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER).")
+    drain_when_safe = models.BooleanField(
+        default=False, help_text="Each safe node is drained by the campaign (needs the drain permission to set); "
+                                 "otherwise it stays cordoned with its orphans serving until an operator drains it.")
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", help_text="Who changed the policy last.")
+    changed_at = models.DateTimeField(null=True, blank=True, help_text="When it was changed last.")
+    last_act_at = models.DateTimeField(null=True, blank=True,
+                                       help_text="When the schedule last acted on a proposal under this policy.")
+    last_act_proposal = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The proposal it acted on (never acted on twice; the audit has each act).")
+    last_act = models.CharField(max_length=500, blank=True, help_text="What came of it: the campaign started, or "
+                                                                      "why it was refused.")
+
+    class Meta:
+        verbose_name_plural = "campaign policies"
+        ordering = ["cluster", "selector"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "selector"],
+                                               name="capacity_one_campaign_policy_per_pool",
+                                               violation_error_message="This cluster already has a policy for "
+                                                                       "this pool: change that one.")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster} / {self.selector}: {'on' if self.enabled else 'off'}"
+
+    @property
+    def terms(self) -> ActingTerms:
+        return ActingTerms(enabled=self.enabled, schedule=self.schedule, duration=self.duration, nodes=self.nodes,
+                           max_in_flight=self.max_in_flight, drain_when_safe=self.drain_when_safe)
+
+    def values(self) -> dict:
+        """The settings an audit entry of a change records."""
+        return {"selector": self.selector, "enabled": self.enabled, "schedule": self.schedule,
+                "duration": self.duration, "nodes": self.nodes, "max_in_flight": self.max_in_flight,
+                "drain_when_safe": self.drain_when_safe}

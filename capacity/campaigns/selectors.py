@@ -14,9 +14,17 @@ from clusters.selectors import snapshot_take
 from clusters.snapshot import PodView
 from orgs.selectors import prune_holds
 
-from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, CampaignNode, CampaignProposal, NodeRole
-from capacity.campaigns.planning import CampaignPlan, campaign_plan
-from capacity.campaigns.pools import workload_holds
+from capacity.campaigns.models import (
+    AUTO_ACTOR_LABEL,
+    LIVE_CAMPAIGN_STATES,
+    Campaign,
+    CampaignNode,
+    CampaignPolicy,
+    CampaignProposal,
+    NodeRole,
+)
+from capacity.campaigns.planning import CampaignPlan, campaign_plan, pool_selector_text, selects
+from capacity.campaigns.pools import gpu_pools, workload_holds
 from capacity.defrag.models import LIVE_STATES, DefragJob
 
 
@@ -91,3 +99,31 @@ def proposals_latest(*, cluster: Cluster) -> list[CampaignProposal]:
                 .order_by("pool", "-pk")):
         by_pool.setdefault(row.pool, row)
     return list(by_pool.values())
+
+
+# ---- policies: when a pool's proposed campaign starts on its own (capacity/campaigns/policy.py)
+
+def campaign_policies(*, cluster) -> dict[str, CampaignPolicy]:
+    """The cluster's pool policies by selector text (KEY=VALUE,…), as a proposal's selector reads."""
+    return {row.selector: row for row in CampaignPolicy.objects.filter(cluster=cluster)}
+
+
+def campaign_auto_last_start(*, cluster, selector: dict[str, str]) -> datetime | None:
+    """When the pool's latest campaign started on its own (by the schedule, from a proposal), or None."""
+    return (Campaign.objects.filter(cluster=cluster, source__startswith="proposal:", selector=selector,
+                                    requested_by__isnull=True, requested_by_label__startswith=AUTO_ACTOR_LABEL)
+            .order_by("-created_at").values_list("created_at", flat=True).first())
+
+
+def campaigns_live_ids(*, cluster) -> list[int]:
+    return list(Campaign.objects.filter(cluster=cluster, state__in=LIVE_CAMPAIGN_STATES).order_by("pk")
+                .values_list("pk", flat=True))
+
+
+def pool_nodes_read(*, cluster, selector: dict[str, str], now: datetime,
+                    gateway: kube.KubeGateway | None = None) -> tuple[list[str], dict[str, str]]:
+    """The cluster's GPU nodes the selector selects, and the pools the proposals name
+    (pool name → selector text). Raises the gateway's errors."""
+    snapshot = snapshot_take(gateway or kube.gateway_for(cluster), now=now, gpu_nodes_only=True)
+    nodes = sorted(n.name for n in snapshot.nodes if selects(selector, n))
+    return nodes, {pool: pool_selector_text(sel) for pool, sel in gpu_pools(snapshot).items()}

@@ -21,6 +21,7 @@ from capacity.campaigns.services import (
     campaign_lease_acquire,
     campaign_lease_release,
     campaign_lease_renew,
+    campaign_proposals_act,
     campaign_proposals_compute,
     campaign_step,
 )
@@ -100,7 +101,8 @@ def campaigns_resume() -> int:
 
 
 # ---- proposals: beat fans out one task per cluster; each reads its cluster once and proposes
-# the best campaign of every GPU pool (capacity/campaigns/services/proposals.py). A transient
+# the best campaign of every GPU pool (capacity/campaigns/services/proposals.py), then starts
+# one where a pool's policy says so (services/acting.py). A transient
 # failure is retried with back-off; either way the pool's last proposal stays, and the pages
 # say its age.
 
@@ -115,5 +117,8 @@ def campaign_proposals_cluster(cluster_id: int) -> dict | None:
     cluster = cluster_for_task(cluster_id, job="campaign proposals")
     if cluster is None:
         return None
-    rows = campaign_proposals_compute(cluster=cluster, now=clock.now())
+    now = clock.now()
+    rows = campaign_proposals_compute(cluster=cluster, now=now)
+    # Then each pool whose operator enabled a policy may start its proposal (at most one).
+    campaign_proposals_act(cluster=cluster, proposals=rows, now=now)
     return {row.pool: row.freed for row in rows}

@@ -28,7 +28,7 @@ from orgs.selectors import org_counts
 from pruning.selectors import prune_runs_recent
 
 from capacity.campaigns.display import moves_by_node, node_marks, proposal_lines
-from capacity.campaigns.selectors import proposals_latest
+from capacity.campaigns.selectors import campaign_policies, proposals_latest
 from capacity.defrag.models import RUNNING_STATES, DefragJob
 from capacity.defrag.services import defrag_job_holding_reason
 from capacity.gpumap.planning import GpuCell, NodeRow, Swatch
@@ -227,7 +227,8 @@ def _page_query(pool: str | None, page: int) -> str:
 def _campaign_context(cluster_row, pool: str | None, now, *, marked: bool) -> dict:
     """The proposals of the pool shown (every pool's on the whole map) that free a node,
     and, with the toggle on, the marks drawn beside their nodes."""
-    lines = [line for line in proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now)
+    lines = [line for line in proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now,
+                                             policies=campaign_policies(cluster=cluster_row))
              if pool is None or line.pool == pool]
     return {"campaigns": [{"line": line, "nodes": moves_by_node(line.plan)} for line in lines],
             "campaign_marked": marked, "marks": node_marks(lines, several_pools=len(lines) > 1) if marked else {}}
@@ -273,7 +274,8 @@ def dashboard(request, cluster: str):
         "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
         "may_dry_run": request.user.has_perm(DRY_RUN_PERMISSION),
         "prune_window_minutes": settings.PRUNER_DURATION_MINUTES, "prune_grace_seconds": settings.PRUNER_GRACE_SECONDS,
-        "campaigns": proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now),
+        "campaigns": proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now,
+                                    policies=campaign_policies(cluster=cluster_row)),
     })
     status = 502 if "error" in context else 200
     return render(request, "capacity/dashboard.html", context, status=status)

@@ -21,6 +21,7 @@ Where each part lives:
   proposals.py the scheduled proposals: the best campaign of each pool, shown on the pages
   drive.py     a campaign and its defrag jobs stepped in this process on a clock the caller moves
   rehearsal.py a campaign rehearsed on a copy of the cluster loaded from a dump, and its record
+  acting.py    the schedule starting a proposal under the pool's policy (window, node budget), audited
 Reads are in capacity/campaigns/selectors.py, decisions in capacity/campaigns/planning.py.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ from capacity.campaigns.services.record import (
     campaign_lease_renew,
 )
 from capacity.campaigns.services.proposals import campaign_proposals_compute
+from capacity.campaigns.services.acting import campaign_proposals_act
+from capacity.campaigns.services.policies import campaign_policy_delete, campaign_policy_save
 from capacity.campaigns.services.start import campaign_abort, campaign_start
 from capacity.campaigns.services.step import ERROR_RETRY_SECONDS, campaign_step
 from capacity.campaigns.services.drive import campaign_drive, campaign_pass
@@ -54,6 +57,9 @@ __all__ = [
     "campaign_lease_release",
     "campaign_lease_renew",
     "campaign_pass",
+    "campaign_policy_delete",
+    "campaign_policy_save",
+    "campaign_proposals_act",
     "campaign_proposals_compute",
     "campaign_rehearse",
     "campaign_start",
