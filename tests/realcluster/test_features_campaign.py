@@ -143,3 +143,18 @@ def test_campaign_frees_the_planned_nodes_and_moves_each_pod_once(tier_cluster, 
         assert {f"{p.metadata.namespace}/{p.metadata.name}" for p in gpus.pods(node=node)} <= on_freed
     print(f"[{backend.name}] placements agreeing with the plan: {outcome.placements_agreeing} of "
           f"{outcome.placements_planned}")
+    for placement in outcome.disagreements:
+        print(f"[{backend.name}]   {placement.revision}: {disagreement_why(placement)}")
+
+
+def disagreement_why(placement) -> str:
+    """Why the scheduler put a revision's replacements elsewhere than the plan, as far as
+    the placements themselves tell."""
+    stacked = max(placement.planned.count(n) for n in set(placement.planned))
+    if stacked > 1 and len(set(placement.landed)) > len(set(placement.planned)):
+        return ("the plan stacks its pods on one node, the scheduler spread them over "
+                f"{', '.join(sorted(set(placement.landed)))}: kube-scheduler's PodTopologySpread default constraint "
+                "(one ReplicaSet's pods over hostnames, ScheduleAnyway, score weight 2) outweighs "
+                "NodeResourcesFit's MostAllocated score (weight 1); the planner scores GPUs only")
+    return ("a tie on the planner's GPU fit broken otherwise (upstream at random), or cpu and memory "
+            "requests scored beside GPUs")
