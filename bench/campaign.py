@@ -25,7 +25,7 @@ snapshot (floor, measured back to back in each run); the ratio is printed, no ti
 Executed (bench/_campaign_run.py; --skip-executed leaves it out): the product's services
 stepped in-process on the simulated cluster's clock, each run on a fresh copy of the cluster,
 for the demo's pools that a plan can free and for a generated pool at two sizes
-(--executed-nodes, 60 and 240 nodes by default: 8-GPU nodes, one model per node of two pods
+(--executed-nodes, 12 and 48 nodes by default: 8-GPU nodes, one model per node of two pods
 of 1, 2, 1 or 3 GPUs, spread by the scheduler, about 44 % of the GPUs requested), under the
 demo's spread placement (LeastAllocated) and, for the generated pool, the same pool then
 served with most-allocated placement (MostAllocated): (a) the campaign with 1 and 2 nodes in
@@ -311,8 +311,8 @@ def main(argv=None) -> int:
                         help="share of each model's pods gone from the fleet cluster (default 0.5)")
     parser.add_argument("--skip-fleet", action="store_true", help="the demo scenario only")
     parser.add_argument("--skip-executed", action="store_true", help="plans only, no executed runs")
-    parser.add_argument("--executed-nodes", default="60,240",
-                        help="sizes of the generated pool the executed runs use (default 60,240)")
+    parser.add_argument("--executed-nodes", default="12,48",
+                        help="sizes of the generated pool the executed runs use (default 12,48)")
     args = parser.parse_args(argv)
     try:
         sizes = [int(n) for n in args.executed_nodes.split(",") if n.strip()]
