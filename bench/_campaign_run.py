@@ -136,8 +136,10 @@ def run_campaign(scenario, *, selector: Mapping[str, str], scoring: str, max_in_
                 control.advance(TICK_SECONDS)
         after = snapshot_take(gateway, now=now())
         jobs = list(_jobs(campaign).order_by("pk"))
+        # A node the campaign dropped is back in service: a replacement landing there later is not
+        # one on a node the campaign frees.
         return _measure(way, before=before, after=after, jobs=jobs, started=started, samples=samples,
-                        freed_nodes=set(plan.node_names))
+                        freed_nodes={j.node_name for j in jobs if j.state in (JobState.SAFE, JobState.DRAINED)})
 
 
 def _jobs(campaign: Campaign):
