@@ -21,6 +21,19 @@ bound (`most_freeable`: no plan frees more).
 Planning time at 5,000 nodes: every pool's campaign over one snapshot (what the proposals
 task plans per cluster), min/median/max of --runs, against the binpack planner on the same
 snapshot (floor, measured back to back in each run); the ratio is printed, no time is asserted.
+
+Executed (bench/_campaign_run.py; --skip-executed leaves it out): the product's services
+stepped in-process on the simulated cluster's clock, each run on a fresh copy of the cluster,
+for the demo's pools that a plan can free and for a generated pool at two sizes
+(--executed-nodes, 12 and 48 nodes by default: 8-GPU nodes, one model per node of two pods
+of 1, 2, 1 or 3 GPUs, spread by the scheduler, about 44 % of the GPUs requested), under the
+demo's spread placement (LeastAllocated) and, for the generated pool, the same pool then
+served with most-allocated placement (MostAllocated): (a) the campaign with 1 and 2 nodes in
+flight, (b) the GPU map's candidates one at a time in rank order, the advice read afresh
+before each job. Per run: nodes freed, pod moves per node freed, pods moved more than once,
+replacements landing on a node being freed (the campaign's, or a later candidate), simulated
+time to all safe, and API calls per pass per node in flight (median); the ratio of those
+calls between the two sizes says whether they grow with the cluster.
 Prints figures; not a test.
 """
 from __future__ import annotations
@@ -28,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -201,6 +215,93 @@ def demo_snapshot():
         return snapshot_take(gateway, now=datetime.now(timezone.utc))
 
 
+# ---- executed on the simulated cluster ---------------------------------------------------------
+
+GENERATED_POOL = {"karpenter.sh/nodepool": "h100"}
+_POD_GPUS = (1, 2, 1, 3)
+
+
+def generated_pool(nodes: int) -> list[dict]:
+    """`nodes` 8-GPU nodes of one pool and one model per node, two pods each of 1, 2, 1 or 3
+    GPUs in turn (the scheduler spreads them): about 44 % of the pool's GPUs requested."""
+    from defrag_builders import make_node
+    from defrag_cluster import knative_service
+
+    return ([{"apiVersion": "simcluster.io/v1alpha1", "kind": "Simulation", "metadata": {"name": "campaign-bench"},
+              "spec": {"placement": "spread"}}]
+            + [make_node(f"n{i:04d}") for i in range(1, nodes + 1)]
+            + [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "org-a"}}]
+            + [knative_service(f"m{i:04d}", min_scale=2, gpus=_POD_GPUS[i % len(_POD_GPUS)])
+               for i in range(1, nodes + 1)])
+
+
+def executed_runs(scenario, *, selector, scoring: str, placement: str | None = None) -> list:
+    """(a) the campaign with 1 and 2 nodes in flight, (b) the map's candidates one at a time."""
+    from _campaign_run import run_campaign, run_one_at_a_time
+
+    return [run_campaign(scenario, selector=selector, scoring=scoring, max_in_flight=k, placement=placement)
+            for k in (1, 2)] + [run_one_at_a_time(scenario, selector=selector, scoring=scoring, placement=placement)]
+
+
+def executed_table(rows: list[tuple[str, str, int, list]]) -> list[str]:
+    """A Markdown table of executed runs: (cluster and pool, scoring, lower bound's most freeable, runs)."""
+    lines = ["| executed on simcluster: cluster, pool | scoring | way | freed | most freeable | moves/node "
+             "| moved twice | onto freed nodes | to all safe (simulated) | calls/pass/node in flight |",
+             "|---|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for where, scoring, most, runs in rows:
+        for r in runs:
+            per = r.moves_per_node
+            lines.append("| " + " | ".join([
+                where, scoring, r.way, str(r.freed), str(most), "-" if per is None else f"{per:.2f}",
+                str(r.moved_twice), str(r.onto_freed),
+                "-" if r.seconds_to_all_safe is None else f"{r.seconds_to_all_safe:,.0f} s",
+                "-" if r.calls_per_check is None else f"{r.calls_per_check:.1f}"]) + " |")
+    return lines
+
+
+def executed_section(sizes: list[int]) -> list[str]:
+    """Every executed run: the demo's freeable pools, the generated pool at each size."""
+    rows: list[tuple[str, str, int, list]] = []
+    demo = demo_snapshot()
+    for result in measure(demo, scorings=(Scoring.LEAST_ALLOCATED,)):
+        if result.campaign.freed:
+            selector = gpu_pools(demo)[result.pool]
+            rows.append((f"demo, {result.pool} ({result.nodes})", result.scoring, result.most_freeable,
+                         executed_runs(str(DEMO), selector=selector, scoring=result.scoring)))
+            print("\n".join(executed_table(rows[-1:])), flush=True)
+    calls: dict[tuple[int, str], list[float]] = {}
+    for nodes in sizes:
+        docs = generated_pool(nodes)
+        for scoring, placement in ((Scoring.LEAST_ALLOCATED, None), (Scoring.MOST_ALLOCATED, "most-allocated")):
+            began = time.perf_counter()
+            runs = executed_runs(docs, selector=GENERATED_POOL, scoring=scoring, placement=placement)
+            snapshot = _placed_snapshot(docs)
+            most = campaign_plan(snapshot, selector=GENERATED_POOL, scoring=scoring).most_freeable
+            rows.append((f"generated, h100 ({nodes})", scoring, most, runs))
+            print("\n".join(executed_table(rows[-1:])) + f"\n({time.perf_counter() - began:.0f} s wall)", flush=True)
+            for r in runs:
+                if r.calls_per_check is not None:
+                    calls.setdefault((nodes, r.way), []).append(r.calls_per_check)
+    out = executed_table(rows)
+    if len(sizes) >= 2:
+        small, large = min(sizes), max(sizes)
+        for way in sorted({w for _, w in calls}):
+            if (small, way) in calls and (large, way) in calls:
+                ratio = statistics.median(calls[(large, way)]) / statistics.median(calls[(small, way)])
+                out.append(f"API calls per pass per node in flight, {way}: {large} nodes / {small} nodes = "
+                           f"{ratio:.2f}")
+    return out
+
+
+def _placed_snapshot(docs: list[dict]):
+    """The generated pool as the scheduler placed it (for its lower bound)."""
+    from _campaign_run import served
+    from clusters.selectors import snapshot_take
+
+    with served(docs) as (now, _, _, gateway):
+        return snapshot_take(gateway, now=now())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="planning runs at fleet size (default 5)")
@@ -209,16 +310,23 @@ def main(argv=None) -> int:
     parser.add_argument("--scale-down", type=float, default=0.5,
                         help="share of each model's pods gone from the fleet cluster (default 0.5)")
     parser.add_argument("--skip-fleet", action="store_true", help="the demo scenario only")
+    parser.add_argument("--skip-executed", action="store_true", help="plans only, no executed runs")
+    parser.add_argument("--executed-nodes", default="12,48",
+                        help="sizes of the generated pool the executed runs use (default 12,48)")
     args = parser.parse_args(argv)
+    try:
+        sizes = [int(n) for n in args.executed_nodes.split(",") if n.strip()]
+    except ValueError:
+        raise SystemExit(f"--executed-nodes must be whole numbers separated by commas, got {args.executed_nodes!r}")
+    if not sizes or any(n < 2 for n in sizes):
+        raise SystemExit(f"--executed-nodes must be 2 nodes or more each, got {args.executed_nodes!r}")
     if args.runs < 1:
         raise SystemExit(f"--runs must be at least 1, got {args.runs}")
     if not 0 <= args.scale_down < 1:
         raise SystemExit(f"--scale-down must be at least 0 and below 1, got {args.scale_down}")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-" + "x" * 50)   # settings only: no database
-    import django
+    import _django
 
-    django.setup()
+    _django.setup("campaign-bench", extra_paths=["tests/capacity"])   # the executed runs keep their jobs
     from _runs import Report, paired, per_run
 
     from capacity.binpack import planning as binpack
@@ -231,6 +339,9 @@ def main(argv=None) -> int:
     snapshot = demo_snapshot()
     out += table("demo", measure(snapshot))
     print("\n".join(out), flush=True)
+    if not args.skip_executed:
+        out += [""] + executed_section(sizes)
+        print("\n".join(out), flush=True)
     if args.skip_fleet:
         return 0
     began = time.perf_counter()

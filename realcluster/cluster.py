@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from simcluster.controllers.scheduler import BIN_PACKING_SCHEDULER
 from simcluster.scenario import ScenarioError
 
 from . import netns
@@ -364,19 +365,23 @@ class Tier:
 
 
 def scheduler_config_for(placement: str, kubeconfig: Path) -> dict:
+    """Two profiles: `default-scheduler`, scored as the scenario's placement says
+    (simcluster's "most-allocated" is the MostAllocated strategy below, "spread"
+    upstream's default LeastAllocated), and `bin-packing-scheduler` (BIN_PACKING_SCHEDULER),
+    always MostAllocated: the bin-packing profile GPU platforms run beside the default one,
+    which simcluster serves under the same name."""
+    most_allocated = {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": "MostAllocated", "resources": [
+        {"name": "nvidia.com/gpu", "weight": 5}, {"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}]}}}
+    default = {"schedulerName": "default-scheduler"}
+    if placement == "most-allocated":
+        default["pluginConfig"] = [most_allocated]
     config = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
+        "profiles": [default, {"schedulerName": BIN_PACKING_SCHEDULER, "pluginConfig": [most_allocated]}],
     }
-    if placement == "most-allocated":
-        # simcluster's "most-allocated" placement is the scheduler's bin-packing score.
-        config["profiles"] = [{"schedulerName": "default-scheduler", "pluginConfig": [{
-            "name": "NodeResourcesFit",
-            "args": {"scoringStrategy": {"type": "MostAllocated", "resources": [
-                {"name": "nvidia.com/gpu", "weight": 5}, {"name": "cpu", "weight": 1},
-                {"name": "memory", "weight": 1}]}}}]}]
     return config
 
 

@@ -46,7 +46,7 @@ COMPONENTS = {
                   "PROFILING_PORT": "8048"},
 }
 GPU_PODSPEC_FEATURES = ("kubernetes.podspec-nodeselector", "kubernetes.podspec-affinity",
-                        "kubernetes.podspec-tolerations")
+                        "kubernetes.podspec-tolerations", "kubernetes.podspec-schedulername")
 SKIPPED_KINDS = {"Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget",
                  "Certificate",   # serving's routing certificate needs a certificate controller
                  "Image"}         # the image cache needs caching's controller

@@ -8,6 +8,10 @@ extended resources such as nvidia.com/gpu). Score: least-allocated ("spread") or
 most-allocated (bin-packing) over cpu, memory and the extended resources the pod asks
 for; ties go to the lexically first node, so placement is deterministic.
 
+Pods that name `bin-packing-scheduler` (BIN_PACKING_SCHEDULER) are scored most-allocated
+whatever the cluster's placement: the second profile a GPU platform runs beside the
+default one, as the real tier's kube-scheduler does (realcluster/cluster.py).
+
 Nodes are grouped by what the non-resource filters look at (labels, taints,
 unschedulable, readiness), so those filters run once per group and pod shape rather than
 once per node and pod.
@@ -23,6 +27,7 @@ from ..store import copy
 from ._util import TERMINAL_PHASES, condition, is_deleting, parse_quantity, pod_requests, record_event, set_condition
 
 SCHEDULER_NAME = "default-scheduler"
+BIN_PACKING_SCHEDULER = "bin-packing-scheduler"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SCORED = ("cpu", "memory")
@@ -186,7 +191,7 @@ def pending(pod: dict) -> bool:
     spec = pod.get("spec") or {}
     return not spec.get("nodeName") and not is_deleting(pod) and \
         (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES and \
-        (spec.get("schedulerName") or SCHEDULER_NAME) == SCHEDULER_NAME
+        (spec.get("schedulerName") or SCHEDULER_NAME) in (SCHEDULER_NAME, BIN_PACKING_SCHEDULER)
 
 
 def _priority_order(pod: dict):
@@ -213,7 +218,8 @@ class SchedulerController:
         if policy not in ("spread", "most-allocated"):
             raise ValueError(f"unknown placement policy {policy!r}: want 'spread' or 'most-allocated'")
         for pod in queue:
-            self._schedule(sim, pod, groups, static_cache, len(states), policy)
+            packs = (pod.get("spec") or {}).get("schedulerName") == BIN_PACKING_SCHEDULER
+            self._schedule(sim, pod, groups, static_cache, len(states), "most-allocated" if packs else policy)
 
     def _schedule(self, sim, pod, groups, static_cache, node_count: int, policy: str) -> None:
         spec = pod.get("spec") or {}

@@ -40,3 +40,17 @@ def test_the_campaign_moves_each_pod_once_and_frees_at_most_the_lower_bound(benc
         assert r.one_at_a_time.freed <= r.most_freeable, r
     # The generator leaves the 8-GPU pools fragmented: the campaign frees nodes there.
     assert all(r.campaign.freed > 0 for r in results if r.pool != "g5.8xlarge")
+
+
+def test_an_executed_campaign_moves_each_pod_once_and_lands_none_on_its_nodes(bench, db):
+    """The executed measure on a tiny generated pool (four half-empty nodes): the campaign,
+    stepped on the simulated cluster, frees nodes with every pod moved once and no
+    replacement on a node it frees."""
+    from _campaign_run import run_campaign
+
+    docs = bench.generated_pool(4)
+    executed = run_campaign(docs, selector=bench.GENERATED_POOL, scoring="LeastAllocated", max_in_flight=2)
+    assert executed.freed >= 1
+    assert (executed.moved_twice, executed.onto_freed) == (0, 0)
+    assert executed.pods_moved >= executed.freed          # a freed node had at least one pod
+    assert executed.seconds_to_all_safe is not None and executed.seconds_to_all_safe > 0

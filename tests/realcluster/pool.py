@@ -51,7 +51,7 @@ class GpuPool:
         return {"nodeSelector": {POOL_KEY: self.ns},
                 "tolerations": [{"key": POOL_KEY, "operator": "Equal", "value": self.ns, "effect": "NoSchedule"}]}
 
-    def knative_service(self, name: str, *, min_scale: int, gpus: int = 1) -> None:
+    def knative_service(self, name: str, *, min_scale: int, gpus: int = 1, scheduler: str | None = None) -> None:
         # dev.local: a registry Knative does not resolve tags for (config-deployment's
         # registries-skipping-tag-resolving); the real tier has no way out to a registry.
         self.custom.create_namespaced_custom_object(*SERVING, self.ns, "services", {
@@ -59,7 +59,7 @@ class GpuPool:
             "spec": {"template": {
                 "metadata": {"annotations": {"autoscaling.knative.dev/min-scale": str(min_scale),
                                              "autoscaling.knative.dev/max-scale": "10"}},
-                "spec": {**self.pinning(),
+                "spec": {**self.pinning(), **({"schedulerName": scheduler} if scheduler else {}),
                          "containers": [{"name": "model", "image": "dev.local/model:1",
                                          "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
                                                        "requests": {"nvidia.com/gpu": str(gpus)}}}]}}}})

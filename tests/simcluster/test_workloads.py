@@ -280,3 +280,28 @@ def test_an_unknown_propagation_policy_is_a_400(kube):
     with pytest.raises(ApiException) as refused:
         kube.apps.delete_namespaced_deployment("web", NS, propagation_policy="Sideways")
     assert refused.value.status == 400
+
+
+def test_pods_of_the_bin_packing_profile_fill_the_fullest_node_while_the_default_profile_spreads(kube_factory):
+    """Two 8-GPU nodes under spread placement: pods naming `bin-packing-scheduler` go where
+    most GPUs are taken already, default-scheduler pods where fewest are."""
+    node = ("apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nstatus:\n"
+            "  allocatable: {{cpu: '64', memory: 512Gi, nvidia.com/gpu: '8', pods: '110'}}\n")
+    kube = kube_factory("---\n".join([f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n",
+                                      node.format("gpu-1"), node.format("gpu-2")]))
+
+    def gpu_deployment(name: str, replicas: int, scheduler: str | None = None) -> dict:
+        doc = deployment(name, replicas)
+        spec = doc["spec"]["template"]["spec"]
+        spec["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+        if scheduler:
+            spec["schedulerName"] = scheduler
+        return doc
+
+    kube.apps.create_namespaced_deployment(NS, gpu_deployment("spread", 2))
+    kube.control.advance(30)
+    assert sorted(p.spec.node_name for p in live_pods(kube, "app=spread")) == ["gpu-1", "gpu-2"]
+    kube.apps.create_namespaced_deployment(NS, gpu_deployment("packed", 3, "bin-packing-scheduler"))
+    kube.control.advance(30)
+    packed = [p.spec.node_name for p in live_pods(kube, "app=packed")]
+    assert len(packed) == 3 and packed[0] in ("gpu-1", "gpu-2") and len(set(packed)) == 1, packed
