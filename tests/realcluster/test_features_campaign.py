@@ -24,12 +24,13 @@ import pytest
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, NodeState
 from capacity.campaigns.outcome import campaign_outcome
 from capacity.campaigns.selectors import campaign_plan_read
-from capacity.campaigns.services import campaign_start, campaign_step
+from capacity.campaigns.services import campaign_rehearse, campaign_start, campaign_step
 from capacity.defrag.models import LIVE_STATES, DefragJob
 from capacity.defrag.services import defrag_job_step
 from clusters import kube
 from clusters.selectors import snapshot_take
 from simcluster.controllers.scheduler import BIN_PACKING_SCHEDULER
+from tests.capacity.cluster_dump import cluster_dump
 
 from .pool import POOL_KEY, GpuPool
 
@@ -73,7 +74,7 @@ def tick(cluster, backend, campaign: Campaign) -> Campaign:
     return campaign
 
 
-def test_campaign_frees_the_planned_nodes_and_moves_each_pod_once(tier_cluster, gpus):
+def test_campaign_frees_the_planned_nodes_and_moves_each_pod_once(tier_cluster, gpus, tmp_path):
     """Four 8-GPU nodes: a holds `pair` (2 pods of 1 GPU), b `solo` (1 of 1), c `fill-c`
     (5 GPUs), d `fill-d` (4 GPUs). The plan frees b then a: solo to c, pair's two pods to c
     as well (MostAllocated: the fullest node that fits).
@@ -102,6 +103,14 @@ def test_campaign_frees_the_planned_nodes_and_moves_each_pod_once(tier_cluster, 
     assert sorted((m.source, m.to) for m in plan.moves) == [(a, c), (a, c), (b, c)]
     assert (plan.pods_moved_twice, plan.replacements_on_campaign_nodes, plan.most_freeable) == (0, 0, 2)
 
+    # Rehearsed first, on a copy of a dump of this backend (as `consolidate --rehearse` does):
+    # the copy frees the same nodes the real run must.
+    rehearsal = campaign_rehearse(dump=cluster_dump(cluster.kubeconfig_path, tmp_path / "cluster.json"),
+                                  selector={POOL_KEY: gpus.ns}, goal=None, max_in_flight=1, cluster=cluster)
+    print(f"\n[{backend.name}] rehearsal:\n  " + "\n  ".join(rehearsal.outcome.report_lines()))
+    assert rehearsal.plan.node_names == plan.node_names
+    assert rehearsal.outcome.freed == (b, a) and rehearsal.outcome.replacements_on_campaign_nodes == 0
+
     started_at = backend.now()
     campaign = campaign_start(cluster=cluster, plan=plan, actor=None, max_in_flight=1, gateway=gateway,
                               now=started_at, enqueue=False)
@@ -128,6 +137,7 @@ def test_campaign_frees_the_planned_nodes_and_moves_each_pod_once(tier_cluster, 
                                seconds_to_all_safe=(safe_at - started_at).total_seconds())
     print(f"\n[{backend.name}] campaign outcome:\n  " + "\n  ".join(outcome.report_lines()))
     assert outcome.freed == (b, a) and outcome.same_nodes_as_planned
+    assert set(outcome.freed) == set(rehearsal.outcome.freed)      # the rehearsal predicted the real run
     # No replacement on a campaign node, none Pending, every replacement on the pool's other nodes.
     assert outcome.replacements_on_campaign_nodes == 0 and not outcome.pending
     assert len(outcome.replacements) == 3 and {node for _, node in outcome.replacements} <= {c, d}

@@ -273,3 +273,32 @@ def test_unschedulable_pods_make_the_revision_not_ready_with_the_reason():
     assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
     assert resources["status"] == "False" and "Insufficient nvidia.com/gpu" in resources["message"]
     assert "latestReadyRevisionName" not in sim.store.get(KSERVICES, NS, "pynode")["status"]
+
+
+def test_a_deployment_real_knative_rendered_rolls_nothing_but_a_revision_change_still_does():
+    """A dump of a real cluster carries Deployments real Knative made: a queue-proxy container
+    beside the user's, whose readinessProbe Knative moved into it. Loaded here, they must keep
+    their ReplicaSet; a change of the Revision's annotations must still roll the pods."""
+    sim = make_sim()
+    svc = ksvc()
+    svc["spec"]["template"]["spec"]["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 0},
+                                                                          "successThreshold": 1}
+    sim.store.create(KSERVICES, svc)
+    sim.advance(0)
+    rendered = copy(sim.store.get(DEPLOYMENTS, NS, "pynode-00001-deployment"))
+    containers = rendered["spec"]["template"]["spec"]["containers"]
+    containers[0].pop("readinessProbe")
+    containers.append({"name": "queue-proxy", "image": "gcr.io/knative-releases/queue:1.15",
+                       "readinessProbe": {"httpGet": {"path": "/", "port": 8012}}})
+    real = sim.store.put(DEPLOYMENTS, rendered)
+    sim.advance(5)
+    kept = sim.store.get(DEPLOYMENTS, NS, "pynode-00001-deployment")
+    assert kept["spec"]["template"] == real["spec"]["template"]
+    assert [c["name"] for c in kept["spec"]["template"]["spec"]["containers"]] == ["user-container", "queue-proxy"]
+
+    revision = copy(sim.store.get(REVISIONS, NS, "pynode-00001"))
+    revision["metadata"].setdefault("annotations", {})["autoscaling.knative.dev/min-scale"] = "2"
+    sim.store.put(REVISIONS, revision)
+    sim.advance(0)
+    template = sim.store.get(DEPLOYMENTS, NS, "pynode-00001-deployment")["spec"]["template"]
+    assert template["metadata"]["annotations"]["autoscaling.knative.dev/min-scale"] == "2"

@@ -84,7 +84,7 @@ class RevisionController:
                          "strategy": {"type": "RollingUpdate",
                                       "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"}},
                          **desired}})
-        spec = existing.get("spec") or {}
+        spec = _as_rendered_here(existing.get("spec") or {}, pod_spec["containers"])
         # Template labels are compared as a whole: a removed label must come back.
         if not contains(spec, desired) or \
                 (spec.get("template", {}).get("metadata", {}).get("labels") or {}) != labels:
@@ -187,6 +187,33 @@ def _pods_by_revision(store) -> dict[tuple[str, str], list[dict]]:
         if rev:
             index.setdefault((pod["metadata"]["namespace"], rev), []).append(pod)
     return index
+
+
+# The sidecar real Knative adds to every revision's pods (MakeDeployment appends the queue
+# container, resources/deploy.go), which this simulation does not run.
+QUEUE_PROXY = "queue-proxy"
+
+
+def _as_rendered_here(spec: dict, desired_containers: list[dict]) -> dict:
+    """A Deployment's spec as this simulation would have rendered it. One real Knative made
+    (a dump of a real cluster loaded as a scenario) carries the queue-proxy container, and
+    its user containers have no readinessProbe: Knative moves the user's probe into the
+    queue-proxy (rewriteUserProbe, resources/deploy.go). Neither may read as a changed
+    template, which would roll the revision's pods onto a new ReplicaSet."""
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    if not any(c.get("name") == QUEUE_PROXY for c in containers):
+        return spec
+    probes = {c.get("name"): c["readinessProbe"] for c in desired_containers if c.get("readinessProbe")}
+    spec = copy(spec)
+    kept = []
+    for container in spec["template"]["spec"]["containers"]:
+        if container.get("name") == QUEUE_PROXY:
+            continue
+        if "readinessProbe" not in container and container.get("name") in probes:
+            container["readinessProbe"] = probes[container["name"]]
+        kept.append(container)
+    spec["template"]["spec"]["containers"] = kept
+    return spec
 
 
 def _named_containers(containers: list[dict]) -> list[dict]:
