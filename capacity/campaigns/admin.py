@@ -295,7 +295,7 @@ class CampaignPolicyForm(forms.ModelForm):
 
 
 @admin.register(CampaignPolicy)
-class CampaignPolicyAdmin(admin.ModelAdmin):
+class CampaignPolicyAdmin(ListFiltersCheckedMixin, admin.ModelAdmin):
     """Settings: added, changed and removed by an operator with the permission; each change
     audited (old and new values), shown below the form with the schedule's acts."""
 

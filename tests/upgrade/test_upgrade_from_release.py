@@ -422,7 +422,8 @@ def fill_after_release(*, now) -> None:
     none of them, so fill() cannot write one), written as the product writes it, so that every
     admin page still has a row to open."""
     from capacity.binpack.models import BinpackNodeFreed, BinpackRun
-    from capacity.campaigns.models import Campaign, CampaignNode, CampaignProposal, NodeState
+    from capacity.campaigns.models import (Campaign, CampaignNode, CampaignPolicy, CampaignProposal,
+                                           CampaignRehearsal, NodeState)
     from capacity.campaigns.planning import CampaignMove, CampaignPlan
     from capacity.campaigns.planning import CampaignNode as PlannedNode
     from clusters.selectors import cluster_find
@@ -450,6 +451,12 @@ def fill_after_release(*, now) -> None:
         cluster=cluster, selector=dict(plan.selector), max_in_flight=1, state="aborted", plan=plan.to_dict(),
         created_at=now - timedelta(hours=1), finished_at=now - timedelta(minutes=50))
     CampaignNode.objects.create(campaign=campaign, node_name="h100-2", position=1, state=NodeState.ABORTED)
+    CampaignRehearsal.objects.create(
+        cluster=cluster, dump_path="/srv/dumps/east.json", dump_sha256="0" * 64, dump_nodes=2, dump_pods=4,
+        selector=dict(plan.selector), max_in_flight=1, scoring=plan.scoring, state="failed", plan=plan.to_dict(),
+        planned=plan.freed, error="the dump's pool has no GPU node", started_at=now - timedelta(hours=2),
+        finished_at=now - timedelta(hours=2))
+    CampaignPolicy.objects.create(cluster=cluster, selector="karpenter.sh/nodepool=h100")   # off, as by default
 
 
 def _the_defrag_job_resumes(cluster, client, ids) -> None:
