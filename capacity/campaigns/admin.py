@@ -81,7 +81,7 @@ class CampaignAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmi
                 rows=[{"row": r, "moves": moves.get(r.node_name, ()),
                        "gpus": next((n.gpus for n in plan.nodes if n.node == r.node_name), "")} for r in rows],
                 kept=campaign_nodes(campaign=campaign, role=NodeRole.KEPT_EMPTY),
-                done_count=sum(1 for r in rows if r.state in (NodeState.SAFE, NodeState.DRAINED)),
+                done_count=sum(1 for r in rows if r.state_now in (NodeState.SAFE, NodeState.DRAINED)),
                 dropped_count=sum(1 for r in rows if r.state == NodeState.DROPPED),
                 can_abort=request.user.has_perm("capacity.change_campaign") and campaign.is_live
                 and not campaign.abort_requested_at,

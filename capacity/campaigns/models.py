@@ -141,6 +141,17 @@ class CampaignNode(models.Model):
     def __str__(self) -> str:
         return f"{self.node_name} ({self.role}): {self.state}"
 
+    @property
+    def state_now(self) -> str:
+        """Its state as the operator reads it: a safe node whose defrag job an operator has
+        drained since (the drain is the operator's step, after the campaign is done) is drained."""
+        if self.state == NodeState.SAFE and self.job is not None and self.job.state == "drained":
+            return NodeState.DRAINED
+        return self.state
+
+    def get_state_now_display(self) -> str:
+        return NodeState(self.state_now).label
+
 
 class CampaignProposal(models.Model):
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="campaign_proposals",

@@ -66,7 +66,7 @@ def campaign_progress(*, campaign: Campaign) -> dict:
     """The campaign as the CLI's --json prints it and the panel follows it."""
     return {
         "campaign": campaign.pk, "state": campaign.state, "error": campaign.error,
-        "progress": [{"node": n.node_name, "position": n.position, "state": n.state,
+        "progress": [{"node": n.node_name, "position": n.position, "state": n.state_now,
                       "job": n.job_id, "job_state": n.job.state if n.job else None,
                       "cordoned_by_campaign": n.cordoned_by_campaign, "waiting": n.waiting_reason,
                       "dropped_reason": n.dropped_reason} for n in campaign_nodes(campaign=campaign)],

@@ -76,3 +76,26 @@ def test_a_staff_user_without_the_permission_cannot_abort(client, django_user_mo
                        {"confirm": "yes"}).status_code == 403
     campaign.refresh_from_db()
     assert campaign.abort_requested_at is None
+
+
+def test_a_safe_node_the_operator_drained_after_the_campaign_reads_drained(client, django_user_model, defrag_world):
+    from capacity.defrag.models import JobState
+    from capacity.defrag.services import defrag_job_drain, defrag_job_step
+
+    world = defrag_world(half_full_pool())
+    campaign = run(world, start(world, goal=1, max_in_flight=1))
+    assert campaign.state == CampaignState.DONE
+    row = campaign.nodes.get()
+    assert row.state == NodeState.SAFE
+    # The drain is the operator's step, after the campaign: its defrag job drains the node.
+    job = defrag_job_drain(job=row.job, actor=None, now=world.now(), enqueue=False)
+    for _ in range(60):
+        job = defrag_job_step(job=job, gateway=world.gateway, now=world.now())
+        if job.state == JobState.DRAINED:
+            break
+        world.advance(5)
+    assert job.state == JobState.DRAINED
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+    page = client.get(reverse("admin:capacity_campaign_change", args=[campaign.pk])).content.decode()
+    assert f'data-node="{row.node_name}" data-state="drained"' in page
+    assert "1 of 1 node safe or drained, 0 dropped" in page

@@ -35,6 +35,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(pool, capsys):
     out = capsys.readouterr().out
     assert out.startswith("2 nodes of pool karpenter.sh/nodepool=h100 can be freed (16 GPUs); 4 pods move once each")
     assert "  1. " in out and "  2. " in out and "Left out:" in out
+    assert out.rstrip().splitlines()[-1].startswith("Dry run: nothing was changed. To rehearse it on a copy")
     assert not Campaign.objects.exists() and cordoned(pool) == []
 
 
@@ -94,3 +95,17 @@ def test_yes_runs_the_campaign_to_the_end_and_exits_0(pool, settings, capsys):
     assert not [p for p in pool.pods() if p.spec.node_name in freed and p.metadata.deletion_timestamp is None]
     assert out.rstrip().endswith(f"Final state of campaign #{campaign.pk}: done (0 safe, 2 drained, 0 dropped); "
                                  "exit 0")
+
+
+def test_without_drain_the_safe_nodes_stay_cordoned_and_the_command_says_draining_is_the_operators_step(
+        pool, settings, capsys):
+    settings.CAPACITY_DEFRAG_POLL_SECONDS = 0.2
+    settings.CAPACITY_CAMPAIGN_POLL_SECONDS = 0.2
+    call_command("consolidate", "--pool", "karpenter.sh/nodepool=h100", "--free", "1", "--cluster", "sim", "--yes")
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    campaign = Campaign.objects.get()
+    [node] = campaign.nodes.values_list("node_name", flat=True)
+    assert campaign.nodes.get().state == NodeState.SAFE and cordoned(pool) == [node]
+    assert lines[-2] == (f"Safe, cordoned, their orphans still serving: {node}. Draining and removing them is your "
+                         "step: `manage.py defrag NODE --drain` for each, or the campaign's defrag jobs in the panel.")
+    assert lines[-1] == f"Final state of campaign #{campaign.pk}: done (1 safe, 0 drained, 0 dropped); exit 0"

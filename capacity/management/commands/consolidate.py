@@ -139,6 +139,11 @@ class Command(BaseCommand):
             if not json:
                 self.stdout.write("\n".join(plan.report_lines()))
             if dry_run:
+                if not json:
+                    self.stdout.write("Dry run: nothing was changed. To rehearse it on a copy of the cluster first, "
+                                      "add --rehearse DUMP (a `kubectl get nodes,pods,replicasets,deployments,"
+                                      "services.serving.knative.dev,revisions,podautoscalers,pdb -A -o json` dump); "
+                                      "to run it, the same command without --dry-run.")
                 return self._result(plan, None)
             if not plan.nodes:
                 self._result(plan, None, state="not started")
@@ -164,6 +169,11 @@ class Command(BaseCommand):
         self._result(plan, campaign)
         if not json:
             counts = {s: freed.filter(state=s).count() for s in (NodeState.SAFE, NodeState.DRAINED, NodeState.DROPPED)}
+            if counts["safe"]:
+                nodes = [n.node_name for n in freed.filter(state=NodeState.SAFE).order_by("position")]
+                self.stdout.write(f"Safe, cordoned, their orphans still serving: {', '.join(nodes)}. Draining and "
+                                  f"removing them is your step: `manage.py defrag NODE --drain` for each, or the "
+                                  f"campaign's defrag jobs in the panel.")
             self.stdout.write(f"Final state of campaign #{campaign.pk}: {campaign.state} ({counts['safe']} safe, "
                               f"{counts['drained']} drained, {counts['dropped']} dropped); exit {code}")
         if code:
