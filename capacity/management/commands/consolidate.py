@@ -33,6 +33,7 @@ from clusters.errors import KubeError
 from clusters.services import cluster_resolve
 from config import clock
 from config.actors import acting_as, cli_label
+from config.prompts import confirmed
 
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign, CampaignState, NodeRole, NodeState
 from capacity.campaigns.planning import CampaignInputError, CampaignPlan, pool_selector_parse, pool_selector_text
@@ -236,16 +237,7 @@ class Command(BaseCommand):
         return user
 
     def _confirm(self, yes: bool, question: str) -> bool:
-        if yes:
-            return True
-        if not sys.stdin.isatty() and self.as_json:
-            raise CommandError("--json without --yes needs a terminal to confirm")
-        try:
-            answer = input(f"{question} (y/n): ").strip().lower()
-        except EOFError:
-            self.stderr.write("\nno answer: standard input is closed; add --yes to confirm without a terminal")
-            return False
-        return answer in ("y", "yes")
+        return confirmed(question, yes=yes, as_json=self.as_json, stderr=self.stderr)
 
     def _result(self, plan: CampaignPlan, campaign: Campaign | None, state: str = "planned",
                 rehearsal: Rehearsal | None = None, command: str = "") -> None:

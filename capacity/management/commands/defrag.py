@@ -21,6 +21,7 @@ from clusters.errors import KubeError
 from clusters.services import cluster_resolve
 from config import clock
 from config.actors import acting_as, cli_label
+from config.prompts import confirmed
 
 from capacity.defrag.models import AbortChoice, DefragJob, JobState
 from capacity.defrag.planning import LogFolder, interval_validate
@@ -212,17 +213,7 @@ class Command(BaseCommand):
         return self._exit(job, 0 if job.state == wanted else EXIT_NOT_SAFE)
 
     def _confirm(self, yes: bool, question: str) -> bool:
-        if yes:
-            return True
-        if not sys.stdin.isatty() and self.as_json:
-            raise CommandError("--json without --yes needs a terminal to confirm")
-        try:
-            answer = input(f"{question} (y/n): ").strip().lower()
-        except EOFError:
-            # No terminal and nothing piped in (a script, cron): no answer is a "no".
-            self.stderr.write("\nno answer: standard input is closed; add --yes to confirm without a terminal")
-            return False
-        return answer in ("y", "yes")
+        return confirmed(question, yes=yes, as_json=self.as_json, stderr=self.stderr)
 
     def _declined(self, what: str) -> None:
         """Says that nothing was done, and what stays as it was (on stderr: --json keeps stdout)."""
