@@ -24,6 +24,14 @@ from django.db.models import QuerySet
 log = logging.getLogger(__name__)
 
 
+def task_lease_owner(task) -> str:
+    """Who holds a lease for a bound Celery task: the message's id, so that a message
+    redelivered after its worker was killed (acks_late, reject_on_worker_lost) takes its own
+    lease back at once instead of waiting it out; a call outside a worker, this process."""
+    task_id = getattr(task.request, "id", None)
+    return f"task:{task_id}" if task_id else f"local:{socket.gethostname()}:{os.getpid()}"
+
+
 def lease_holder(role: str) -> str:
     """Who holds a lease: the process (host and pid) and a token unique to this holding,
     so that two holdings by one process are told apart."""

@@ -11,7 +11,7 @@ from celery import shared_task
 
 from clusters.fanout import cluster_for_task, clusters_fan_out
 from config import clock
-from config.leases import LeaseHeartbeat
+from config.leases import LeaseHeartbeat, task_lease_owner
 from config.retries import RetryTransient
 
 from capacity.campaigns.models import LIVE_CAMPAIGN_STATES, Campaign
@@ -39,13 +39,6 @@ HEARTBEAT_SECONDS = 10.0
 MAX_COUNTDOWN_SECONDS = 60.0
 
 
-def _owner(task) -> str:
-    """The message's id: a message redelivered after its worker was killed takes its own
-    lease back at once."""
-    task_id = getattr(task.request, "id", None)
-    return f"task:{task_id}" if task_id else f"local:{id(task)}"
-
-
 def _pause(campaign: Campaign) -> float:
     if campaign.next_check_at is None:
         return 0.0
@@ -56,7 +49,7 @@ def _pause(campaign: Campaign) -> float:
 def campaign_run(self, campaign_id: int) -> str:
     """Pass over the campaign for a short while under its lease, then hand it back to the
     queue. Its defrag jobs are stepped by their own tasks (queued by the passes)."""
-    owner = _owner(self)
+    owner = task_lease_owner(self)
     if not campaign_lease_acquire(campaign_id=campaign_id, owner=owner, now=clock.now()):
         return "leased"
     log.info("campaign %s: stepped by %s on %s pid %s", campaign_id, owner, socket.gethostname(), os.getpid())

@@ -14,7 +14,7 @@ from celery import shared_task
 
 from clusters.errors import KubeError
 from config import clock
-from config.leases import LeaseHeartbeat
+from config.leases import LeaseHeartbeat, task_lease_owner
 
 from capacity.defrag.models import DefragJob, JobState
 from capacity.defrag.selectors import defrag_jobs_due
@@ -45,13 +45,6 @@ HEARTBEAT_SECONDS = 10.0
 MAX_COUNTDOWN_SECONDS = 60.0
 
 
-def _owner(task) -> str:
-    """The message's id: a message redelivered after its worker was killed (acks_late,
-    reject_on_worker_lost) takes its own lease back at once instead of waiting it out."""
-    task_id = getattr(task.request, "id", None)
-    return f"task:{task_id}" if task_id else f"local:{socket.gethostname()}:{os.getpid()}"
-
-
 @shared_task(name=DEFRAG_JOB_RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
              ignore_result=True)
 def defrag_job_run(self, job_id: int) -> str:
@@ -62,7 +55,7 @@ def defrag_job_run(self, job_id: int) -> str:
     mid-step leaves the lease to expire (LEASE_SECONDS, 30 s); `defrag_jobs_resume` then
     re-queues the job and the next worker resumes from its recorded step.
     """
-    owner = _owner(self)
+    owner = task_lease_owner(self)
     if not defrag_job_lease_acquire(job_id=job_id, owner=owner, now=clock.now()):
         return "leased"
     log.info("defrag job %s: stepped by %s on %s pid %s", job_id, owner, socket.gethostname(), os.getpid())
