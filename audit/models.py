@@ -18,7 +18,7 @@ class AuditEntry(models.Model):
                                                           "token, a worker or the schedule.")
     actor_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Who asked when not a panel user: cli:<os user>@<host>, or token:<caller>; empty for a worker "
+        help_text="Who asked when not a panel user: cli:USER@HOST (the OS user and host), or token:CALLER; empty for a worker "
                   "or the schedule.")
     app = models.CharField(max_length=30, db_index=True, help_text="The part of the product that acted: orgs, "
                                                                     "defrag, runbook, pruning, binpack.")

@@ -29,7 +29,7 @@ class Retirable(models.Model):
     retired_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+", help_text="The operator who retired it.")
     retired_by_label = models.CharField(max_length=150, blank=True, default="", db_default="",
-                                        help_text="Who retired it when not a panel user: cli:<os user>@<host>.")
+                                        help_text="Who retired it when not a panel user: cli:USER@HOST (the OS user and host).")
 
     # IMPORTANT: `all_objects` first: it is Django's default manager (the admin, forms, related
     # managers), so history pages and the admin still reach retired rows.

@@ -213,7 +213,12 @@ if REDIS_URL:
         }
     }
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # Without Redis, a folder shared by the processes of one host (the demo's web, workers and
+    # beat): the GPU reading a worker keeps is then the one /metrics and the pages see. Unset,
+    # each process keeps its own.
+    CACHE_DIR = env.str("CACHE_DIR", default="")
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": CACHE_DIR}
+              if CACHE_DIR else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # The panel's theme (django-admin-interface) is kept per process, not in Redis: a Redis that
 # is down must not turn every panel page into an error page while operators need the panel.
 CACHES["admin_interface"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",

@@ -16,7 +16,7 @@ class ScaleToZero(models.TextChoices):
 
 
 class Org(Retirable):
-    slug = models.SlugField(max_length=63, help_text="The org's short name, as in capacity.io/org=<slug> (unique "
+    slug = models.SlugField(max_length=63, help_text="The org's short name, as in capacity.io/org=SLUG (unique "
                                                      "among the orgs in service; a retired org keeps its slug).")
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="orgs",
                                 help_text="The cluster the org's namespace lives in.")
@@ -118,7 +118,7 @@ class WorkloadExemption(models.Model):
                                    related_name="+", help_text="The operator who set it.")
     actor_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Who set it when not a panel user: cli:<os user>@<host>.")
+        help_text="Who set it when not a panel user: cli:USER@HOST (the OS user and host).")
 
     class Meta:
         ordering = ["org__slug", "kind", "name"]
@@ -149,7 +149,7 @@ class DormancySwitch(models.Model):
                               related_name="+", help_text="The operator, or empty for the schedule/product.")
     actor_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Who made it switch when not a panel user: cli:<os user>@<host>, or token:<caller> for the "
+        help_text="Who made it switch when not a panel user: cli:USER@HOST (the OS user and host), or token:CALLER for the "
                   "activity API; empty for the schedule.")
     patched = models.JSONField(default=list, blank=True,
                                help_text="Workloads patched to apply the switch (kind/namespace/name: old → new).")

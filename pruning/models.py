@@ -20,7 +20,7 @@ class PruneRun(models.Model):
     cluster = models.ForeignKey("clusters.Cluster", null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="prune_runs", help_text="The cluster this run looked at.")
     actor = models.CharField(max_length=150, blank=True,
-                             help_text="Who started the run: a user name, the command's cli:<os user>@<host>, or "
+                             help_text="Who started the run: a user name, the command's cli:USER@HOST (the OS user and host), or "
                                        "empty for the schedule.")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.DRY_RUN,
                             help_text="Dry run decides and records only; scale down acts on the cluster.")

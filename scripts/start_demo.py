@@ -69,7 +69,8 @@ SCRAPE_INTERVAL = "15s"
 WEB_ANSWER_SECONDS = 120   # how long the web may take to answer its first request
 # What an earlier demo leaves behind and a fresh simulated cluster must not meet.
 STATE = ("db.sqlite3", "db.sqlite3-journal", "db.sqlite3-wal", "db.sqlite3-shm", "prometheus",
-         "clock-offset", "celery-queue", "celery-processed", "celery-control", "prometheus.yml", "kubeconfig")
+         "clock-offset", "celery-queue", "celery-processed", "celery-control", "prometheus.yml", "kubeconfig",
+         "cache")
 
 
 class DemoError(Exception):
@@ -198,15 +199,20 @@ def sim_advance(sim_url: str, seconds: float) -> None:
         pass
 
 
-def prometheus_config(sim_url: str) -> str:
-    """A scrape job for the simulated DCGM exporter; honor_labels keeps the exporter's
-    own `pod`/`namespace` labels, the scheme the pruner detects by default."""
+def prometheus_config(sim_url: str, web_port: int) -> str:
+    """A scrape job for the simulated DCGM exporter (honor_labels keeps the exporter's own
+    `pod`/`namespace` labels, the scheme the pruner detects by default), and one for the
+    control plane's own /metrics (open with DEBUG on): the GPUs allocated per pool and each
+    node's pool, which the savings page's history reads."""
     target = urlparse(sim_url).netloc
     return (f"global:\n  scrape_interval: {SCRAPE_INTERVAL}\n"
             "scrape_configs:\n"
             "  - job_name: dcgm-exporter\n"
             "    honor_labels: true\n"
-            f"    static_configs:\n      - targets: ['{target}']\n")
+            f"    static_configs:\n      - targets: ['{target}']\n"
+            "  - job_name: gpu-capacity\n"
+            "    honor_labels: true\n"
+            f"    static_configs:\n      - targets: ['127.0.0.1:{web_port}']\n")
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -263,7 +269,9 @@ def main() -> int:
         demo.update(REDIS_URL=redis_url, CELERY_BROKER_URL=redis_url)
         broker = redis_url
     else:
-        demo.update(REDIS_URL="", CELERY_BROKER_URL="filesystem://")
+        # The cache in a folder the web, workers and beat share: the GPU reading the schedule
+        # keeps every minute is then the one /metrics exports (the savings page's history).
+        demo.update(REDIS_URL="", CELERY_BROKER_URL="filesystem://", CACHE_DIR=str(VAR / "cache"))
         broker = f"filesystem:// under {VAR} (no Redis answered at {redis_url})"
         for folder in ("celery-queue", "celery-processed", "celery-control"):
             (VAR / folder).mkdir(exist_ok=True)
@@ -324,17 +332,17 @@ def main() -> int:
             sim_advance(sim_url, offset)
         manage = [PY, "manage.py"]
         run(*manage, "migrate", "--noinput", "-v0")
-        run(*manage, "shell", "-c", (
+        run(*manage, "shell", "--no-imports", "-c", (
             "from django.contrib.auth import get_user_model; U = get_user_model(); "
             f"u = U.objects.filter(username='{OPERATOR[0]}').first() or "
             f"U.objects.create_superuser('{OPERATOR[0]}', 'operator@example.com', '{OPERATOR[1]}')"))
         if prometheus:
             config = VAR / "prometheus.yml"
-            config.write_text(prometheus_config(sim_url))
+            config.write_text(prometheus_config(sim_url, web_port))
             env["PROMETHEUS_URL"] = demo["PROMETHEUS_URL"] = f"http://127.0.0.1:{prometheus_port}"
             start("prometheus", prometheus, f"--config.file={config}", f"--storage.tsdb.path={VAR / 'prometheus'}",
                   f"--web.listen-address=127.0.0.1:{prometheus_port}")
-            metrics = f"Prometheus {env['PROMETHEUS_URL']} scraping the simulated DCGM exporter"
+            metrics = f"Prometheus {env['PROMETHEUS_URL']} scraping the simulated DCGM exporter and the panel's /metrics"
         else:
             metrics = ("OFF: no `prometheus` binary (apt-get install prometheus); the pruner has no GPU "
                        "data and finds nothing idle")

@@ -63,7 +63,7 @@ class BinpackRun(models.Model):
                               related_name="+", help_text="The operator who asked; empty for the schedule.")
     actor_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Who asked when not a panel user: cli:<os user>@<host>; empty for the schedule.")
+        help_text="Who asked when not a panel user: cli:USER@HOST (the OS user and host); empty for the schedule.")
     trigger = models.CharField(max_length=10, choices=Trigger.choices, help_text="What started the run.")
     dry_run = models.BooleanField(default=False, help_text="Planned only: nothing was written to the cluster.")
     planned = models.IntegerField(default=0, help_text="Pods whose cost the plan changes (or removes).")

@@ -100,7 +100,16 @@ class NodeMark:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= MARK_CHARS else text[:MARK_CHARS - 1] + "…"
+    """`text` in MARK_CHARS at most, cut between destinations ("#5 → n1 (2 GPUs), +1 more"),
+    never inside a name or a count; the whole text is the mark's title."""
+    if len(text) <= MARK_CHARS:
+        return text
+    parts = text.split(", ")
+    for kept in range(len(parts) - 1, 0, -1):
+        cut = f"{', '.join(parts[:kept])}, +{len(parts) - kept} more"
+        if len(cut) <= MARK_CHARS:
+            return cut
+    return text[:MARK_CHARS - 1] + "…"   # one destination longer than the mark: a node name past 30 characters
 
 
 def _moves_text(plan: CampaignPlan, node: str) -> str:

@@ -64,7 +64,7 @@ class Campaign(models.Model):
                              help_text="Where the campaign is; a restarted worker resumes from it.")
     plan = models.JSONField(help_text="The plan it started from (the campaign planner's value, as confirmed).")
     source = models.CharField(max_length=60, default="cli",
-                              help_text="Where it was started: cli, panel or proposal:<id>.")
+                              help_text="Where it was started: cli, panel or proposal:ID (the proposal).")
     version = models.PositiveIntegerField(
         default=0, help_text="Bumped by every record of a step: a step whose campaign changed under it re-reads "
                              "and decides again (compare-and-set).")
@@ -85,7 +85,7 @@ class Campaign(models.Model):
                                      related_name="+", help_text="The operator who started the campaign.")
     requested_by_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Where the campaign was started when not in the panel: cli:<os user>@<host>.")
+        help_text="Where the campaign was started when not in the panel: cli:USER@HOST (the OS user and host).")
     created_at = models.DateTimeField(help_text="When the campaign was started (the injected clock).")
     finished_at = models.DateTimeField(null=True, blank=True, help_text="When it was done or aborted.")
     updated_at = models.DateTimeField(auto_now=True, help_text="Last write.")
@@ -243,7 +243,7 @@ class CampaignRehearsal(models.Model):
                                      related_name="+", help_text="The operator who asked for the rehearsal.")
     requested_by_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Where the rehearsal was asked when not in the panel: cli:<os user>@<host>.")
+        help_text="Where the rehearsal was asked when not in the panel: cli:USER@HOST (the OS user and host).")
     started_at = models.DateTimeField(help_text="When the rehearsal began (the product's clock).")
     finished_at = models.DateTimeField(null=True, blank=True, help_text="When it ended (the product's clock).")
 

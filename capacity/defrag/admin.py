@@ -10,6 +10,8 @@ from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 from audit.selectors import entries_of_subject
 from clusters import kube
@@ -183,7 +185,9 @@ class DefragJobAdmin(ListFiltersCheckedMixin, JsonAsTablesMixin, admin.ModelAdmi
             job_id = int(object_id)
         except (TypeError, ValueError):
             return []
-        return [{"at": e.at, "action": e.action, "target": e.target, "cause": e.cause,
+        # An action's name may break after an underscore ("scales_<wbr>record"), never inside a word.
+        return [{"at": e.at, "action": mark_safe(escape(e.action).replace("_", "_<wbr>")),  # noqa: S308 - escaped
+                 "target": e.target, "cause": e.cause,
                  "by": actor_describe(e.actor, e.actor_label), "old": json_table(e.old), "new": json_table(e.new)}
                 for e in entries_of_subject(subject_type="defrag_job", subject_id=job_id, oldest_first=True)]
 

@@ -88,7 +88,7 @@ class DefragJob(models.Model):
                                          help_text="The operator of that return to service (empty: the CLI).")
     return_intent_label = models.CharField(
         max_length=150, blank=True, help_text="Where that return to service was asked when not in the panel: "
-                                              "cli:<os user>@<host>.")
+                                              "cli:USER@HOST (the OS user and host).")
     return_intent_cause = models.CharField(
         max_length=200, blank=True, help_text="The cause its audit entry carries (the job's state when it was asked).")
     return_intent_owner = models.CharField(
@@ -121,7 +121,7 @@ class DefragJob(models.Model):
                                      related_name="+", help_text="The operator who confirmed the job.")
     requested_by_label = models.CharField(
         max_length=150, blank=True, default=actor_label_current, db_default="",
-        help_text="Where the job was confirmed when not in the panel: cli:<os user>@<host>.")
+        help_text="Where the job was confirmed when not in the panel: cli:USER@HOST (the OS user and host).")
     operator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="+",
                                  help_text="The operator whose request the job carries out now (confirm, drain, abort).")

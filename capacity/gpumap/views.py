@@ -40,6 +40,8 @@ from capacity.gpumap.selectors import (
     read_shared,
 )
 from capacity.selectors import defrag_jobs_newest_by_node
+from capacity.defrag.planning import seconds_text
+from config.schedule import SCHEDULES
 
 CELL = 18  # px per GPU cell in the map
 LABEL_WIDTH = 330  # px for the node name column
@@ -52,6 +54,7 @@ CAMPAIGN_WIDTH = 320  # px beside the map's rows for a campaign node's position 
 USED_WIDTH = 72  # px for a row's "used" text ("8/8 used", "128/128 used") before a campaign mark
 
 RECENT = 5  # recent jobs and prune runs shown
+CAMPAIGN_PROPOSALS_SCHEDULE = "capacity: campaign proposals"   # config/schedule.py
 REFRESH_SECONDS = 10  # the page reloads its content on its own while it is open
 
 # Staff status opens the admin, not the cluster: the dashboard and the GPU map name
@@ -234,6 +237,17 @@ def _campaign_context(cluster_row, pool: str | None, now, *, marked: bool) -> di
             "campaign_marked": marked, "marks": node_marks(lines, several_pools=len(lines) > 1) if marked else {}}
 
 
+def _dashboard_campaigns(cluster_row, now) -> dict:
+    """The proposals that free a node; whether the schedule has proposed for the cluster at
+    all (before its first run the page says when proposals come, not nothing); its interval."""
+    rows = proposals_latest(cluster=cluster_row)
+    every = next(p.every_seconds for p in SCHEDULES if p.name == CAMPAIGN_PROPOSALS_SCHEDULE)
+    return {"campaigns": proposal_lines(rows, cluster=cluster_row.name, now=now,
+                                        policies=campaign_policies(cluster=cluster_row)),
+            "campaigns_proposed": bool(rows), "campaign_schedule": CAMPAIGN_PROPOSALS_SCHEDULE,
+            "campaign_every": seconds_text(every)}
+
+
 @staff_member_required
 def home(request):
     """The admin's "View site": the default cluster's dashboard (else the first cluster's, by
@@ -274,8 +288,7 @@ def dashboard(request, cluster: str):
         "prune_runs": prune_runs_recent(cluster=cluster_row, limit=RECENT),
         "may_dry_run": request.user.has_perm(DRY_RUN_PERMISSION),
         "prune_window_minutes": settings.PRUNER_DURATION_MINUTES, "prune_grace_seconds": settings.PRUNER_GRACE_SECONDS,
-        "campaigns": proposal_lines(proposals_latest(cluster=cluster_row), cluster=cluster_row.name, now=now,
-                                    policies=campaign_policies(cluster=cluster_row)),
+        **_dashboard_campaigns(cluster_row, now),
     })
     status = 502 if "error" in context else 200
     return render(request, "capacity/dashboard.html", context, status=status)

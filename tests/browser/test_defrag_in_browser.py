@@ -11,7 +11,7 @@ from capacity.defrag.models import DefragJob, JobState
 from clusters import kube
 from capacity.defrag.services import defrag_job_step
 from config import clock
-from tests.browser.conftest import shot
+from tests.browser.conftest import WRAPPED_JS, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -89,6 +89,21 @@ def test_operator_defrags_a_node_from_the_gpu_map_and_watches_it_reach_safe(live
     expect(page.locator("#defrag-state")).to_have_text("safe to defrag/remove node", timeout=20_000)
     expect(page.locator("#defrag-log")).to_contain_text("Safe to defrag/remove node")
     shot(page, "3-job-safe")
+
+    # The job's page at a laptop's 1366 px: its audit trail (a pod's ownerReferences before
+    # the orphaning) stays on the page, the node's name and each action on one line, and
+    # every field's help reads whole ("cli:USER@HOST", not an HTML tag the browser ate).
+    page.set_viewport_size({"width": 1366, "height": 768})
+    page.reload()
+    expect(page.locator("#defrag-audit")).to_contain_text("pod_orphan")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+    targets = page.locator("#defrag-audit td.token", has_text=f"Node/{node}")
+    assert targets.count() >= 3
+    assert page.evaluate(WRAPPED_JS, "#defrag-audit > table > tbody > tr > td:nth-child(2)") == [], "an action on one line"
+    node_targets = [w for w in page.evaluate(WRAPPED_JS, "#defrag-audit td.token") if w["text"].startswith("Node/")]
+    assert node_targets == [], "a node's name on one line"
+    expect(page.locator(".field-requested_by_label .help")).to_contain_text("cli:USER@HOST")
+    shot(page, "3b-job-audit-1366")
 
     # The job is in the history, and the map marks the node as cordoned and held.
     page.goto(f"{live_server.url}/admin/capacity/defragjob/")

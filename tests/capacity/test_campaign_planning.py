@@ -166,3 +166,25 @@ def test_a_pool_or_goal_that_points_at_nothing_is_refused():
     ([8, 8, 8], 0, 0), ([8, 8, 8], 1, 1), ([8, 8, 8], 16, 2), ([8, 8, 8], 17, 3), ([4, 16, 8], 20, 2)])
 def test_lower_bound_is_the_fewest_nodes_the_requests_fit_on(sizes, requested, expected):
     assert lower_bound_nodes(sizes, requested) == expected
+
+
+def test_a_campaign_nodes_mark_on_the_map_is_cut_between_destinations_never_inside_one():
+    """The GPU map's mark beside a campaign node whose pods go to three nodes: what does not
+    fit says how many destinations more ("+1 more"), never "gpu-h100-03 (1 G…"; the title
+    keeps every destination."""
+    from types import SimpleNamespace
+
+    from capacity.campaigns.display import MARK_CHARS, ProposalLine, node_marks
+    from capacity.campaigns.planning import CampaignMove, CampaignNode, CampaignPlan
+
+    moves = tuple(CampaignMove(pod=f"org-a/m{i}", gpus=gpus, source="gpu-h100-00", to=to)
+                  for i, (to, gpus) in enumerate([("gpu-h100-01", 2), ("gpu-h100-03", 1), ("gpu-h100-05", 1)]))
+    plan = CampaignPlan(selector={"pool": "h100"}, goal=None, scoring="LeastAllocated",
+                        nodes=(CampaignNode(node="gpu-h100-00", position=5, gpus=8, gpus_moved=4, moves=moves,
+                                            why=""),),
+                        left_out=(), kept_empty=(), pool_nodes=8, pool_gpus=64, gpus_requested=19, lower_bound=3)
+    line = ProposalLine(row=SimpleNamespace(pool="h100"), plan=plan, command="", age="1 min")
+    mark = node_marks([line], several_pools=False)["gpu-h100-00"]
+    assert len(mark.text) <= MARK_CHARS
+    assert mark.text == "#5 → gpu-h100-01 (2 GPUs), +2 more", mark.text
+    assert mark.title.endswith("→ gpu-h100-01 (2 GPUs), gpu-h100-03 (1 GPU), gpu-h100-05 (1 GPU)")

@@ -148,6 +148,22 @@ def _text(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html)).replace("&#x27;", "'")
 
 
+def test_before_the_first_proposal_the_dashboard_says_when_campaigns_are_proposed(cluster, celery_eager, client,
+                                                                                 operator):
+    """An operator opening the dashboard right after the control plane starts finds the
+    Campaigns section saying when the schedule proposes and how to plan one now, not nothing."""
+    dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    assert "<h2>Campaigns</h2>" in dashboard
+    none = _text(re.search(r'<p id="campaign-none">(.*?)</p>', dashboard, re.S).group(1))
+    assert none.startswith("No campaign proposed yet: each GPU pool's best campaign is proposed every 10 min "
+                           '(schedule "capacity: campaign proposals")'), none
+    assert "manage.py consolidate --cluster sim --pool LABEL=VALUE --max --dry-run" in none
+
+    campaign_proposals_all.apply()
+    dashboard = client.get("/capacity/clusters/sim/").content.decode()
+    assert 'id="campaign-none"' not in dashboard and '<ul id="campaign-proposals">' in dashboard
+
+
 def test_the_dashboard_and_the_map_show_the_campaign_and_agree_with_the_proposal(cluster, celery_eager, client,
                                                                                 operator):
     campaign_proposals_all.apply()

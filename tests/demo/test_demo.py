@@ -143,6 +143,36 @@ def test_the_summary_with_url_and_password_stays_last_once_the_workers_are_up(ru
     assert "[queues]" not in running.output() and "demo@" not in running.output()
 
 
+def test_the_start_up_summary_holds_no_noise_from_the_steps_it_runs(running):
+    """What the operator reads at start: the demo's own lines, not Django shell's count of the
+    objects it imported while the operator account was made."""
+    assert "imported automatically" not in running.output(), running.output()
+
+
+def test_the_demos_prometheus_holds_the_gpus_per_pool_the_savings_page_charts(running):
+    """The savings page's history reads the control plane's own gpu_capacity_pool_gpus and
+    gpu_capacity_node_pool_info from Prometheus: the demo's Prometheus scrapes the panel's
+    /metrics, which exports the reading the schedule keeps every minute (no Redis: a cache
+    folder the web and the workers share)."""
+    if "metrics:  Prometheus" not in running.output():
+        pytest.skip("no prometheus binary: the demo runs without Prometheus")
+    base = f"http://127.0.0.1:{running.prometheus_port}/api/v1/query?query="
+    deadline = time.monotonic() + START_SECONDS
+    found: dict[str, list] = {}
+    while time.monotonic() < deadline:
+        for name in ("gpu_capacity_pool_gpus", "gpu_capacity_node_pool_info"):
+            with urllib.request.urlopen(base + name + '{cluster="default"}', timeout=10) as response:
+                found[name] = json.load(response)["data"]["result"]
+        if all(found.values()):
+            break
+        time.sleep(2)   # beat, a worker, the panel and Prometheus' scrape in other processes
+    assert found["gpu_capacity_pool_gpus"], "Prometheus has no GPUs per pool of the demo's cluster"
+    pools = {s["metric"]["pool"] for s in found["gpu_capacity_pool_gpus"]}
+    assert pools == {"p5.48xlarge", "g5.8xlarge"}, pools
+    nodes = {s["metric"]["node"] for s in found["gpu_capacity_node_pool_info"]}
+    assert "gpu-h100-00" in nodes and "gpu-a10g-00" in nodes, nodes
+
+
 def test_a_second_start_on_the_same_ports_names_the_port_and_the_variable(running, tmp_path):
     env = start_env(tmp_path / "var", running.web_port, running.prometheus_port)
     started = time.monotonic()
