@@ -21,6 +21,7 @@ from clusters.labels import (
     KNATIVE_SERVICE_LABEL,
     ORG_LABEL,
     REVISION_LABEL,
+    TEMPLATE_HASH_LABEL,
 )
 from clusters.snapshot import ClusterSnapshot, PodView
 
@@ -90,8 +91,20 @@ def org_of(pod: PodView) -> str:
 
 
 def model_of(pod: PodView) -> str:
-    return (pod.labels.get(KNATIVE_SERVICE_LABEL) or pod.labels.get(ISVC_LABEL)
-            or pod.labels.get(REVISION_LABEL) or pod.name)
+    """The workload a pod serves: its Knative Service or InferenceService, else the workload
+    that owns it (a Deployment's ReplicaSet named without its pod-template-hash, a
+    StatefulSet...), so that every replica of one workload reads, and is coloured, the same;
+    the pod's own name only for a pod no controller owns."""
+    named = pod.labels.get(KNATIVE_SERVICE_LABEL) or pod.labels.get(ISVC_LABEL) or pod.labels.get(REVISION_LABEL)
+    if named:
+        return named
+    owner = pod.controller
+    if owner is None:
+        return pod.name
+    suffix = f"-{pod.labels.get(TEMPLATE_HASH_LABEL, '')}"
+    if owner.kind == "ReplicaSet" and suffix != "-" and owner.name.endswith(suffix):
+        return owner.name[:-len(suffix)]
+    return owner.name
 
 
 @dataclass(frozen=True)

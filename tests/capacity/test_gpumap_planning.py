@@ -165,3 +165,21 @@ def test_a_model_keeps_its_swatch_across_readings_and_node_order():
     assert {(c.colour, c.pattern) for c in cells.values()} == {(s.colour, s.pattern) for s in first.swatches.values()}
     # A pool's view of the reading keeps the whole reading's swatches.
     assert fragmentation_pool(first, first.rows[0].pool).swatches == first.swatches
+
+
+def test_replicas_of_one_workload_read_and_are_coloured_as_that_workload_not_as_each_pod():
+    """A Deployment's pods (ReplicaSet `<deployment>-<pod-template-hash>`) and a StatefulSet's
+    read as their workload in the map's cells and legend; a bare pod as itself."""
+    from capacity.gpumap.planning import model_of
+
+    hashed = {"pod-template-hash": "565fdcd88b"}
+    pods = [make_pod(f"batch-embedder-565fdcd88b-{s}", node="n1", owner=("ReplicaSet", "batch-embedder-565fdcd88b"),
+                     labels=hashed) for s in ("8qnxk", "w2p4d")]
+    pods += [make_pod("scratch-notebook-0", node="n2", owner=("StatefulSet", "scratch-notebook")),
+             make_pod("debug", node="n2")]
+    view = fragmentation_view(snapshot([make_node(n) for n in ("n1", "n2")], pods))
+    assert [model_of(PodView.from_object(p)) for p in pods] == [
+        "batch-embedder", "batch-embedder", "scratch-notebook", "debug"]
+    n1 = next(r for r in view.rows if r.name == "n1")
+    assert {cell.model for cell in n1.cells_in(view.swatches) if cell.pod} == {"batch-embedder"}
+    assert len({(cell.colour, cell.pattern) for cell in n1.cells_in(view.swatches) if cell.pod}) == 1
