@@ -421,10 +421,10 @@ def _scheduler_picks(state: Mapping[tuple[int, int], int], gpus: int, scoring: s
     return [k for k in fits if (k[1] - gpus) * best[0] == (best[1] - gpus) * k[0]]
 
 
-def _after_any_order(states: set[tuple], gpus: Sequence[int], scoring: str) -> set[tuple] | None:
+def _after_any_order(states: set[tuple], gpus: Sequence[int], scoring: str) -> set[tuple] | str:
     """Every state the scheduler may leave once it has placed pods of `gpus` (in any order,
-    ties either way) from any of `states`; None when in one of them a pod fits nowhere, or
-    the states are too many to follow."""
+    ties either way) from any of `states`; or why not: a pod may fit nowhere, or the states
+    are too many to follow."""
     frontier = {(state, tuple(sorted(gpus))) for state in states}
     done: set[tuple] = set()
     while frontier:
@@ -439,7 +439,7 @@ def _after_any_order(states: set[tuple], gpus: Sequence[int], scoring: str) -> s
                     continue
                 picks = _scheduler_picks(counts, g, scoring)
                 if not picks:
-                    return None
+                    return "fits-nowhere"
                 rest = left[:at] + left[at + 1:]
                 for kind in picks:
                     after = dict(counts)
@@ -447,7 +447,7 @@ def _after_any_order(states: set[tuple], gpus: Sequence[int], scoring: str) -> s
                     after[(kind[0], kind[1] - g)] = after.get((kind[0], kind[1] - g), 0) + 1
                     following.add((tuple(sorted((k, c) for k, c in after.items() if c)), rest))
         if len(following) > MAX_STATES:
-            return None
+            return "too-many"
         frontier = following
     return done
 
@@ -463,16 +463,21 @@ def _may_not_fit(chosen: Sequence[str], own: Mapping[str, list[tuple[str, int]]]
         counts[kind] = counts.get(kind, 0) + 1
     states = {tuple(sorted(counts.items()))}
     failed: dict[str, str] = {}
-    for position, name in enumerate(chosen, start=1):
+    emptied = 0
+    for name in chosen:
         after = _after_any_order(states, [g for _, g in own[name]], scoring)
-        if after is None:
+        if isinstance(after, str):
             gpus = sum(g for _, g in own[name])
-            before = (f"with the campaign's nodes cordoned and the {_plural(position - 1, 'node', 'nodes')} before it "
-                      "emptied first, " if position > 1 else "with the campaign's nodes cordoned, ")
-            failed[name] = (f"{before}its pods ({_plural(gpus, 'GPU', 'GPUs')}) fit outside the campaign only if "
-                            f"the scheduler places them in a lucky order or breaks score ties a lucky way "
-                            f"({scoring}): not promised")
+            before = (f"with the campaign's nodes cordoned and the {_plural(emptied, 'node', 'nodes')} before it "
+                      "emptied first, " if emptied else "with the campaign's nodes cordoned, ")
+            failed[name] = f"{before}its pods ({_plural(gpus, 'GPU', 'GPUs')}) " + (
+                f"may find no room outside the campaign: in some order the scheduler may place them in, or some "
+                f"way it may break a {scoring} score tie, one of them fits on no node; not promised"
+                if after == "fits-nowhere" else
+                f"could go to more than {MAX_STATES} different arrangements of the nodes' free GPUs, too many to "
+                "check that each leaves them room; not promised")
             continue    # left cordoned and unemptied here; the choice is made again without it
+        emptied += 1
         states = after
     return failed
 
