@@ -15,6 +15,14 @@ LeastAllocated (kube-scheduler's default) an empty node scores highest: the camp
 cordons the pool's empty nodes too for its duration (`kept_empty`) and returns them to
 service at the end, or its pods would fill those nodes and free nothing.
 
+The nodes are chosen greedily, one after the other, and then checked as the campaign will
+run: every chosen node cordoned from the start, the nodes emptied in the campaign's order,
+and each node's pods placed by the scheduler in any order and with score ties broken any
+way (it creates and queues the replacements in an order the plan cannot know, and
+kube-scheduler picks at random among equal scores). A node whose pods may find no room in
+one of those ways is left out (`MAY_NOT_FIT`) and the choice made again without it: the
+plan promises only nodes it can free whatever the scheduler's order.
+
 Candidates are tried fewest GPUs first (smaller nodes free the most nodes out of the same
 room), as the advice tries them. `lower_bound` is the fewest nodes the pool's GPU requests
 could fit on at all (largest nodes first, requests as one sum): no plan frees more than
@@ -23,7 +31,8 @@ could still win.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from bisect import insort
 from dataclasses import asdict, dataclass, field
 
 from clusters.labels import DO_NOT_DISRUPT, GPU_PRODUCT_LABEL, ISVC_LABEL, KNATIVE_SERVICE_LABEL
@@ -42,9 +51,10 @@ ON_HOLD = "on-hold"          # a pod of a workload the product exempts or snooze
 RECEIVES = "receives"        # the plan puts earlier candidates' pods on it
 NO_ROOM = "no-room"          # its pods fit nowhere outside the campaign
 GOAL_MET = "goal-met"        # the campaign frees the nodes asked for without it
+MAY_NOT_FIT = "may-not-fit"  # its pods fit only in some of the orders the scheduler may place them in
 
 # Order of the reasons in a report: what an operator can act on first.
-_REASON_ORDER = {r: i for i, r in enumerate((NO_ROOM, RECEIVES, ON_HOLD, BLOCKED, DO_NOT_DISRUPT_NODE, HELD, CLOSED,
+_REASON_ORDER = {r: i for i, r in enumerate((NO_ROOM, MAY_NOT_FIT, RECEIVES, ON_HOLD, BLOCKED, DO_NOT_DISRUPT_NODE, HELD, CLOSED,
                                               GOAL_MET, EMPTY))}
 
 
@@ -294,17 +304,70 @@ def campaign_plan(snapshot: ClusterSnapshot, *, selector: Mapping[str, str], goa
         own[name] = [(f"{p.namespace}/{p.name}", p.gpus) for p in pods if p.gpus > 0]
 
     order = sorted(own, key=lambda n: (sum(g for _, g in own[n]), len(own[n]), n))
-    rank = {name: -i for i, name in enumerate(order)}
     empties = [n.name for n in open_nodes if used[n.name] == 0]
     kept_empty = tuple(sorted(e for e in empties if e in pool_names)) if spread else ()
     # Under LeastAllocated an empty node outside the pool would still take the moved pods.
     unguarded = sorted(e for e in empties if e not in pool_names) if spread else []
-    room = Room([(n.gpus_allocatable - used[n.name], rank.get(n.name, Room.NOT_A_CANDIDATE), n.name)
-                 for n in open_nodes if 0 < used[n.name] < n.gpus_allocatable], scoring=scoring, size=size)
+    partly_used = [n.name for n in open_nodes if 0 < used[n.name] < n.gpus_allocatable]
+    # The greedy choice places a node's pods with the nodes chosen after it still open, and
+    # one order of pods and ties; the campaign runs with all of them cordoned from the start,
+    # and the scheduler takes the pods in an order it alone knows. A node whose pods may not
+    # fit once the nodes before it are emptied is dropped, and the choice made again without it.
+    may_not_fit: dict[str, str] = {}
+    while True:
+        chosen, chosen_left_out = _choose(order, own, goal=goal, scoring=scoring, size=size,
+                                          partly_used=partly_used, used=used, excluded=may_not_fit)
+        failed = _may_not_fit(chosen, own, scoring=scoring, size=size, used=used,
+                              room=[n for n in partly_used if n not in set(chosen)])
+        if not failed:
+            break
+        may_not_fit.update(failed)
+    left_out += chosen_left_out
+    left_out += [LeftOut(name, MAY_NOT_FIT, why) for name, why in may_not_fit.items()]
+    placed = _placements(chosen, own, scoring=scoring, size=size, used=used,
+                         room=[n for n in partly_used if n not in set(chosen)])
+    nodes = []
+    for position, name in enumerate(chosen, start=1):
+        moves = sorted(placed[name], key=lambda m: m.pod)
+        before = (f"with the {_plural(position - 1, 'node', 'nodes')} before it cordoned, " if position > 1 else "")
+        nodes.append(CampaignNode(node=name, position=position, gpus=size[name], gpus_moved=sum(m.gpus for m in moves),
+                                  moves=tuple(CampaignMove(pod=m.pod, gpus=m.gpus, source=name, to=m.to)
+                                              for m in moves),
+                                  why=f"{before}its {_plural(len(moves), 'pod', 'pods')} "
+                                      f"({_plural(sum(m.gpus for m in moves), 'GPU', 'GPUs')}) "
+                                      f"{'fits' if len(moves) == 1 else 'fit'} on {_where(moves)}"))
+    messages: list[str] = []
+    if unguarded and nodes:
+        messages.append(f"Under the scheduler's {scoring} scoring, empty node(s) outside the pool "
+                        f"({', '.join(unguarded[:5])}{' …' if len(unguarded) > 5 else ''}) may take moved pods "
+                        "instead of the planned nodes; the campaign does not cordon nodes outside its pool.")
+    pool_gpus = sum(size[n.name] for n in pool)
+    requested = sum(used[n.name] for n in pool)
+    left_out.sort(key=lambda o: (_REASON_ORDER[o.reason], o.node))
+    return CampaignPlan(selector=dict(selector), goal=goal, scoring=scoring, nodes=tuple(nodes),
+                        left_out=tuple(left_out), kept_empty=kept_empty if nodes else (), pool_nodes=len(pool),
+                        pool_gpus=pool_gpus, gpus_requested=requested,
+                        lower_bound=lower_bound_nodes([size[n.name] for n in pool], requested),
+                        candidates=len(order), empty_nodes=sum(1 for n in pool if used[n.name] == 0),
+                        messages=tuple(messages))
+
+
+def _choose(order: Sequence[str], own: Mapping[str, list[tuple[str, int]]], *, goal: int | None, scoring: str,
+            size: Mapping[str, int], partly_used: Sequence[str], used: Mapping[str, int],
+            excluded: Collection[str]) -> tuple[list[str], list[LeftOut]]:
+    """The candidates the campaign takes, greedily in `order` (`excluded` ones not tried): a
+    node is taken when its pods, and those the plan put on it for earlier nodes, fit on
+    nodes outside the campaign. Returns them and the ones left out with why."""
+    rank = {name: -i for i, name in enumerate(order)}
+    room = Room([(size[n] - used[n], rank.get(n, Room.NOT_A_CANDIDATE), n) for n in partly_used],
+                scoring=scoring, size=size)
     chosen: list[str] = []
+    left_out: list[LeftOut] = []
     placed: dict[str, list[Move]] = {}      # campaign node → where its pods go
     onto: dict[str, list[tuple[str, Move]]] = {}   # node → (campaign node, move) of the pods placed on it
     for name in order:
+        if name in excluded:
+            continue
         if goal is not None and len(chosen) >= goal:
             left_out.append(LeftOut(name, GOAL_MET, f"the {goal} node(s) asked for are freed without it"))
             continue
@@ -335,30 +398,114 @@ def campaign_plan(snapshot: ClusterSnapshot, *, selector: Mapping[str, str], goa
             placed[src].append(move)
             onto.setdefault(move.to, []).append((src, move))
         chosen.append(name)
-    nodes = []
-    for position, name in enumerate(chosen, start=1):
-        moves = sorted(placed[name], key=lambda m: m.pod)
-        before = (f"with the {_plural(position - 1, 'node', 'nodes')} before it cordoned, " if position > 1 else "")
-        nodes.append(CampaignNode(node=name, position=position, gpus=size[name], gpus_moved=sum(m.gpus for m in moves),
-                                  moves=tuple(CampaignMove(pod=m.pod, gpus=m.gpus, source=name, to=m.to)
-                                              for m in moves),
-                                  why=f"{before}its {_plural(len(moves), 'pod', 'pods')} "
-                                      f"({_plural(sum(m.gpus for m in moves), 'GPU', 'GPUs')}) "
-                                      f"{'fits' if len(moves) == 1 else 'fit'} on {_where(moves)}"))
-    messages: list[str] = []
-    if unguarded and nodes:
-        messages.append(f"Under the scheduler's {scoring} scoring, empty node(s) outside the pool "
-                        f"({', '.join(unguarded[:5])}{' …' if len(unguarded) > 5 else ''}) may take moved pods "
-                        "instead of the planned nodes; the campaign does not cordon nodes outside its pool.")
-    pool_gpus = sum(size[n.name] for n in pool)
-    requested = sum(used[n.name] for n in pool)
-    left_out.sort(key=lambda o: (_REASON_ORDER[o.reason], o.node))
-    return CampaignPlan(selector=dict(selector), goal=goal, scoring=scoring, nodes=tuple(nodes),
-                        left_out=tuple(left_out), kept_empty=kept_empty if nodes else (), pool_nodes=len(pool),
-                        pool_gpus=pool_gpus, gpus_requested=requested,
-                        lower_bound=lower_bound_nodes([size[n.name] for n in pool], requested),
-                        candidates=len(order), empty_nodes=sum(1 for n in pool if used[n.name] == 0),
-                        messages=tuple(messages))
+    return chosen, left_out
+
+
+# The scheduler's possible states while a campaign runs are followed as counts of nodes per
+# (GPUs allocatable, GPUs free): nodes alike in both are alike to the scheduler's scoring.
+# Past this many states after one node the check gives up on that node (it is not promised).
+MAX_STATES = 4096
+
+
+def _scheduler_picks(state: Mapping[tuple[int, int], int], gpus: int, scoring: str) -> list[tuple[int, int]]:
+    """The (size, free) kinds of node the scheduler may put a pod of `gpus` on: the best score
+    of simcluster's and kube-scheduler's NodeResourcesFit on GPUs, every kind that ties for it
+    (kube-scheduler picks at random among equal scores)."""
+    fits = [kind for kind, count in state.items() if count and kind[1] >= gpus]
+    if not fits:
+        return []
+    # Free share once the pod is placed, compared without division: LeastAllocated wants the
+    # most, MostAllocated the least.
+    sign = 1 if scoring == Scoring.LEAST_ALLOCATED else -1
+    best = max(fits, key=lambda k: sign * (k[1] - gpus) / k[0])
+    return [k for k in fits if (k[1] - gpus) * best[0] == (best[1] - gpus) * k[0]]
+
+
+def _after_any_order(states: set[tuple], gpus: Sequence[int], scoring: str) -> set[tuple] | str:
+    """Every state the scheduler may leave once it has placed pods of `gpus` (in any order,
+    ties either way) from any of `states`; or why not: a pod may fit nowhere, or the states
+    are too many to follow."""
+    frontier = {(state, tuple(sorted(gpus))) for state in states}
+    done: set[tuple] = set()
+    while frontier:
+        following = set()
+        for state, left in frontier:
+            if not left:
+                done.add(state)
+                continue
+            counts = dict(state)
+            for at, g in enumerate(left):
+                if at and left[at - 1] == g:
+                    continue
+                picks = _scheduler_picks(counts, g, scoring)
+                if not picks:
+                    return "fits-nowhere"
+                rest = left[:at] + left[at + 1:]
+                for kind in picks:
+                    after = dict(counts)
+                    after[kind] -= 1
+                    after[(kind[0], kind[1] - g)] = after.get((kind[0], kind[1] - g), 0) + 1
+                    following.add((tuple(sorted((k, c) for k, c in after.items() if c)), rest))
+        if len(following) > MAX_STATES:
+            return "too-many"
+        frontier = following
+    return done
+
+
+def _may_not_fit(chosen: Sequence[str], own: Mapping[str, list[tuple[str, int]]], *, scoring: str,
+                 size: Mapping[str, int], used: Mapping[str, int], room: Sequence[str]) -> dict[str, str]:
+    """The chosen nodes whose pods may find no room when the campaign runs: every chosen node
+    cordoned from the start, the nodes emptied in the campaign's order, each node's pods placed
+    by the scheduler in any order and any tie. Node → why."""
+    counts: dict[tuple[int, int], int] = {}
+    for name in room:
+        kind = (size[name], size[name] - used[name])
+        counts[kind] = counts.get(kind, 0) + 1
+    states = {tuple(sorted(counts.items()))}
+    failed: dict[str, str] = {}
+    emptied = 0
+    for name in chosen:
+        after = _after_any_order(states, [g for _, g in own[name]], scoring)
+        if isinstance(after, str):
+            gpus = sum(g for _, g in own[name])
+            before = (f"with the campaign's nodes cordoned and the {_plural(emptied, 'node', 'nodes')} before it "
+                      "emptied first, " if emptied else "with the campaign's nodes cordoned, ")
+            failed[name] = f"{before}its pods ({_plural(gpus, 'GPU', 'GPUs')}) " + (
+                f"may find no room outside the campaign: in some order the scheduler may place them in, or some "
+                f"way it may break a {scoring} score tie, one of them fits on no node; not promised"
+                if after == "fits-nowhere" else
+                f"could go to more than {MAX_STATES} different arrangements of the nodes' free GPUs, too many to "
+                "check that each leaves them room; not promised")
+            continue    # left cordoned and unemptied here; the choice is made again without it
+        emptied += 1
+        states = after
+    return failed
+
+
+def _placements(chosen: Sequence[str], own: Mapping[str, list[tuple[str, int]]], *, scoring: str,
+                size: Mapping[str, int], used: Mapping[str, int], room: Sequence[str]) -> dict[str, list[Move]]:
+    """Where each chosen node's pods land as the campaign runs: every chosen node cordoned from
+    the start, the nodes emptied in order, a node's pods largest first, each on the node the
+    scheduler scores best, ties to the lexically first (as simcluster's scheduler breaks them).
+    The chosen nodes passed `_may_not_fit`: in this order too every pod finds a node."""
+    counts: dict[tuple[int, int], int] = {}
+    names: dict[tuple[int, int], list[str]] = {}
+    for name in sorted(room):
+        kind = (size[name], size[name] - used[name])
+        counts[kind] = counts.get(kind, 0) + 1
+        names.setdefault(kind, []).append(name)
+    placed: dict[str, list[Move]] = {}
+    for source in chosen:
+        placed[source] = []
+        for pod, gpus in sorted(own[source], key=lambda r: (-r[1], r[0])):
+            kind = min(_scheduler_picks(counts, gpus, scoring), key=lambda k: names[k][0])
+            node = names[kind].pop(0)
+            counts[kind] -= 1
+            after = (kind[0], kind[1] - gpus)
+            counts[after] = counts.get(after, 0) + 1
+            insort(names.setdefault(after, []), node)
+            placed[source].append(Move(pod=pod, gpus=gpus, to=node))
+    return placed
 
 
 def _where(moves: Collection[Move]) -> str:

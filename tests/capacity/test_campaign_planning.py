@@ -2,6 +2,8 @@
 each pod lands, with every campaign node cordoned before the first pod moves."""
 from __future__ import annotations
 
+import itertools
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +16,7 @@ from capacity.campaigns.planning import (
     EMPTY,
     GOAL_MET,
     HELD,
+    MAY_NOT_FIT,
     NO_ROOM,
     ON_HOLD,
     RECEIVES,
@@ -43,6 +46,32 @@ def snapshot(layout: dict[str, list[int]], *, nodes: list[dict] = (), pods: list
 
 def targets(plan: CampaignPlan) -> set[str]:
     return {m.to for m in plan.moves}
+
+
+def unplaced(layout: dict[str, list[int]], plan: CampaignPlan) -> str | None:
+    """The first node of the plan a pod of which may find no room as the campaign runs, or
+    None: every campaign node cordoned from the start, the nodes emptied in the plan's order,
+    each node's pods placed by the scheduler (the best `plan.scoring` score on GPUs, every
+    tie either way) in every order. Each reachable cluster state is followed."""
+    sign = 1 if plan.scoring == LEAST else -1
+    states = [{n: 8 - sum(g) for n, g in layout.items() if n not in plan.node_names and 0 < sum(g) < 8}]
+    for node in plan.node_names:
+        following = []
+        for state in states:
+            for order in set(itertools.permutations(layout[node])):
+                branches = [state]
+                for gpus in order:
+                    grown = []
+                    for free in branches:
+                        fits = [n for n in free if free[n] >= gpus]
+                        if not fits:
+                            return node
+                        best = max(sign * (free[n] - gpus) for n in fits)
+                        grown += [{**free, n: free[n] - gpus} for n in fits if sign * (free[n] - gpus) == best]
+                    branches = grown
+                following += branches
+        states = list({tuple(sorted(s.items())): s for s in following}.values())
+    return None
 
 
 @pytest.mark.parametrize("scoring", [MOST, LEAST])
@@ -188,3 +217,44 @@ def test_a_campaign_nodes_mark_on_the_map_is_cut_between_destinations_never_insi
     assert len(mark.text) <= MARK_CHARS
     assert mark.text == "#5 → gpu-h100-01 (2 GPUs), +2 more", mark.text
     assert mark.title.endswith("→ gpu-h100-01 (2 GPUs), gpu-h100-03 (1 GPU), gpu-h100-05 (1 GPU)")
+
+
+def test_a_node_is_promised_only_if_its_pods_fit_with_every_campaign_node_cordoned_from_the_start():
+    # Taken one by one, d's pod would go to c (the most room), and c's pods then to a and b.
+    # But with c cordoned from the start too, d's pod goes to a, and c's 3-GPU pod has no room
+    # left: only d is promised, and its pod goes to c.
+    layout = {"a": [3, 2], "b": [4, 2, 1], "c": [3], "d": [1]}
+    plan = campaign_plan(snapshot(layout), selector=H100, scoring=LEAST)
+    assert plan.node_names == ("d",)
+    assert [m.to for m in plan.moves] == ["c"]
+    left = {o.node: o for o in plan.left_out}
+    assert left["c"].reason == MAY_NOT_FIT
+    assert "the 1 node before it emptied first" in left["c"].why and "not promised" in left["c"].why
+    assert unplaced(layout, plan) is None
+
+
+def test_a_node_whose_pods_fit_only_if_the_scheduler_takes_the_largest_first_is_not_promised():
+    # a's pods fit (4 GPUs on b, 1 on c) only if the 4-GPU replacement is placed first; the
+    # scheduler takes them in its own order, and the 1-GPU one first goes to b and leaves 3.
+    layout = {"a": [1, 4], "b": [4], "c": [4, 3]}
+    plan = campaign_plan(snapshot(layout), selector=H100, scoring=LEAST)
+    assert plan.node_names == ()
+    assert {o.node: o.reason for o in plan.left_out}["a"] == MAY_NOT_FIT
+    assert plan.summary.startswith("No node of pool karpenter.sh/nodepool=h100 can be freed")
+
+
+@pytest.mark.parametrize("scoring", [LEAST, MOST])
+def test_every_node_a_plan_frees_finds_room_in_whatever_order_the_scheduler_places_its_pods(scoring):
+    rng = random.Random(7)
+    planned = 0
+    for _ in range(300):
+        layout = {}
+        for name in "abcdef"[:rng.randint(3, 6)]:
+            pods = [rng.choice((1, 1, 2, 2, 3, 4)) for _ in range(rng.randint(1, 3))]
+            while sum(pods) > 7:
+                pods.pop()
+            layout[name] = pods
+        plan = campaign_plan(snapshot(layout), selector=H100, scoring=scoring)
+        assert unplaced(layout, plan) is None, (layout, plan.node_names)
+        planned += plan.freed
+    assert planned > 100    # the layouts do leave nodes to free
