@@ -85,7 +85,7 @@ class CampaignAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmi
                 dropped_count=sum(1 for r in rows if r.state == NodeState.DROPPED),
                 can_abort=request.user.has_perm("capacity.change_campaign") and campaign.is_live
                 and not campaign.abort_requested_at,
-                next_step=self._next_step(campaign),
+                next_step=self._next_step(campaign, rows),
                 audit_entries=[{"at": e.at, "action": e.action, "target": e.target, "cause": e.cause,
                                 "by": actor_describe(e.actor, e.actor_label), "new": json_table(e.new)}
                                for e in entries_of_subject(subject_type="campaign", subject_id=campaign.pk,
@@ -94,7 +94,7 @@ class CampaignAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmi
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
     @staticmethod
-    def _next_step(campaign: Campaign) -> str:
+    def _next_step(campaign: Campaign, rows) -> str:
         if campaign.state == CampaignState.RUNNING and campaign.abort_requested_at:
             return "Nothing to do: the abort is under way."
         if campaign.state == CampaignState.RUNNING:
@@ -102,10 +102,15 @@ class CampaignAdmin(ListFiltersCheckedMixin, ReadOnlyAdminMixin, admin.ModelAdmi
         if campaign.state == CampaignState.ABORTING:
             return "Nothing to do: the abort is under way."
         if campaign.state == CampaignState.DONE:
-            if campaign.drain_when_safe:
+            # What the nodes are now: a safe node the operator drained after the campaign reads drained.
+            safe = [r.node_name for r in rows if r.state_now == NodeState.SAFE]
+            if safe:
+                return (f"Done: {', '.join(safe)} {'stays' if len(safe) == 1 else 'stay'} cordoned with "
+                        f"{'its' if len(safe) == 1 else 'their'} orphans serving; drain each (its defrag job's "
+                        "Drain…) before removing it, or return it to service.")
+            if any(r.state_now == NodeState.DRAINED for r in rows):
                 return "Done: the drained nodes stay cordoned and empty until you remove them."
-            return ("Done: each safe node stays cordoned with its orphans serving; drain it (its defrag job's "
-                    "Drain…) before removing it, or return it to service.")
+            return "Nothing left to do: the campaign freed no node (each row says why it was dropped)."
         return "Nothing left to do: the campaign was aborted; its defrag jobs finish their aborts on their own."
 
     def abort_view(self, request, pk: int):

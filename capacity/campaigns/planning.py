@@ -139,6 +139,13 @@ class CampaignPlan:
         return tuple(n.node for n in self.nodes)
 
     @property
+    def pool_node_names(self) -> frozenset[str] | None:
+        """Every node of the pool the plan looked at (those it frees, and those it leaves out
+        with why), or None when the plan does not name them all."""
+        names = frozenset(self.node_names) | {o.node for o in self.left_out} | set(self.kept_empty)
+        return names if len(names) == self.pool_nodes else None
+
+    @property
     def freed(self) -> int:
         return len(self.nodes)
 

@@ -2,6 +2,7 @@
 kept-empty nodes and the audit; read-only; Abort… behind a confirmation and a permission."""
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -87,6 +88,14 @@ def test_a_safe_node_the_operator_drained_after_the_campaign_reads_drained(clien
     assert campaign.state == CampaignState.DONE
     row = campaign.nodes.get()
     assert row.state == NodeState.SAFE
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+
+    def next_step() -> str:
+        page = client.get(reverse("admin:capacity_campaign_change", args=[campaign.pk])).content.decode()
+        return html.unescape(re.sub(r"\s+", " ", re.search(r'<p id="campaign-next">(.*?)</p>', page, re.S).group(1)))
+
+    assert next_step() == (f"<strong>Next:</strong> Done: {row.node_name} stays cordoned with its orphans serving; "
+                           "drain each (its defrag job's Drain…) before removing it, or return it to service.")
     # The drain is the operator's step, after the campaign: its defrag job drains the node.
     job = defrag_job_drain(job=row.job, actor=None, now=world.now(), enqueue=False)
     for _ in range(60):
@@ -95,7 +104,9 @@ def test_a_safe_node_the_operator_drained_after_the_campaign_reads_drained(clien
             break
         world.advance(5)
     assert job.state == JobState.DRAINED
-    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+    # Nothing is left to drain: the page no longer asks for it.
+    assert next_step() == ("<strong>Next:</strong> Done: the drained nodes stay cordoned and empty until you "
+                           "remove them.")
     page = client.get(reverse("admin:capacity_campaign_change", args=[campaign.pk])).content.decode()
     assert f'data-node="{row.node_name}" data-state="drained"' in page
     assert "1 of 1 node safe or drained, 0 dropped" in page

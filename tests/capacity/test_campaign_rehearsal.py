@@ -269,3 +269,25 @@ def test_the_rehearsal_record_is_read_only_in_the_admin(client, django_user_mode
     # The copy is kept for the records that name it: deleting it is refused.
     with pytest.raises(Exception, match="protected"):
         copy.delete()
+
+
+def test_a_rehearsal_of_the_pool_by_another_label_marks_its_proposal_rehearsed(
+        source, tmp_path, client, django_user_model):
+    """The operator rehearses the pool under a label of their choosing (the README's
+    `capacity.io/pool=h100`, here the GPU product) while the dashboard proposes it under
+    another: both select the same nodes, so the proposal's line says rehearsed."""
+    [proposal] = campaign_proposals_compute(cluster=source.cluster, now=clock.now())
+    dump = cluster_dump(source.kubeconfig_path, tmp_path / "dump.json")
+
+    call_command("consolidate", "--pool", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3", "--cluster", "sim",
+                 "--rehearse", str(dump), "--max")
+
+    proposal.refresh_from_db()
+    assert proposal.selector != CampaignRehearsal.objects.get().selector
+    assert proposal.rehearsed and proposal.rehearsal == CampaignRehearsal.objects.get()
+    user = django_user_model.objects.create_user("ops", "ops@example.com", "pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_cluster_contents"))
+    client.force_login(user)
+    page = client.get("/capacity/clusters/sim/").content.decode()
+    line = re.search(r'<span class="campaign-line">(.*?)</span>', page, re.S).group(1)
+    assert line.endswith("rehearsed: yes — freed 2 of 2 (under a minute ago)")

@@ -256,10 +256,15 @@ def _fail(record: CampaignRehearsal, error: str) -> None:
 
 def _proposal_mark(record: CampaignRehearsal, *, cluster) -> CampaignProposal | None:
     """Mark the cluster's latest proposal for the rehearsed pool rehearsed when its plan frees
-    the same nodes in the same order, linking the rehearsal."""
-    nodes = CampaignPlan.from_dict(record.plan).node_names
+    the same nodes in the same order, linking the rehearsal. The pool is the same when the
+    selectors are, or when they select the same nodes (`karpenter.sh/nodepool=h100` and
+    `node.kubernetes.io/instance-type=p5.48xlarge` may both name every H100 node)."""
+    plan = CampaignPlan.from_dict(record.plan)
     for proposal in proposals_latest(cluster=cluster):
-        if proposal.selector == record.selector and proposal.campaign.node_names == nodes:
+        campaign = proposal.campaign
+        same_pool = proposal.selector == record.selector or (
+            plan.pool_node_names is not None and campaign.pool_node_names == plan.pool_node_names)
+        if same_pool and campaign.node_names == plan.node_names:
             CampaignProposal.objects.filter(pk=proposal.pk).update(rehearsed=True, rehearsal=record)
             return proposal
     return None
