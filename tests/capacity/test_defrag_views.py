@@ -86,7 +86,8 @@ def test_admin_start_shows_the_report_then_confirm_creates_the_job(sim_cluster_f
     page = client.get(f"/admin/capacity/defragjob/{job.pk}/change/").content.decode()
     assert "progress.json" in page and "Abort…" in page
     audit = page.split('id="defrag-audit"', 1)[1].split("</fieldset>", 1)[0]    # the job's audit entries
-    assert "job_confirm" in audit and "Node/n2" in audit and staff.get_username() in audit
+    shown_audit = re.sub(r"<[^>]+>", "", audit)     # as read: an action's name may break after an underscore
+    assert "job_confirm" in shown_audit and "Node/n2" in shown_audit and staff.get_username() in shown_audit
     assert 'class="json-table' in page and "&quot;" not in page.split('class="json-table', 1)[1][:200]
 
 
