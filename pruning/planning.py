@@ -435,14 +435,17 @@ def pods_to_look_up(series: list[GpuSeries], settings: PruneSettings) -> set[tup
 def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSettings,
                now: datetime, pods_seen: int | None = None) -> PrunePlan:
     """`series`: the GPUs of the pods that may be idle (or of every pod); `pods_seen`: the
-    GPU pods reporting when the series hold only the candidates' (pods not in the series
-    count as busy)."""
+    GPU pods reporting at the evaluation time (the census) when the series hold only the
+    candidates'. The census's pods not in the series count as busy; a candidate none of whose
+    GPUs reports any more (its pod gone within the window) is not among the census's pods, so
+    it is added to the pods seen and takes no busy pod's place."""
     by_pod: dict[tuple[str, str], list[GpuSeries]] = {}
     for g in series:
         by_pod.setdefault((g.namespace, g.pod), []).append(g)
     decisions: list[Decision] = []
     planned: set[tuple] = set()
-    busy = 0 if pods_seen is None else max(pods_seen - len(by_pod), 0)
+    gone = sum(1 for gpus in by_pod.values() if not any(g.reporting for g in gpus))
+    busy = 0 if pods_seen is None else max(pods_seen - (len(by_pod) - gone), 0)
     # Why each pod of the series is not idle ("" = idle, with data for all its GPUs and
     # the whole window): an owner is idle only when every one of its GPU pods is.
     why_not: dict[tuple[str, str], str] = {}
@@ -506,4 +509,4 @@ def plan_prune(*, series: list[GpuSeries], view: ClusterView, settings: PruneSet
             planned.add(owner.key)
             decisions.append(Decision(ns, name, ids, peak, PRUNE, R_IDLE, owner, method))
     return PrunePlan(now=now, settings=settings, decisions=tuple(decisions),
-                     pods_seen=len(by_pod) if pods_seen is None else max(pods_seen, len(by_pod)), busy=busy)
+                     pods_seen=len(by_pod) if pods_seen is None else pods_seen + gone, busy=busy)

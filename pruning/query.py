@@ -27,7 +27,10 @@ of namespaces, never with one series per GPU of the fleet:
    it —, and their peak power draw (`DCGM_FI_DEV_POWER_USAGE`, watts) when the run has a
    power threshold, with the GPUs whose power data has such a gap (a peak read from part
    of the window proves a draw, never its absence). Each kind of series carries its name
-   in the PART_LABEL label.
+   in the PART_LABEL label. Last, the candidates' GPUs that still report at the evaluation
+   time (an instant selection: their last samples only): a candidate no longer reporting
+   (its pod gone within the window, a Knative pod scaled away) is not among the census's
+   pods, so the run's pods seen and busy count it apart.
 
 Both label schemes are matched in the same query: `pod`/`namespace` series (no `exported_pod`
 label) and `exported_pod`/`exported_namespace` series (honor_labels=false scrapes). With
@@ -53,7 +56,7 @@ POWER = "DCGM_FI_DEV_POWER_USAGE"   # watts
 SCHEMES = ("auto", "pod", "exported")
 # The label naming each kind of series in the follow-up's answer (no exporter label is called so).
 PART_LABEL = "prune_part"
-P_PEAK, P_GAP, P_WATTS, P_WATTS_GAP = "peak", "gap", "watts", "watts-gap"
+P_PEAK, P_GAP, P_WATTS, P_WATTS_GAP, P_REPORTING = "peak", "gap", "watts", "watts-gap", "reporting"
 # Up to this many candidate pods the follow-up names them in its selectors (sent in the
 # POST body, about 25 bytes each). Beyond, it walks every GPU series as one query per GPU
 # would: measured at 10,000 GPUs, naming 2,000 pods answered in 0.13 s, walking all in 0.17 s.
@@ -250,7 +253,8 @@ class IdleQuery:
 
         # Fewer sampled slots than the window holds: a gap (only those GPUs come back).
         parts = [_tag(f"({peaks})", P_PEAK),
-                 _tag(f"(({self._per_gpu(slots, **match)}) < {self.expected_steps})", P_GAP)]
+                 _tag(f"(({self._per_gpu(slots, **match)}) < {self.expected_steps})", P_GAP),
+                 _tag(f"({self._per_gpu(lambda s, scale: s, **match)})", P_REPORTING)]
         if self.power_threshold_watts is not None:
             watts = " or ".join(f"max_over_time({s}[{w}])" for s in self._selectors(POWER, **match))
             parts.append(_tag(f"({watts})", P_WATTS))
@@ -277,6 +281,7 @@ class GpuSeries:
     complete: bool                  # samples throughout the window, no gap
     max_power_watts: float | None = None   # None: no power sample (or power not asked for)
     power_complete: bool = True            # power samples throughout the window (when asked for)
+    reporting: bool = True                 # a sample at the evaluation time (the census counts its pod)
 
 
 @dataclass(frozen=True)
@@ -336,7 +341,7 @@ def parse_census(samples) -> tuple[int, dict]:
 def parse_followup(samples, *, pods, label_scheme: str = "auto") -> tuple[GpuSeries, ...]:
     """The follow-up's answer: one `GpuSeries` per GPU of the candidate `pods`."""
     wanted = set(pods)
-    peaks, gappy, watts, watts_gappy = {}, set(), {}, set()
+    peaks, gappy, watts, watts_gappy, reporting = {}, set(), {}, set(), set()
     for item in samples:
         labels, value = item.labels, float(item.value)
         part = labels.get(PART_LABEL)
@@ -352,8 +357,11 @@ def parse_followup(samples, *, pods, label_scheme: str = "auto") -> tuple[GpuSer
             watts[key] = value
         elif part == P_WATTS_GAP:
             watts_gappy.add(key)
+        elif part == P_REPORTING:
+            reporting.add(key)
     return tuple(GpuSeries(ns, pod, gpu, labels.get("modelName", ""), labels.get("Hostname", ""), peak,
-                           (ns, pod, gpu) not in gappy, watts.get((ns, pod, gpu)), (ns, pod, gpu) not in watts_gappy)
+                           (ns, pod, gpu) not in gappy, watts.get((ns, pod, gpu)), (ns, pod, gpu) not in watts_gappy,
+                           (ns, pod, gpu) in reporting)
                  for (ns, pod, gpu), (labels, peak) in sorted(peaks.items()))
 
 

@@ -476,3 +476,18 @@ def test_a_knative_service_its_owner_set_to_min_scale_zero_is_left_to_knative(wo
     assert got == {"kn": ("skip", "min-scale-already-zero", ""), "web": ("prune", "idle", "succeeded")}
     assert not any(e.reason == "GPUIdleScaledToZero" and e.involved_object.name == "kn"
                    for e in k8s.CoreV1Api(world.api).list_event_for_all_namespaces().items)
+
+
+def test_a_candidate_that_stopped_reporting_is_counted_apart_from_the_pods_reporting_now(world: World):
+    """The census counts the GPU pods reporting at the evaluation time; a candidate whose
+    samples stopped within the window (its pod scaled away) is not among them. It adds to
+    the pods seen, and the busy pods are the census's pods that are no candidate."""
+    world.create(deployment("busy", "team-a", util="70"))
+    world.create(deployment("idle", "team-a", util="0"))
+    world.create(deployment("gone", "team-a", util="0"))
+    world.record_history(minutes=40, gaps={("team-a", "gone"): (25, 41)})   # silent for its last 15 minutes
+
+    run = prune_run_execute(kube_gateway=world.gateway, prometheus=world.prometheus(), now=world.now(),
+                            params=PruneParams())
+    assert run.idle_candidates == 2
+    assert (run.pods_seen, run.busy_pods) == (3, 1)
