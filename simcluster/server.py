@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -57,13 +58,14 @@ def _collector_paused(freeze: bool = False) -> Iterator[None]:
 
 
 def build_simulation(scenario=None, *, settings: SimSettings | None = None,
-                     speed: float | None = None, freeze: bool = False) -> Simulation:
+                     speed: float | None = None, freeze: bool = False, start: datetime | None = None) -> Simulation:
     """A Simulation holding `scenario` (path, YAML text, list of dicts or None), its
     controllers from `default_controllers()`, brought to rest once. `freeze`: what is
-    loaded lives as long as the process (`gc.freeze`)."""
+    loaded lives as long as the process (`gc.freeze`). `start`: the clock's first reading
+    (default: now)."""
     with _collector_paused(freeze):
         loaded = scenarios.load(scenario) if scenario is not None else scenarios.Scenario(source="<empty>")
-        sim = Simulation(clock=SimClock(speed=speed), settings=settings or loaded.settings,
+        sim = Simulation(clock=SimClock(start=start, speed=speed), settings=settings or loaded.settings,
                          controllers=default_controllers())
         for name in BUILTIN_NAMESPACES:
             scenarios.ensure_namespace(sim, name)

@@ -291,3 +291,23 @@ def test_a_rehearsal_of_the_pool_by_another_label_marks_its_proposal_rehearsed(
     page = client.get("/capacity/clusters/sim/").content.decode()
     line = re.search(r'<span class="campaign-line">(.*?)</span>', page, re.S).group(1)
     assert line.endswith("rehearsed: yes — freed 2 of 2 (under a minute ago)")
+
+
+def test_the_copys_clock_starts_at_the_products_so_the_rehearsals_records_read_in_its_time(source, tmp_path):
+    """With the product's clock ahead of the wall clock (a demo clock advanced, a test clock),
+    the rehearsal's campaign and defrag jobs are dated from the product's time, not the
+    wall clock's."""
+    from datetime import timedelta
+
+    from capacity.campaigns.services import campaign_rehearse
+    from capacity.defrag.models import DefragJob
+
+    dump = cluster_dump(source.kubeconfig_path, tmp_path / "dump.json")
+    ahead = clock.now() + timedelta(hours=25)
+    rehearsal = campaign_rehearse(dump=dump, selector={"karpenter.sh/nodepool": "h100"}, goal=None,
+                                  max_in_flight=1, now=ahead)
+    assert rehearsal.freed_all
+    jobs = DefragJob.objects.filter(campaign_nodes__campaign=rehearsal.campaign)
+    assert jobs.exists()
+    for when in [rehearsal.campaign.created_at, *jobs.values_list("created_at", flat=True)]:
+        assert ahead <= when <= ahead + timedelta(seconds=rehearsal.simulated_seconds + 60)

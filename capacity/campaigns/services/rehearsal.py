@@ -117,10 +117,11 @@ def dump_check(path: str | Path) -> tuple[Path, str]:
     return where, hashlib.sha256(data).hexdigest()
 
 
-def _simulation(path: Path, scoring: str):
-    """The copy's Simulation, loaded from the dump; refuses what is not a dump."""
+def _simulation(path: Path, scoring: str, start: datetime):
+    """The copy's Simulation, loaded from the dump, its clock starting at the product's `start`
+    (so the rehearsal's records read in the product's time); refuses what is not a dump."""
     try:
-        return build_simulation(path, settings=SimSettings(placement=PLACEMENT[scoring]))
+        return build_simulation(path, settings=SimSettings(placement=PLACEMENT[scoring]), start=start)
     except ScenarioError as exc:
         raise RehearsalError(f"DUMP {exc} (expected the JSON of kubectl get nodes,pods,... -A -o json, a v1 List, "
                              "or YAML documents of Kubernetes objects)") from None
@@ -144,7 +145,7 @@ def campaign_rehearse(*, dump: str | Path, selector: Mapping[str, str], goal: in
         raise RehearsalError(f"the nodes emptied at once (max in flight) must be a whole number from 1 to {limit} "
                              f"(CAPACITY_DEFRAG_MAX_RUNNING_PER_CLUSTER), not {max_in_flight!r}")
     path, sha256 = dump_check(dump)
-    sim = _simulation(path, scoring)
+    sim = _simulation(path, scoring, now)
     with tempfile.TemporaryDirectory(prefix="rehearsal-") as tmp:
         server = ClusterServer(sim=sim, kubeconfig_out=Path(tmp) / "kubeconfig").start()
         gateway = kube.KubeGateway.from_kubeconfig(str(server.kubeconfig_path), name="rehearsal")
