@@ -390,8 +390,8 @@ def _choose(order: Sequence[str], own: Mapping[str, list[tuple[str, int]]], *, g
             why = f"its pods need {_plural(gpus, 'GPU', 'GPUs')}"
             if displaced:
                 sources = sorted({src for src, _ in displaced})
-                why += (f", and the {_plural(sum(m.gpus for _, m in displaced), 'GPU', 'GPUs')} the plan places on "
-                        f"it from {', '.join(sources)} would need room elsewhere")
+                why += (f", and the {_plural(sum(m.gpus for _, m in displaced), 'GPU', 'GPUs')} of "
+                        f"{', '.join(sources)} that may land on it would need room elsewhere")
             left_out.append(LeftOut(name, RECEIVES if displaced else NO_ROOM,
                                     f"{why}; they do not fit outside the campaign ({spare})"))
             continue
