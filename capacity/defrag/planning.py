@@ -235,15 +235,19 @@ def replicaset_ready_pods(pods: Iterable[Mapping], *, replicaset: str) -> int:
     until the ReplicaSet controller next syncs (abort right after orphaning)."""
     count = 0
     for pod in pods:
-        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+        owner = next((o for o in (pod.get("metadata") or {}).get("ownerReferences") or () if o.get("controller")),
+                     None)
         if owner is None or owner.get("kind") != "ReplicaSet" or owner.get("name") != replicaset:
             continue
-        if meta.get("deletionTimestamp") or status.get("phase") != "Running":
-            continue
-        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()):
-            count += 1
+        count += pod_serving(pod)
     return count
+
+
+def pod_serving(pod: Mapping) -> bool:
+    """A pod (API dict) that serves: Running, Ready and not terminating."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return (status.get("phase") == "Running" and not meta.get("deletionTimestamp")
+            and any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()))
 
 
 def revision_satisfied(*, current_kpa_scale: int, current_replicas: int, initial_replicas: int,

@@ -20,7 +20,7 @@ from pruning.planning import selector_matches, selector_requirements
 from capacity.campaigns.models import Campaign, CampaignNode, NodeState
 from capacity.campaigns.selectors import campaign_holds
 from capacity.defrag.models import RUNNING_STATES, DefragJob, OrphanState
-from capacity.defrag.planning import DefragPlan
+from capacity.defrag.planning import DefragPlan, pod_serving
 from capacity.defrag.services import DefragError, defrag_discover
 
 
@@ -29,12 +29,6 @@ class Verdict:
     drop: str = ""                 # why the node leaves the campaign
     wait: str = ""                 # why it waits for a later step
     plan: DefragPlan | None = None
-
-
-def _ready(pod: dict) -> bool:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return (status.get("phase") == "Running" and not meta.get("deletionTimestamp")
-            and any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()))
 
 
 def _moving(campaign: Campaign) -> dict[tuple[str, str], int]:
@@ -68,7 +62,7 @@ def _revision_budget(campaign: Campaign, plan: DefragPlan, gateway: kube.KubeGat
         if not already:
             continue
         ready = sum(1 for p in gateway.list(kube.PODS, namespace=key[0],
-                                            label_selector=f"{REVISION_LABEL}={key[1]}") if _ready(p))
+                                            label_selector=f"{REVISION_LABEL}={key[1]}") if pod_serving(p))
         allowed = int(fraction * ready)
         if already + len(entry.pods) > allowed:
             return (f"revision {key[0]}/{key[1]}: {already} of its {ready} ready pods are already moving; "

@@ -17,6 +17,7 @@ from capacity.defrag.planning import (
     abort_recheck_line,
     abort_stuck_message,
     abort_terminating_message,
+    pod_serving,
 )
 from capacity.defrag.selectors import defrag_job_stuck_counts_said, defrag_jobs_holding_nodes
 from capacity.defrag.services.orphans import _end_orphans, _settle_planned
@@ -182,11 +183,9 @@ def _abort_stuck(job: DefragJob, gateway: kube.KubeGateway, now: datetime, kept:
                 owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
                 if owner is None or owner.get("name") != orphan.revision.replicaset or meta.get("deletionTimestamp"):
                     continue
-                conditions = status.get("conditions") or ()
-                if status.get("phase") == "Running" and any(
-                        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+                if pod_serving(pod):
                     continue
-                why = next((c.get("message") or c.get("reason") or "" for c in conditions
+                why = next((c.get("message") or c.get("reason") or "" for c in status.get("conditions") or ()
                             if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
                 entry["pending"].append((f"{orphan.namespace}/{meta.get('name')}", why))
     holders = defrag_jobs_holding_nodes(job=job)
